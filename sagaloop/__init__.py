@@ -1,0 +1,48 @@
+"""sagaloop: durable AI-agent loops as message-broker-backed sagas.
+
+Declare sagas and steps on an :class:`App`; the engine replays saga code deterministically from
+its history, so a run survives any process dying, and every step's effect is recorded exactly
+once.
+"""
+
+from sagaloop.engine.client import Client
+from sagaloop.engine.state import ALL_STATUSES
+from sagaloop.errors import (
+    ApplicationError,
+    DeclarationError,
+    EventTimeoutError,
+    NonDeterminismError,
+    NotAppliedError,
+    RunFinishedError,
+    RunNotFoundError,
+    SagaFailedError,
+    SagaloopError,
+    StepFailedError,
+    ValidationError,
+)
+from sagaloop.sagas import App, RetryPolicy, SagaContext, SagaDef, StepContext, StepDef
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALL_STATUSES",
+    "App",
+    "ApplicationError",
+    "Client",
+    "DeclarationError",
+    "EventTimeoutError",
+    "NonDeterminismError",
+    "NotAppliedError",
+    "RetryPolicy",
+    "RunFinishedError",
+    "RunNotFoundError",
+    "SagaContext",
+    "SagaDef",
+    "SagaFailedError",
+    "SagaloopError",
+    "StepContext",
+    "StepDef",
+    "StepFailedError",
+    "ValidationError",
+    "__version__",
+]

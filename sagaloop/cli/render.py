@@ -1,0 +1,69 @@
+"""Plain-text rendering of timelines and run lists for terminals."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+
+from sagaloop.engine.ports import RunRecord
+from sagaloop.engine.timeline import Timeline
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    line = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [line.format(*headers), line.format(*("-" * w for w in widths))]
+    out += [line.format(*row) for row in rows]
+    return "\n".join(x.rstrip() for x in out)
+
+
+def _t(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def timeline_text(tl: Timeline) -> str:
+    head = [
+        f"run       {tl.run_id}",
+        f"saga      {tl.saga}",
+        f"status    {tl.status}",
+        f"started   {_t(tl.created_at)} UTC    updated {_t(tl.updated_at)} UTC",
+    ]
+    if tl.reason:
+        head.append(f"reason    {tl.reason}")
+    rows = [
+        [
+            str(s.position),
+            s.step,
+            s.state,
+            str(s.attempts),
+            f"{s.duration_s:.3f} s" if s.duration_s is not None else "-",
+            s.worker or "-",
+            s.compensation or "-",
+            s.idempotency_key,
+        ]
+        for s in tl.steps
+    ]
+    parts = ["\n".join(head)]
+    if rows:
+        headers = ["#", "step", "state", "tries", "took", "worker", "undo", "idempotency key"]
+        parts.append(_table(headers, rows))
+    errors = [f"  #{s.position} {s.step}: {s.error}" for s in tl.steps if s.error]
+    if errors:
+        parts.append("last errors:\n" + "\n".join(errors))
+    if tl.waiting_for:
+        parts.append("why it waits:\n" + "\n".join(f"  - {w}" for w in tl.waiting_for))
+    if tl.status == "completed":
+        parts.append("output: " + json.dumps(tl.output))
+    elif tl.error:
+        parts.append(f"error: {tl.error.get('type')}: {tl.error.get('message')}")
+    return "\n\n".join(parts)
+
+
+def runs_text(runs: Sequence[RunRecord], counts: dict[str, int]) -> str:
+    rows = [[r.run_id, r.saga, r.status, _t(r.created_at), _t(r.updated_at)] for r in runs]
+    table = _table(["run", "saga", "status", "started (UTC)", "updated (UTC)"], rows)
+    summary = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no runs"
+    return f"{table}\n\n{summary} (total {sum(counts.values())})"

@@ -1,0 +1,55 @@
+"""Configuration, read only here (the composition root) and at service start-up."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from sagaloop.errors import DeclarationError
+from sagaloop.sagas.app import App
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SAGALOOP_", extra="ignore")
+
+    database_url: str = "sqlite:///sagaloop.db"
+    """SQLAlchemy URL of the store. The embedded default is a SQLite file in the current folder."""
+    broker_url: str = "database"
+    """``database`` (the outbox table is the queue) or ``memory`` (one process only)."""
+    app: str | None = None
+    """The app to load, as ``module`` or ``module:attribute``."""
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password hidden, for logs and errors."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url.split("@")[-1] if "@" in url else url
+
+
+def load_app(spec: str) -> App:
+    """Import ``module`` or ``module:attribute`` and return the App it names."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise DeclarationError(f"cannot import app module {module_name!r}: {e}") from e
+    if attr:
+        app = getattr(module, attr, None)
+        if not isinstance(app, App):
+            raise DeclarationError(f"{spec!r} is not a sagaloop App")
+        return app
+    apps = [v for v in vars(module).values() if isinstance(v, App)]
+    if len(apps) != 1:
+        raise DeclarationError(
+            f"module {module_name!r} defines {len(apps)} Apps: name one as {module_name}:ATTRIBUTE"
+        )
+    return apps[0]

@@ -1,0 +1,502 @@
+"""The engine: one activation per message addressed to a run.
+
+An activation, inside the caller's transaction: lock the run, bring its state up to date (from
+the cache or by replaying the history), append the events the message causes, let the saga code
+react, append the commands it issued, and write every resulting message to the outbox and every
+timer to the timers table. Nothing of the run stays in memory but a bounded cache.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from sagaloop.engine import history as h
+from sagaloop.engine import state as s
+from sagaloop.engine.history import Event, NewEvent
+from sagaloop.engine.messages import (
+    CancelPayload,
+    Envelope,
+    EventPayload,
+    StartPayload,
+    engine_queue,
+    parse_payload,
+    step_queue,
+)
+from sagaloop.engine.ports import Clock, Outgoing, RunRecord, Store, SystemClock, Timer, Tx
+from sagaloop.engine.replay import Replayer
+from sagaloop.engine.state import RunState
+from sagaloop.engine.steps import DO, UNDO, StepRunner, idempotency_key, task_message_id
+from sagaloop.errors import ErrorInfo, MessageError, NonDeterminismError, ValidationError
+from sagaloop.sagas.app import App
+
+logger = logging.getLogger(__name__)
+
+ENGINE_CONSUMER = "engine"
+Triggers = Callable[[RunState], list[NewEvent]]
+
+
+@dataclasses.dataclass
+class _Live:
+    """A run's state and, unless it cannot run, its suspended saga code."""
+
+    state: RunState
+    code: Replayer | None
+
+
+@dataclasses.dataclass
+class _Effects:
+    messages: list[Outgoing] = dataclasses.field(default_factory=list)
+    timers: list[Timer] = dataclasses.field(default_factory=list)
+    clear_timers: bool = False
+
+
+class Engine:
+    """Processes the messages of the engine queue. Thread-compatible, not thread-safe: give each
+    thread its own Engine (they may share the store)."""
+
+    def __init__(
+        self,
+        app: App,
+        store: Store,
+        *,
+        clock: Clock | None = None,
+        cache_size: int = 1024,
+        runner: StepRunner | None = None,
+    ) -> None:
+        self.app = app
+        self.store = store
+        self.clock = clock or SystemClock()
+        self.cache_size = cache_size
+        self._cache: collections.OrderedDict[str, _Live] = collections.OrderedDict()
+        self._runner = runner or StepRunner(app, threads=1, worker="engine")
+        self.queue = engine_queue(app.name)
+
+    # --- messages ----------------------------------------------------------------------------
+
+    def handle(self, tx: Tx, env: Envelope) -> None:
+        """Process one engine message in ``tx``. Raises MessageError for a message that can
+        never be processed (the consumer dead-letters it); a duplicate is a no-op."""
+        if not self.store.inbox_put(tx, ENGINE_CONSUMER, env.message_id, None, self.clock.now()):
+            logger.debug("duplicate message %s ignored", env.message_id)
+            return
+        handler = _HANDLERS.get(env.type)
+        if handler is None:
+            raise MessageError(f"message type {env.type!r} is not for the engine")
+        handler(self, tx, env)
+
+    def _on_start(self, tx: Tx, env: Envelope) -> None:
+        payload: StartPayload = parse_payload(StartPayload, env)
+        saga = self.app.get_saga(env.saga or "")
+        if saga is None:
+            raise MessageError(f"unknown saga {env.saga!r} in app {self.app.name!r}")
+        try:
+            value = saga.input.from_json(payload.input, what=f"input of saga {saga.name!r}")
+            input_json = saga.input.to_json(value, what=f"input of saga {saga.name!r}")
+        except ValidationError as e:
+            raise MessageError(str(e)) from e
+        now = self.clock.now()
+        record = RunRecord(env.run_id, saga.name, s.RUNNING, input_json, now, now)
+        if self.store.create_run(tx, record):
+            started = NewEvent(h.RUN_STARTED, name=saga.name, data={"input": input_json})
+            self._activate(tx, env.run_id, lambda st: [started])
+        else:  # a duplicate start, or one whose run a Client already created: activate it
+            self._activate(tx, env.run_id, lambda st: [])
+
+    def _on_event(self, tx: Tx, env: Envelope) -> None:
+        payload: EventPayload = parse_payload(EventPayload, env)
+        event = NewEvent(h.EVENT_ARRIVED, name=payload.name, data={"data": payload.data})
+        self._activate(tx, env.run_id, lambda st: [event])
+
+    def _on_cancel(self, tx: Tx, env: Envelope) -> None:
+        payload: CancelPayload = parse_payload(CancelPayload, env)
+
+        def triggers(st: RunState) -> list[NewEvent]:
+            if st.cancel_reason is not None or st.saga_done:
+                return []
+            return [NewEvent(h.CANCEL_REQUESTED, data={"reason": payload.reason or "cancelled"})]
+
+        self._activate(tx, env.run_id, triggers)
+
+    def _on_retry(self, tx: Tx, env: Envelope) -> None:
+        def triggers(st: RunState) -> list[NewEvent]:
+            if st.parked is None:
+                logger.info("retry of run %s ignored: it does not need attention", env.run_id)
+                return []
+            return [NewEvent(h.RUN_RESUMED, data={"reason": st.parked.get("reason")})]
+
+        self._activate(tx, env.run_id, triggers)
+
+    def _on_step_result(self, tx: Tx, env: Envelope) -> None:
+        pos, attempt, reply = env.position, env.attempt, env.payload
+        if pos is None or attempt is None:
+            raise MessageError("step_result needs position and attempt")
+        self._activate(tx, env.run_id, lambda st: self._result_events(st, pos, attempt, reply))
+
+    def _on_timer(self, tx: Tx, env: Envelope) -> None:
+        pos, kind = env.position, env.payload.get("kind")
+        if pos is None:
+            raise MessageError("timer needs position")
+        attempt = env.attempt or 0
+
+        def triggers(st: RunState) -> list[NewEvent]:
+            step = st.steps.get(pos)
+            if kind == "sleep" and pos in st.sleeps:
+                return [NewEvent(h.TIMER_FIRED, pos)]
+            wait = st.waits.get(pos)
+            if kind == "wait" and wait is not None and not wait.resolved:
+                return [NewEvent(h.TIMER_FIRED, pos, wait.name)]
+            if (
+                kind == "retry"
+                and step
+                and step.status == s.RETRYING
+                and step.attempt + 1 == attempt
+            ):
+                data = {"attempt": attempt, "in_doubt": step.in_doubt}
+                return [NewEvent(h.STEP_DISPATCHED, pos, step.name, data)]
+            if (
+                kind == "undo_retry"
+                and step
+                and step.comp_status == s.RETRYING
+                and step.comp_attempt + 1 == attempt
+            ):
+                data = {"attempt": attempt, "in_doubt": step.comp_in_doubt}
+                return [NewEvent(h.COMPENSATION_SCHEDULED, pos, step.name, data)]
+            return []  # stale: what the timer was for has already happened
+
+        self._activate(tx, env.run_id, triggers)
+
+    # --- activation --------------------------------------------------------------------------
+
+    def _activate(self, tx: Tx, run_id: str, triggers: Triggers) -> None:
+        run = self.store.lock_run(tx, run_id)
+        if run is None:
+            raise MessageError(f"no run with id {run_id!r}")
+        try:
+            live = self._load(tx, run)
+            if live.state.finished:
+                return
+            effects = _Effects()
+            pending = triggers(live.state)
+            if (
+                pending
+                or run.processed_seq < run.last_seq
+                or (live.state.parked or {}).get("pending")
+            ):
+                self._react(tx, run, live, pending, effects)
+                self._save(tx, run, live, effects)
+        except BaseException:
+            self._cache.pop(run_id, None)
+            raise
+        self._cache[run_id] = live
+        self._cache.move_to_end(run_id)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+    def _load(self, tx: Tx, run: RunRecord) -> _Live:
+        live = self._cache.get(run.run_id)
+        if live is not None and live.state.last_seq <= run.last_seq:
+            newer = self.store.load_history(tx, run.run_id, after_seq=live.state.last_seq)
+            self._catch_up(live, newer, run.processed_seq)
+            return live
+        events = self.store.load_history(tx, run.run_id)
+        live = _Live(RunState(run.run_id), None)
+        for ev in events:
+            live.state.apply(ev)
+        if not live.state.finished and not (live.state.parked or {}).get("nondeterminism"):
+            live.code = self._new_code(live, run.saga)
+            self._catch_up(live, events, run.processed_seq, fold=False)
+        return live
+
+    def _new_code(self, live: _Live, saga_name: str) -> Replayer | None:
+        saga = self.app.get_saga(saga_name)
+        if saga is None:
+            return None
+        return Replayer(self.app, saga, live.state.run_id)
+
+    def _catch_up(
+        self, live: _Live, events: list[Event], processed_seq: int, *, fold: bool = True
+    ) -> None:
+        if fold:
+            for ev in events:
+                live.state.apply(ev)
+        if live.code is None or not events:
+            return
+        try:
+            replayed = [e for e in events if e.seq <= processed_seq]
+            live.code.feed(replayed, replaying=True)
+            live.code.feed([e for e in events if e.seq > processed_seq], replaying=False)
+        except NonDeterminismError as e:
+            live.code = None
+            live.state.parked = {"reason": str(e), "nondeterminism": True, "pending": True}
+
+    def _react(
+        self, tx: Tx, run: RunRecord, live: _Live, pending: list[NewEvent], effects: _Effects
+    ) -> None:
+        st = live.state
+        if (st.parked or {}).pop("pending", False):  # found on load: record it
+            pending = [NewEvent(h.RUN_PARKED, data=dict(st.parked or {})), *pending]
+        while True:
+            if pending:
+                events = self.store.append_events(
+                    tx, run.run_id, st.last_seq, pending, self.clock.now()
+                )
+                pending = []
+                for ev in events:
+                    st.apply(ev)
+                    if live.code is not None:
+                        try:
+                            live.code.feed([ev], replaying=False)
+                        except NonDeterminismError as e:
+                            live.code = None
+                            data = {"reason": str(e), "nondeterminism": True}
+                            pending.append(NewEvent(h.RUN_PARKED, data=data))
+                    pending.extend(self._effects_of(tx, ev, live, effects))
+            pending.extend(self._decide(live))
+            if not pending:
+                return
+
+    def _save(self, tx: Tx, run: RunRecord, live: _Live, effects: _Effects) -> None:
+        st = live.state
+        now = self.clock.now()
+        if effects.clear_timers:
+            self.store.delete_timers(tx, run.run_id)
+        for timer in effects.timers:
+            self.store.add_timer(tx, timer)
+        self.store.enqueue(tx, effects.messages, now)
+        run.status = st.status()
+        run.last_seq = run.processed_seq = st.last_seq
+        run.updated_at = now
+        run.output = st.saga_output
+        run.error = st.saga_error
+        run.reason = (st.parked or {}).get("reason")
+        self.store.save_run(tx, run)
+
+    # --- what the engine does next ------------------------------------------------------------
+
+    def _decide(self, live: _Live) -> list[NewEvent]:
+        st, code = live.state, live.code
+        if st.finished or st.parked is not None:
+            return []
+        if code is not None:
+            commands = code.take_new_commands()
+            if commands:
+                return commands
+            if code.outcome is not None and not st.saga_done:
+                return [NewEvent(h.SAGA_FINISHED, data=code.outcome)]
+        elif not st.saga_done and not st.failing:
+            saga = self.app.get_saga(st.saga)
+            if saga is None:
+                reason = f"saga {st.saga!r} is not registered in app {self.app.name!r}"
+                return [NewEvent(h.RUN_PARKED, data={"reason": reason})]
+        if not st.failing:
+            if st.saga_done:
+                return [NewEvent(h.RUN_FINISHED, data={"status": s.COMPLETED})]
+            return []
+        if st.in_flight() or st.compensations_in_flight():
+            return []  # undo only once every outstanding step has settled
+        for step_state in st.to_compensate():
+            step = self.app.get_step(step_state.name)
+            if step is not None and step.compensation_fn is not None:
+                data = {"attempt": 1, "in_doubt": step_state.status != s.DONE}
+                return [NewEvent(h.COMPENSATION_SCHEDULED, step_state.pos, step_state.name, data)]
+        if st.cancel_reason is not None:
+            status = s.CANCELLED
+        elif any(x.comp_status == s.DONE for x in st.steps.values()):
+            status = s.COMPENSATED
+        else:
+            status = s.FAILED
+        return [NewEvent(h.RUN_FINISHED, data={"status": status})]
+
+    def _effects_of(self, tx: Tx, ev: Event, live: _Live, effects: _Effects) -> list[NewEvent]:
+        st = live.state
+        kind = ev.kind
+        if kind in (h.STEP_SCHEDULED, h.STEP_DISPATCHED, h.COMPENSATION_SCHEDULED):
+            assert ev.pos is not None
+            direction = UNDO if kind == h.COMPENSATION_SCHEDULED else DO
+            attempt, force = ev.data.get("attempt", 1), bool(ev.data.get("force"))
+            return self._dispatch(live, ev.pos, direction, attempt, force, effects)
+        if kind == h.TIMER_STARTED:
+            assert ev.pos is not None
+            effects.timers.append(Timer(st.run_id, ev.pos, "sleep", st.sleeps[ev.pos]))
+        elif kind == h.EVENT_WAITING:
+            assert ev.pos is not None
+            wait = st.waits[ev.pos]
+            if wait.until is not None and not wait.resolved:
+                effects.timers.append(Timer(st.run_id, ev.pos, "wait", wait.until))
+        elif kind in (h.STEP_RETRYING, h.COMPENSATION_RETRYING):
+            assert ev.pos is not None
+            step_state = st.steps[ev.pos]
+            if kind == h.STEP_RETRYING:
+                timer_kind, attempt = "retry", step_state.attempt + 1
+                fire_at = step_state.retry_at
+            else:
+                timer_kind, attempt = "undo_retry", step_state.comp_attempt + 1
+                fire_at = step_state.comp_retry_at
+            assert fire_at is not None
+            effects.timers.append(Timer(st.run_id, ev.pos, timer_kind, fire_at, attempt))
+        elif kind == h.RUN_FINISHED:
+            effects.clear_timers = True
+        elif kind == h.RUN_RESUMED:
+            return self._resume(tx, live)
+        return []
+
+    def _resume(self, tx: Tx, live: _Live) -> list[NewEvent]:
+        st = live.state
+        if live.code is None and not st.saga_done and not st.failing:
+            # Replay from the start with the code now deployed; it may park the run again.
+            code = self._new_code(live, st.saga)
+            live.code = code
+            if code is not None:
+                history = self.store.load_history(tx, st.run_id)
+                self._catch_up(live, history, st.last_seq, fold=False)
+                if (st.parked or {}).pop("pending", False):
+                    return [NewEvent(h.RUN_PARKED, data=dict(st.parked or {}))]
+        events: list[NewEvent] = []
+        for x in st.steps.values():
+            if x.status == s.HALTED:
+                data = {"attempt": x.attempt + 1, "in_doubt": True, "force": True}
+                events.append(NewEvent(h.STEP_DISPATCHED, x.pos, x.name, data))
+            if x.comp_status == s.GAVE_UP:
+                data = {"attempt": x.comp_attempt + 1, "in_doubt": True}
+                events.append(NewEvent(h.COMPENSATION_SCHEDULED, x.pos, x.name, data))
+        return events
+
+    def _dispatch(
+        self,
+        live: _Live,
+        pos: int,
+        direction: str,
+        attempt: int,
+        force: bool,
+        effects: _Effects,
+    ) -> list[NewEvent]:
+        st = live.state
+        step_state = st.steps[pos]
+        step = self.app.get_step(step_state.name)
+        if step is None:
+            reason = f"step {step_state.name!r} is not registered in app {self.app.name!r}"
+            return [NewEvent(h.RUN_PARKED, data={"reason": reason})]
+        in_doubt = step_state.in_doubt if direction == DO else step_state.comp_in_doubt
+        payload: dict[str, Any] = {
+            "step": step.name,
+            "direction": direction,
+            "args": step_state.args,
+            "in_doubt": in_doubt,
+        }
+        if direction == UNDO:
+            payload["result"] = step_state.result if step_state.status == s.DONE else None
+        if force:
+            payload["force"] = True
+        task = Envelope(
+            type="step",
+            message_id=task_message_id(st.run_id, pos, direction, attempt),
+            run_id=st.run_id,
+            saga=st.saga,
+            position=pos,
+            attempt=attempt,
+            idempotency_key=idempotency_key(st.run_id, pos, direction),
+            payload=payload,
+            created_at=self.clock.now(),
+        )
+        if step.local:
+            reply = self._runner.run(task, inline=True)
+            return self._result_events(st, pos, attempt, reply)
+        effects.messages.append(Outgoing(step_queue(self.app.name, step.queue), task))
+        return []
+
+    def _result_events(
+        self, st: RunState, pos: int, attempt: int, reply: dict[str, Any]
+    ) -> list[NewEvent]:
+        step_state = st.steps.get(pos)
+        if step_state is None:
+            return []
+        direction, outcome = reply.get("direction", DO), reply.get("outcome")
+        worker = {"worker": reply.get("worker")}
+        name = step_state.name
+        if direction == DO:
+            if step_state.status not in s.IN_FLIGHT or step_state.attempt != attempt:
+                return []  # a late or duplicate reply
+            if outcome == "completed":
+                data = {"result": reply.get("result"), "reconciled": bool(reply.get("reconciled"))}
+                return [NewEvent(h.STEP_COMPLETED, pos, name, {**data, **worker})]
+            if outcome == "halted":
+                reason = str(reply["error"].get("message"))
+                return [
+                    NewEvent(h.STEP_HALTED, pos, name, {"error": reply["error"], **worker}),
+                    NewEvent(h.RUN_PARKED, pos, name, {"reason": reason}),
+                ]
+        else:
+            if step_state.comp_status not in s.IN_FLIGHT or step_state.comp_attempt != attempt:
+                return []
+            if outcome == "completed":
+                return [NewEvent(h.COMPENSATION_COMPLETED, pos, name, {**worker})]
+        error = ErrorInfo.from_json(reply.get("error") or {"type": "Error", "message": "?"})
+        return self._failure_events(step_state, direction, attempt, error, worker)
+
+    def _failure_events(
+        self,
+        step_state: s.StepState,
+        direction: str,
+        attempt: int,
+        error: ErrorInfo,
+        extra: dict[str, Any],
+    ) -> list[NewEvent]:
+        pos, name = step_state.pos, step_state.name
+        step = self.app.get_step(name)
+        policy = step.retry if step is not None else None
+        in_doubt = not (error.not_applied or error.non_retryable)
+        retryable = (
+            policy is not None
+            and not error.non_retryable
+            and policy.is_retryable(error.type)
+            and attempt < policy.max_attempts
+        )
+        data = {"error": error.to_json(), "in_doubt": in_doubt, **extra}
+        if direction == UNDO:
+            if retryable:
+                assert policy is not None
+                data["retry_at"] = (self.clock.now() + policy.delay(attempt)).isoformat()
+                return [NewEvent(h.COMPENSATION_RETRYING, pos, name, data)]
+            reason = f"compensation of step {name!r} failed for good: {error.type}: {error.message}"
+            return [
+                NewEvent(h.COMPENSATION_FAILED, pos, name, data),
+                NewEvent(h.RUN_PARKED, pos, name, {"reason": reason}),
+            ]
+        if (
+            retryable
+            and in_doubt
+            and step is not None
+            and not step.idempotent
+            and step.reconcile_fn is None
+        ):
+            reason = (
+                f"step {name!r} (idempotent=False, no reconcile) failed in doubt with "
+                f"{error.type}: {error.message}; it was not re-attempted. Check the effect, "
+                "then `sagaloop retry` the run."
+            )
+            return [
+                NewEvent(h.STEP_HALTED, pos, name, data),
+                NewEvent(h.RUN_PARKED, pos, name, {"reason": reason}),
+            ]
+        if retryable:
+            assert policy is not None
+            data["retry_at"] = (self.clock.now() + policy.delay(attempt)).isoformat()
+            return [NewEvent(h.STEP_RETRYING, pos, name, data)]
+        return [NewEvent(h.STEP_FAILED, pos, name, data)]
+
+
+_HANDLERS: dict[str, Callable[[Engine, Tx, Envelope], None]] = {
+    "start": Engine._on_start,
+    "event": Engine._on_event,
+    "cancel": Engine._on_cancel,
+    "retry": Engine._on_retry,
+    "step_result": Engine._on_step_result,
+    "timer": Engine._on_timer,
+}
+
+DEFAULT_LEASE = timedelta(seconds=60)

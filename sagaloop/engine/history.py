@@ -1,0 +1,71 @@
+"""The history of a run: an append-only list of events. The history is the truth.
+
+Command events are the ones saga code causes (``step_scheduled``, ``timer_started``,
+``event_waiting``, ``marker``); each carries the *position* the code gave the command, numbered
+in the order the code issued them. Outcome events (``step_completed``, ``timer_fired``...) name
+the position they resolve. Everything else (attempts, compensations, parking) is bookkeeping of
+the engine that replay does not feed to saga code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from typing import Any, Final
+
+RUN_STARTED: Final = "run_started"
+STEP_SCHEDULED: Final = "step_scheduled"
+STEP_RETRYING: Final = "step_retrying"
+STEP_DISPATCHED: Final = "step_dispatched"
+STEP_COMPLETED: Final = "step_completed"
+STEP_FAILED: Final = "step_failed"
+STEP_HALTED: Final = "step_halted"
+TIMER_STARTED: Final = "timer_started"
+TIMER_FIRED: Final = "timer_fired"
+EVENT_WAITING: Final = "event_waiting"
+EVENT_ARRIVED: Final = "event_arrived"
+MARKER: Final = "marker"
+CANCEL_REQUESTED: Final = "cancel_requested"
+RUN_RESUMED: Final = "run_resumed"
+RUN_PARKED: Final = "run_parked"
+SAGA_FINISHED: Final = "saga_finished"
+COMPENSATION_SCHEDULED: Final = "compensation_scheduled"
+COMPENSATION_RETRYING: Final = "compensation_retrying"
+COMPENSATION_COMPLETED: Final = "compensation_completed"
+COMPENSATION_FAILED: Final = "compensation_failed"
+RUN_FINISHED: Final = "run_finished"
+
+COMMAND_KINDS: Final = frozenset({STEP_SCHEDULED, TIMER_STARTED, EVENT_WAITING, MARKER})
+COMMAND_LABEL: Final = {
+    STEP_SCHEDULED: "call",
+    TIMER_STARTED: "sleep",
+    EVENT_WAITING: "wait_for_event",
+    MARKER: "patched",
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Event:
+    """One history event. ``seq`` is gap-free per run, starting at 1."""
+
+    seq: int
+    kind: str
+    at: datetime
+    pos: int | None = None
+    name: str | None = None
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def describe(self) -> str:
+        """A short human form of a command, used in non-determinism errors."""
+        label = COMMAND_LABEL.get(self.kind, self.kind)
+        return f"{label}({self.name!r}) at position {self.pos}"
+
+
+@dataclasses.dataclass(slots=True)
+class NewEvent:
+    """An event to append; the store assigns ``seq``."""
+
+    kind: str
+    pos: int | None = None
+    name: str | None = None
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)

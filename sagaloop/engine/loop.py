@@ -1,0 +1,126 @@
+"""A deterministic asyncio event loop for saga code.
+
+It implements only what coroutines need (futures, tasks, ``call_soon``) and runs ready callbacks
+in FIFO order until none is left, then returns. ``asyncio.gather``, ``asyncio.wait`` (without a
+timeout), ``asyncio.Event`` and ``asyncio.Lock`` work; anything that needs real time, threads or
+I/O raises :class:`~sagaloop.errors.SagaDeterminismViolation`, which points to steps and
+``ctx.sleep``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextvars
+from asyncio import events
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, NoReturn, TypeVar
+
+from sagaloop.errors import SagaDeterminismViolation
+
+T = TypeVar("T")
+
+_ADVICE = (
+    "saga code must be deterministic: do I/O in a step (ctx.call), wait with ctx.sleep or "
+    "ctx.wait_for_event"
+)
+
+
+class DeterministicLoop(asyncio.AbstractEventLoop):
+    def __init__(self) -> None:
+        self._ready: collections.deque[asyncio.Handle] = collections.deque()
+        self._time = 0.0
+        self._running = False
+        self._closed = False
+        self._errors: list[BaseException] = []
+
+    # --- what coroutines, futures and tasks use -----------------------------------------------
+
+    def time(self) -> float:
+        return self._time
+
+    def set_time(self, value: float) -> None:
+        self._time = value
+
+    def create_future(self) -> asyncio.Future[Any]:
+        return asyncio.Future(loop=self)
+
+    def create_task(
+        self,
+        coro: Coroutine[Any, Any, T] | Generator[Any, None, T],
+        *,
+        name: str | None = None,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Task[T]:
+        return asyncio.Task(coro, loop=self, name=name, context=context)
+
+    def call_soon(  # type: ignore[override]
+        self,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Handle:
+        handle = asyncio.Handle(callback, args, self, context)
+        self._ready.append(handle)
+        return handle
+
+    def get_debug(self) -> bool:
+        return False
+
+    def is_running(self) -> bool:
+        return self._running
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        self._ready.clear()
+        self._closed = True
+
+    def call_exception_handler(self, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        # A callback that raised is a bug in sagaloop or saga code: surface it to the engine.
+        # An unretrieved task exception reported at garbage collection is harmless here.
+        if exc is not None and "handle" in context:
+            self._errors.append(exc)
+
+    def default_exception_handler(self, context: dict[str, Any]) -> None:
+        self.call_exception_handler(context)
+
+    def _timer_handle_cancelled(self, handle: asyncio.TimerHandle) -> None:
+        pass
+
+    # --- what saga code must not use ----------------------------------------------------------
+
+    def _forbidden(self, what: str) -> NoReturn:
+        raise SagaDeterminismViolation(f"{what} is not allowed in saga code: {_ADVICE}")
+
+    def call_later(self, *args: Any, **kwargs: Any) -> NoReturn:  # type: ignore[override]
+        self._forbidden("asyncio timers (asyncio.sleep, timeouts)")
+
+    def call_at(self, *args: Any, **kwargs: Any) -> NoReturn:  # type: ignore[override]
+        self._forbidden("asyncio timers (asyncio.sleep, timeouts)")
+
+    def call_soon_threadsafe(self, *args: Any, **kwargs: Any) -> NoReturn:  # type: ignore[override]
+        self._forbidden("threads")
+
+    def run_in_executor(self, *args: Any, **kwargs: Any) -> NoReturn:  # type: ignore[override]
+        self._forbidden("run_in_executor")
+
+    # --- driving -----------------------------------------------------------------------------
+
+    def run_until_blocked(self) -> None:
+        """Run ready callbacks until every task waits on a future that nothing here resolves."""
+        previous = events._get_running_loop()
+        events._set_running_loop(self)
+        self._running = True
+        try:
+            while self._ready:
+                handle = self._ready.popleft()
+                if not handle.cancelled():
+                    handle._run()
+                if self._errors:
+                    raise self._errors.pop(0)
+        finally:
+            self._running = False
+            events._set_running_loop(previous)

@@ -1,0 +1,104 @@
+"""The message contract: a versioned JSON envelope. Any AMQP client can start runs and send
+events by publishing these as JSON; ``sagaloop schema`` prints their JSON Schema."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from sagaloop.errors import MessageError
+
+VERSION = 1
+MAX_MESSAGE_BYTES = 1024 * 1024
+CONTENT_TYPE = "application/json"
+
+MessageType = Literal["start", "event", "cancel", "retry", "step", "step_result", "timer"]
+
+
+class Envelope(BaseModel):
+    """Every sagaloop message. ``payload`` depends on ``type``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    v: Literal[1] = 1
+    message_id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=1, max_length=200)
+    type: MessageType
+    run_id: str = Field(min_length=1, max_length=200)
+    saga: str | None = None
+    position: int | None = None
+    attempt: int | None = None
+    idempotency_key: str | None = None
+    payload: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    trace: dict[str, str] | None = None
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json(exclude_none=True).encode()
+
+    @classmethod
+    def from_bytes(cls, body: bytes, *, limit: int = MAX_MESSAGE_BYTES) -> Envelope:
+        if len(body) > limit:
+            raise MessageError(f"message of {len(body)} bytes exceeds the limit of {limit}")
+        try:
+            data = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise MessageError(f"message is not JSON: {e}") from e
+        try:
+            return cls.model_validate(data)
+        except pydantic.ValidationError as e:
+            raise MessageError(f"message is not a valid sagaloop envelope: {_short(e)}") from e
+
+
+def _short(e: pydantic.ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, x['loc'])) or '(root)'}: {x['msg']}" for x in e.errors())
+
+
+class StartPayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    input: Any = None
+
+
+class EventPayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    data: Any = None
+
+
+class CancelPayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str | None = None
+
+
+class StartMessage(Envelope):
+    """Publish to the engine queue to start a run (a duplicate run_id never starts a second)."""
+
+    type: Literal["start"] = "start"
+    saga: str
+    payload: StartPayload  # type: ignore[assignment]
+
+
+class EventMessage(Envelope):
+    """Publish to the engine queue to deliver an event to a waiting (or future) wait."""
+
+    type: Literal["event"] = "event"
+    payload: EventPayload  # type: ignore[assignment]
+
+
+def parse_payload(model: type[BaseModel], env: Envelope) -> Any:
+    try:
+        return model.model_validate(env.payload)
+    except pydantic.ValidationError as e:
+        raise MessageError(f"invalid {env.type} payload: {_short(e)}") from e
+
+
+def engine_queue(app: str) -> str:
+    return f"{app}.engine"
+
+
+def step_queue(app: str, queue: str) -> str:
+    return f"{app}.steps.{queue}"

@@ -1,0 +1,156 @@
+"""What the engine needs from storage, brokers and time. Adapters implement these protocols;
+the engine imports no driver or SQL dialect."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from sagaloop.engine.history import Event, NewEvent
+from sagaloop.engine.messages import Envelope
+
+
+class Clock(Protocol):
+    def now(self) -> datetime: ...
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Outgoing:
+    """A message to send: it goes to the outbox in the transaction that decided to send it."""
+
+    queue: str
+    envelope: Envelope
+    available_at: datetime | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class RunRecord:
+    run_id: str
+    saga: str
+    status: str
+    input: Any
+    created_at: datetime
+    updated_at: datetime
+    last_seq: int = 0
+    processed_seq: int = 0
+    output: Any = None
+    error: dict[str, Any] | None = None
+    reason: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Timer:
+    run_id: str
+    pos: int
+    kind: str
+    fire_at: datetime
+    attempt: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueuedMessage:
+    """A row of the outbox claimed by a consumer or a relay."""
+
+    id: int
+    queue: str
+    body: bytes
+    deliveries: int
+    claim_token: str
+
+
+class Tx(Protocol):
+    """An open transaction of a store (opaque to the engine)."""
+
+
+class Store(Protocol):
+    def transaction(self) -> AbstractContextManager[Tx]: ...
+
+    def check_schema(self) -> None: ...
+
+    # runs
+    def create_run(self, tx: Tx, run: RunRecord) -> bool: ...
+    def lock_run(self, tx: Tx, run_id: str) -> RunRecord | None: ...
+    def get_run(self, run_id: str) -> RunRecord | None: ...
+    def save_run(self, tx: Tx, run: RunRecord) -> None: ...
+    def list_runs(
+        self, *, status: str | None = None, saga: str | None = None, limit: int = 100
+    ) -> list[RunRecord]: ...
+    def count_runs(self, *, saga: str | None = None) -> dict[str, int]: ...
+
+    # history
+    def load_history(self, tx: Tx | None, run_id: str, after_seq: int = 0) -> list[Event]: ...
+    def append_events(
+        self, tx: Tx, run_id: str, after_seq: int, events: Sequence[NewEvent], at: datetime
+    ) -> list[Event]: ...
+
+    # timers
+    def add_timer(self, tx: Tx, timer: Timer) -> None: ...
+    def delete_timers(self, tx: Tx, run_id: str) -> None: ...
+    def take_due_timers(self, tx: Tx, now: datetime, limit: int) -> list[Timer]: ...
+    def next_timer_at(self) -> datetime | None: ...
+
+    # inbox
+    def inbox_get(self, tx: Tx, consumer: str, message_id: str) -> tuple[bool, Any]: ...
+    def inbox_put(self, tx: Tx, consumer: str, message_id: str, result: Any, at: datetime) -> bool:
+        """Insert the row; False when it already existed (the message was processed)."""
+        ...
+
+    # outbox (and, for the database broker, the queue itself)
+    def enqueue(self, tx: Tx, messages: Sequence[Outgoing], now: datetime) -> None: ...
+    def claim(
+        self, queues: Sequence[str] | None, limit: int, now: datetime, lease: timedelta
+    ) -> list[QueuedMessage]: ...
+    def delete_claimed(self, tx: Tx | None, ids: Sequence[int], claim_token: str) -> int: ...
+    def release(self, id: int, claim_token: str, available_at: datetime) -> None: ...
+    def dead_letter(self, id: int, claim_token: str, reason: str, now: datetime) -> None: ...
+    def dead_letters(self) -> list[tuple[str, bytes, str]]: ...
+    def prune(self, *, before: datetime, batch: int = 1000) -> int: ...
+    def close(self) -> None: ...
+
+
+def batched(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+class Delivery(Protocol):
+    """One received message. Settle it inside the transaction that processed it, then ack it
+    after the commit; or hand it back, or dead-letter it."""
+
+    body: bytes
+    content_type: str | None
+    deliveries: int
+    """1 on the first delivery; more means an earlier consumer may have processed it."""
+
+    def settle(self, tx: Tx) -> None: ...
+    def ack(self) -> None: ...
+    def retry_later(self, delay: timedelta) -> None: ...
+    def dead_letter(self, reason: str) -> None: ...
+
+
+class Broker(Protocol):
+    uses_outbox: bool
+    """True when the outbox table itself is the queue (no relay needed)."""
+
+    def declare(self, queues: Sequence[str]) -> None: ...
+    def publish(self, batch: Sequence[tuple[str, bytes]]) -> None:
+        """Send ``(queue, body)`` pairs and wait until the broker confirmed every one."""
+        ...
+
+    def receive(self, queues: Sequence[str], max_messages: int, timeout: float) -> list[Delivery]:
+        """Up to ``max_messages`` deliveries, waiting at most ``timeout`` seconds for the first."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,317 @@
+"""Replaying saga code against a run's history on the deterministic loop.
+
+A :class:`Replayer` holds one suspended saga coroutine. Feeding it history events resolves the
+futures its code awaits; the commands the code issues are numbered in issue order and checked
+against the commands the history recorded at the same positions. Commands beyond the recorded
+ones are *new*: the engine appends them to the history and acts on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import logging
+import random as _random
+import uuid
+from collections.abc import Awaitable, MutableMapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sagaloop.engine import history as h
+from sagaloop.engine.history import Event, NewEvent
+from sagaloop.engine.loop import DeterministicLoop
+from sagaloop.errors import (
+    ErrorInfo,
+    EventTimeoutError,
+    NonDeterminismError,
+    StepFailedError,
+    ValidationError,
+)
+from sagaloop.sagas.app import App, SagaDef, StepDef
+from sagaloop.sagas.context import SagaContext
+from sagaloop.sagas.convert import Converter
+
+logger = logging.getLogger("sagaloop.saga")
+
+# Events whose arrival is fed to saga code (everything else is engine bookkeeping).
+FED_KINDS = frozenset(
+    {h.STEP_COMPLETED, h.STEP_FAILED, h.TIMER_FIRED, h.EVENT_ARRIVED, h.CANCEL_REQUESTED}
+)
+
+
+def seed_for(run_id: str) -> int:
+    return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:8], "big")
+
+
+class _SagaLogger(logging.LoggerAdapter[logging.Logger]):
+    def __init__(self, replayer: Replayer) -> None:
+        super().__init__(logger, {"run_id": replayer.run_id, "saga": replayer.saga.name})
+        self._replayer = replayer
+
+    def isEnabledFor(self, level: int) -> bool:
+        return not self._replayer.replaying and super().isEnabledFor(level)
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, Any]:
+        kwargs["extra"] = {**self.extra, **kwargs.get("extra", {})}  # type: ignore[dict-item]
+        return msg, kwargs
+
+
+class _Pending:
+    __slots__ = ("future", "kind", "model", "name")
+
+    def __init__(self, kind: str, name: str, future: asyncio.Future[Any], model: Any) -> None:
+        self.kind, self.name, self.future, self.model = kind, name, future, model
+
+
+class Replayer:
+    """One saga coroutine, driven by history events."""
+
+    def __init__(self, app: App, saga: SagaDef[Any, Any], run_id: str) -> None:
+        self.app = app
+        self.saga = saga
+        self.run_id = run_id
+        self.loop = DeterministicLoop()  # type: ignore[abstract]
+        self.replaying = True
+        self.next_pos = 0
+        self.recorded: dict[int, Event] = {}  # command events of the history, by position
+        self.new_commands: list[NewEvent] = []
+        self.pending: dict[int, _Pending] = {}
+        self.waiters: dict[str, collections.deque[int]] = collections.defaultdict(collections.deque)
+        self.buffered: dict[str, collections.deque[Any]] = collections.defaultdict(
+            collections.deque
+        )
+        self.stopped = False  # cancelled or finished: the code is no longer fed
+        self.main: asyncio.Task[Any] | None = None
+        self.outcome: dict[str, Any] | None = None  # {"output": ...} or {"error": ...}
+        self.nondeterminism: NonDeterminismError | None = None
+        self.rng = _random.Random(seed_for(run_id))
+        self.ctx = _Context(self)
+
+    # --- feeding -----------------------------------------------------------------------------
+
+    def feed(self, events: list[Event], *, replaying: bool) -> None:
+        """Apply history events in order; raise NonDeterminismError on a divergence."""
+        for ev in events:
+            if ev.kind in h.COMMAND_KINDS and ev.pos is not None:
+                self.recorded[ev.pos] = ev
+        for ev in events:
+            self.replaying = replaying
+            if ev.kind == h.RUN_STARTED:
+                self._start(ev)
+            elif ev.kind in h.COMMAND_KINDS:
+                if ev.pos is not None and ev.pos >= self.next_pos and not self.stopped:
+                    self._diverged(
+                        f"the history has {ev.describe()} but the saga code no longer issues it",
+                        ev.pos,
+                    )
+            elif ev.kind in FED_KINDS and not self.stopped:
+                self._deliver(ev)
+            self._raise_divergence()
+
+    def _start(self, ev: Event) -> None:
+        self.loop.set_time(ev.at.timestamp())
+        input_json = ev.data.get("input")
+        args: tuple[Any, ...] = ()
+        if self.saga.has_input:
+            try:
+                args = (self.saga.input.from_json(input_json, what=f"input of {self.saga.name!r}"),)
+            except ValidationError as e:
+                self.stopped = True
+                self.outcome = {"error": ErrorInfo.from_exception(e).to_json()}
+                return
+        coro = self.saga.fn(self.ctx, *args)
+        self.main = self.loop.create_task(coro, name=f"saga:{self.run_id}")
+        self._run()
+
+    def _deliver(self, ev: Event) -> None:
+        self.loop.set_time(ev.at.timestamp())
+        if ev.kind == h.CANCEL_REQUESTED:
+            self.stopped = True
+            return
+        if ev.kind == h.EVENT_ARRIVED:
+            name = str(ev.name)
+            data = ev.data.get("data")
+            waiting = self.waiters.get(name)
+            if waiting:
+                self._resolve_wait(waiting.popleft(), data)
+            else:
+                self.buffered[name].append(data)
+        else:
+            assert ev.pos is not None
+            pending = self.pending.pop(ev.pos, None)
+            if pending is None:
+                return  # stale: a timeout that fired after its event, a late duplicate
+            if ev.kind == h.STEP_COMPLETED:
+                conv: Converter = pending.model
+                try:
+                    pending.future.set_result(
+                        conv.from_json(ev.data.get("result"), what=f"result of {pending.name!r}")
+                    )
+                except ValidationError as e:
+                    pending.future.set_exception(e)
+            elif ev.kind == h.STEP_FAILED:
+                error = ErrorInfo.from_json(ev.data["error"])
+                pending.future.set_exception(StepFailedError(pending.name, error))
+            elif pending.kind == h.EVENT_WAITING:  # the wait's timeout fired
+                self.waiters[pending.name].remove(ev.pos)
+                pending.future.set_exception(EventTimeoutError(pending.name))
+            else:
+                pending.future.set_result(None)
+        self._run()
+
+    def _resolve_wait(self, pos: int, data: Any) -> None:
+        pending = self.pending.pop(pos)
+        try:
+            value = (
+                data
+                if pending.model is None
+                else Converter(pending.model).from_json(data, what=f"event {pending.name!r}")
+            )
+            pending.future.set_result(value)
+        except ValidationError as e:
+            pending.future.set_exception(e)
+
+    def _run(self) -> None:
+        self.loop.run_until_blocked()
+        if self.main is not None and self.main.done() and self.outcome is None:
+            self._finish(self.main)
+
+    def _finish(self, task: asyncio.Task[Any]) -> None:
+        self.stopped = True
+        if task.cancelled():
+            self.outcome = {
+                "error": ErrorInfo("CancelledError", "the saga was cancelled").to_json()
+            }
+            return
+        exc = task.exception()
+        if exc is None:
+            try:
+                output = self.saga.output.to_json(task.result(), what=f"saga {self.saga.name!r}")
+                self.outcome = {"output": output}
+            except ValidationError as e:
+                self.outcome = {"error": ErrorInfo.from_exception(e).to_json()}
+        elif isinstance(exc, NonDeterminismError):
+            self.nondeterminism = exc
+        else:
+            self.outcome = {"error": ErrorInfo.from_exception(exc).to_json()}
+
+    # --- commands ----------------------------------------------------------------------------
+
+    def _diverged(self, message: str, pos: int) -> None:
+        if self.nondeterminism is None:
+            self.nondeterminism = NonDeterminismError(
+                f"run {self.run_id!r}: {message}", run_id=self.run_id, position=pos
+            )
+
+    def _raise_divergence(self) -> None:
+        if self.nondeterminism is not None:
+            raise self.nondeterminism
+
+    def command(
+        self, kind: str, name: str, data: dict[str, Any], model: Any = None
+    ) -> tuple[int, asyncio.Future[Any]]:
+        pos = self.next_pos
+        self.next_pos += 1
+        future: asyncio.Future[Any] = self.loop.create_future()
+        recorded = self.recorded.get(pos)
+        issued = NewEvent(kind, pos, name, data)
+        if recorded is not None:
+            if recorded.kind != kind or not self._same_name(kind, recorded.name, name):
+                self._diverged(
+                    f"non-deterministic saga code: the history has {recorded.describe()}, the "
+                    f"code now issues {Event(0, kind, recorded.at, pos, name).describe()}",
+                    pos,
+                )
+                return pos, future  # never resolves; the activation parks the run
+        else:
+            self.new_commands.append(issued)
+        if kind != h.MARKER:
+            self.pending[pos] = _Pending(kind, name, future, model)
+        return pos, future
+
+    def _same_name(self, kind: str, recorded: str | None, issued: str) -> bool:
+        if recorded == issued:
+            return True
+        if kind == h.STEP_SCHEDULED and recorded is not None:
+            step = self.app.get_step(recorded)
+            return step is not None and step.name == issued
+        return False
+
+    def take_new_commands(self) -> list[NewEvent]:
+        commands, self.new_commands = self.new_commands, []
+        return commands
+
+    def is_pending(self, pos: int) -> bool:
+        return pos in self.pending
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.loop.time(), UTC)
+
+
+class _Context(SagaContext):
+    def __init__(self, replayer: Replayer) -> None:
+        self._r = replayer
+        self.run_id = replayer.run_id
+        self.saga = replayer.saga.name
+        self.logger = _SagaLogger(replayer)
+
+    async def call(self, step: StepDef[Any, Any], *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(step, StepDef):
+            raise TypeError(f"ctx.call takes a step declared with @app.step, not {step!r}")
+        if self._r.app.get_step(step.name) is not step:
+            raise ValidationError(
+                f"step {step.name!r} is not registered in app {self._r.app.name!r}"
+            )
+        args_json = step.signature.args_to_json(args, kwargs, what=f"step {step.name!r}")
+        data = {"args": args_json, "queue": step.queue}
+        _, future = self._r.command(h.STEP_SCHEDULED, step.name, data, step.result)
+        return await future
+
+    async def gather(self, *aws: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:
+        return await asyncio.gather(*aws, return_exceptions=return_exceptions)
+
+    async def sleep(self, duration: timedelta) -> None:
+        if duration <= timedelta(0):
+            return
+        fire_at = self.now() + duration
+        _, future = self._r.command(h.TIMER_STARTED, "sleep", {"fire_at": fire_at.isoformat()})
+        await future
+
+    async def wait_for_event(
+        self, name: str, *, timeout: timedelta | None = None, model: type[Any] | None = None
+    ) -> Any:
+        data: dict[str, Any] = {}
+        if timeout is not None:
+            data["timeout_at"] = (self.now() + timeout).isoformat()
+        pos, future = self._r.command(h.EVENT_WAITING, name, data, model)
+        if pos in self._r.pending:
+            buffered = self._r.buffered.get(name)
+            if buffered:
+                self._r._resolve_wait(pos, buffered.popleft())
+            else:
+                self._r.waiters[name].append(pos)
+        return await future
+
+    def now(self) -> datetime:
+        return self._r.now()
+
+    def uuid4(self) -> uuid.UUID:
+        return uuid.UUID(int=self._r.rng.getrandbits(128), version=4)
+
+    def random(self) -> float:
+        return self._r.rng.random()
+
+    def patched(self, change_id: str) -> bool:
+        recorded = self._r.recorded.get(self._r.next_pos)
+        if recorded is not None:
+            if recorded.kind == h.MARKER and recorded.name == change_id:
+                self._r.command(h.MARKER, change_id, {})
+                return True
+            return False  # the run passed here with code that did not have the change
+        self._r.command(h.MARKER, change_id, {})
+        return True
+
+    @property
+    def is_replaying(self) -> bool:
+        return self._r.replaying

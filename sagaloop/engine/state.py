@@ -1,0 +1,248 @@
+"""The state of a run folded from its history: no saga code needed.
+
+The engine uses it to decide what to dispatch, retry and compensate; ``status`` uses it to show
+what happened and why a run waits. Folding the same events always gives the same state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from typing import Any
+
+from sagaloop.engine import history as h
+from sagaloop.engine.history import Event
+
+# Run statuses.
+RUNNING = "running"
+WAITING = "waiting"
+COMPENSATING = "compensating"
+COMPLETED = "completed"
+FAILED = "failed"
+COMPENSATED = "compensated"
+CANCELLED = "cancelled"
+NEEDS_ATTENTION = "needs_attention"
+FINAL_STATUSES = frozenset({COMPLETED, FAILED, COMPENSATED, CANCELLED})
+ALL_STATUSES = (
+    RUNNING,
+    WAITING,
+    COMPENSATING,
+    COMPLETED,
+    FAILED,
+    COMPENSATED,
+    CANCELLED,
+    NEEDS_ATTENTION,
+)
+
+# Step states (also used for the compensation of a step).
+SCHEDULED = "scheduled"
+RETRYING = "retrying"
+DONE = "completed"
+GAVE_UP = "failed"
+HALTED = "halted"
+IN_FLIGHT = frozenset({SCHEDULED, RETRYING})
+
+
+@dataclasses.dataclass
+class Attempt:
+    number: int
+    at: datetime
+    in_doubt: bool
+    outcome: str = ""
+    error: dict[str, Any] | None = None
+    worker: str | None = None
+    finished_at: datetime | None = None
+
+
+@dataclasses.dataclass
+class StepState:
+    pos: int
+    name: str
+    args: dict[str, Any]
+    scheduled_at: datetime
+    status: str = SCHEDULED
+    attempt: int = 1
+    in_doubt: bool = False
+    retry_at: datetime | None = None
+    error: dict[str, Any] | None = None
+    result: Any = None
+    reconciled: bool = False
+    completed_seq: int | None = None
+    completed_at: datetime | None = None
+    attempts: list[Attempt] = dataclasses.field(default_factory=list)
+    # compensation
+    comp_status: str | None = None
+    comp_attempt: int = 0
+    comp_in_doubt: bool = False
+    comp_retry_at: datetime | None = None
+    comp_error: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass
+class Wait:
+    pos: int
+    name: str
+    since: datetime
+    until: datetime | None
+    resolved: bool = False
+
+
+@dataclasses.dataclass
+class RunState:
+    run_id: str
+    saga: str = ""
+    started_at: datetime | None = None
+    last_seq: int = 0
+    steps: dict[int, StepState] = dataclasses.field(default_factory=dict)
+    sleeps: dict[int, datetime] = dataclasses.field(default_factory=dict)
+    waits: dict[int, Wait] = dataclasses.field(default_factory=dict)
+    buffered: list[tuple[str, Any]] = dataclasses.field(default_factory=list)
+    markers: list[str] = dataclasses.field(default_factory=list)
+    cancel_reason: str | None = None
+    saga_output: Any = None
+    saga_error: dict[str, Any] | None = None
+    saga_done: bool = False
+    parked: dict[str, Any] | None = None
+    finished: str | None = None
+    finished_at: datetime | None = None
+
+    # --- folding -----------------------------------------------------------------------------
+
+    def apply(self, ev: Event) -> None:
+        self.last_seq = ev.seq
+        kind, d = ev.kind, ev.data
+        if kind == h.RUN_STARTED:
+            self.saga = str(ev.name)
+            self.started_at = ev.at
+        elif kind == h.STEP_SCHEDULED:
+            assert ev.pos is not None and ev.name is not None
+            st = StepState(ev.pos, ev.name, d.get("args", {}), ev.at)
+            st.attempts.append(Attempt(1, ev.at, False))
+            self.steps[ev.pos] = st
+        elif kind == h.STEP_DISPATCHED:
+            st = self.step(ev)
+            st.status, st.attempt, st.in_doubt = SCHEDULED, d["attempt"], d.get("in_doubt", False)
+            st.retry_at = None
+            st.attempts.append(Attempt(st.attempt, ev.at, st.in_doubt))
+        elif kind == h.STEP_RETRYING:
+            st = self.step(ev)
+            st.status, st.error = RETRYING, d["error"]
+            st.retry_at = datetime.fromisoformat(d["retry_at"])
+            st.in_doubt = d.get("in_doubt", False)
+            self._close_attempt(st, ev, "failed", d["error"])
+        elif kind == h.STEP_COMPLETED:
+            st = self.step(ev)
+            st.status, st.result, st.reconciled = DONE, d.get("result"), d.get("reconciled", False)
+            st.completed_seq, st.completed_at = ev.seq, ev.at
+            self._close_attempt(st, ev, "reconciled" if st.reconciled else "completed", None)
+        elif kind == h.STEP_FAILED:
+            st = self.step(ev)
+            st.status, st.error = GAVE_UP, d["error"]
+            st.in_doubt, st.completed_seq = d.get("in_doubt", False), ev.seq
+            self._close_attempt(st, ev, "failed", d["error"])
+        elif kind == h.STEP_HALTED:
+            st = self.step(ev)
+            st.status, st.error, st.in_doubt, st.completed_seq = HALTED, d["error"], True, ev.seq
+            self._close_attempt(st, ev, "halted", d["error"])
+        elif kind == h.TIMER_STARTED:
+            assert ev.pos is not None
+            self.sleeps[ev.pos] = datetime.fromisoformat(d["fire_at"])
+        elif kind == h.TIMER_FIRED:
+            assert ev.pos is not None
+            self.sleeps.pop(ev.pos, None)
+            wait = self.waits.get(ev.pos)
+            if wait is not None:
+                wait.resolved = True
+        elif kind == h.EVENT_WAITING:
+            assert ev.pos is not None and ev.name is not None
+            until = d.get("timeout_at")
+            wait = Wait(ev.pos, ev.name, ev.at, datetime.fromisoformat(until) if until else None)
+            self.waits[ev.pos] = wait
+            for i, (name, _) in enumerate(self.buffered):
+                if name == wait.name:
+                    del self.buffered[i]
+                    wait.resolved = True
+                    break
+        elif kind == h.EVENT_ARRIVED:
+            assert ev.name is not None
+            for wait in sorted(self.waits.values(), key=lambda w: w.pos):
+                if wait.name == ev.name and not wait.resolved:
+                    wait.resolved = True
+                    break
+            else:
+                self.buffered.append((ev.name, d.get("data")))
+        elif kind == h.MARKER:
+            self.markers.append(str(ev.name))
+        elif kind == h.CANCEL_REQUESTED:
+            self.cancel_reason = d.get("reason") or "cancelled"
+            if not any(x.comp_status == GAVE_UP for x in self.steps.values()):
+                self.parked = None  # cancelling is how an operator gives up on a stuck run
+        elif kind == h.SAGA_FINISHED:
+            self.saga_done = True
+            self.saga_output, self.saga_error = d.get("output"), d.get("error")
+        elif kind == h.RUN_PARKED:
+            self.parked = dict(d)
+        elif kind == h.RUN_RESUMED:
+            self.parked = None
+        elif kind == h.COMPENSATION_SCHEDULED:
+            st = self.step(ev)
+            st.comp_status, st.comp_attempt = SCHEDULED, d["attempt"]
+            st.comp_in_doubt, st.comp_retry_at = d.get("in_doubt", False), None
+        elif kind == h.COMPENSATION_RETRYING:
+            st = self.step(ev)
+            st.comp_status, st.comp_error = RETRYING, d["error"]
+            st.comp_in_doubt = d.get("in_doubt", False)
+            st.comp_retry_at = datetime.fromisoformat(d["retry_at"])
+        elif kind == h.COMPENSATION_COMPLETED:
+            self.step(ev).comp_status = DONE
+        elif kind == h.COMPENSATION_FAILED:
+            st = self.step(ev)
+            st.comp_status, st.comp_error = GAVE_UP, d["error"]
+        elif kind == h.RUN_FINISHED:
+            self.finished, self.finished_at = d["status"], ev.at
+
+    def step(self, ev: Event) -> StepState:
+        assert ev.pos is not None
+        return self.steps[ev.pos]
+
+    @staticmethod
+    def _close_attempt(st: StepState, ev: Event, outcome: str, error: Any) -> None:
+        if st.attempts and not st.attempts[-1].outcome:
+            last = st.attempts[-1]
+            last.outcome, last.error, last.finished_at = outcome, error, ev.at
+            last.worker = ev.data.get("worker")
+
+    # --- questions ---------------------------------------------------------------------------
+
+    @property
+    def failing(self) -> bool:
+        """The run must be undone: the saga raised or a cancellation was asked for."""
+        return self.cancel_reason is not None or (self.saga_done and self.saga_error is not None)
+
+    def in_flight(self) -> list[StepState]:
+        return [s for s in self.steps.values() if s.status in IN_FLIGHT]
+
+    def compensations_in_flight(self) -> list[StepState]:
+        return [s for s in self.steps.values() if s.comp_status in IN_FLIGHT]
+
+    def to_compensate(self) -> list[StepState]:
+        """Steps not yet compensated that took effect or may have (failed in doubt), newest
+        first."""
+        done = [
+            s
+            for s in self.steps.values()
+            if s.comp_status is None
+            and (s.status == DONE or (s.status in (GAVE_UP, HALTED) and s.in_doubt))
+        ]
+        return sorted(done, key=lambda s: s.completed_seq or 0, reverse=True)
+
+    def status(self) -> str:
+        if self.finished:
+            return self.finished
+        if self.parked is not None:
+            return NEEDS_ATTENTION
+        if self.failing:
+            return COMPENSATING
+        if self.in_flight() or not self.started_at:
+            return RUNNING
+        return WAITING

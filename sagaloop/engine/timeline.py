@@ -1,0 +1,156 @@
+"""A run's timeline for people and scripts: every step with its state, attempts, durations and
+idempotency key; the compensations; and the answer to "why is this run not moving?"."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from typing import Any
+
+from sagaloop.engine import state as s
+from sagaloop.engine.history import Event
+from sagaloop.engine.ports import RunRecord
+from sagaloop.engine.state import RunState
+from sagaloop.engine.steps import DO, UNDO, idempotency_key
+
+
+@dataclasses.dataclass
+class StepLine:
+    position: int
+    step: str
+    state: str
+    attempts: int
+    idempotency_key: str
+    queue: str | None
+    started_at: datetime
+    duration_s: float | None
+    worker: str | None
+    error: str | None
+    compensation: str | None
+    compensation_key: str | None
+
+
+@dataclasses.dataclass
+class Timeline:
+    run_id: str
+    saga: str
+    status: str
+    created_at: datetime
+    updated_at: datetime
+    steps: list[StepLine]
+    waiting_for: list[str]
+    output: Any
+    error: dict[str, Any] | None
+    reason: str | None
+    events: int
+
+    def to_json(self) -> dict[str, Any]:
+        def conv(v: Any) -> Any:
+            return v.isoformat() if isinstance(v, datetime) else v
+
+        data = dataclasses.asdict(self)
+        data["created_at"], data["updated_at"] = conv(self.created_at), conv(self.updated_at)
+        for line in data["steps"]:
+            line["started_at"] = conv(line["started_at"])
+        return data
+
+
+def _state_word(x: s.StepState) -> str:
+    if x.status == s.DONE:
+        return "reconciled" if x.reconciled else "completed"
+    if x.status == s.SCHEDULED:
+        return "in doubt" if x.in_doubt else "scheduled"
+    if x.status == s.RETRYING:
+        return "retrying"
+    if x.status == s.HALTED:
+        return "in doubt (halted)"
+    return "failed"
+
+
+def _comp_word(x: s.StepState) -> str | None:
+    return {
+        None: None,
+        s.SCHEDULED: "compensating",
+        s.RETRYING: "compensation retrying",
+        s.DONE: "compensated",
+        s.GAVE_UP: "compensation failed",
+    }[x.comp_status]
+
+
+def timeline(run: RunRecord, events: list[Event], now: datetime) -> Timeline:
+    st = RunState(run.run_id)
+    for ev in events:
+        st.apply(ev)
+    queues = {ev.pos: ev.data.get("queue") for ev in events if ev.kind == "step_scheduled"}
+    lines = []
+    for x in sorted(st.steps.values(), key=lambda v: v.pos):
+        end = x.completed_at if x.status == s.DONE else None
+        lines.append(
+            StepLine(
+                position=x.pos,
+                step=x.name,
+                state=_state_word(x),
+                attempts=len(x.attempts),
+                idempotency_key=idempotency_key(run.run_id, x.pos, DO),
+                queue=queues.get(x.pos),
+                started_at=x.scheduled_at,
+                duration_s=(end - x.scheduled_at).total_seconds() if end else None,
+                worker=next((a.worker for a in reversed(x.attempts) if a.worker), None),
+                error=(f"{x.error.get('type')}: {x.error.get('message')}" if x.error else None),
+                compensation=_comp_word(x),
+                compensation_key=(
+                    idempotency_key(run.run_id, x.pos, UNDO) if x.comp_status else None
+                ),
+            )
+        )
+    return Timeline(
+        run_id=run.run_id,
+        saga=run.saga,
+        status=run.status,
+        created_at=run.created_at,
+        updated_at=run.updated_at,
+        steps=lines,
+        waiting_for=_why(st, run, queues, now),
+        output=run.output,
+        error=run.error,
+        reason=run.reason,
+        events=len(events),
+    )
+
+
+def _t(when: datetime) -> str:
+    return f"{when:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _ago(now: datetime, then: datetime) -> str:
+    return f"{max((now - then).total_seconds(), 0):.1f} s"
+
+
+def _why(st: RunState, run: RunRecord, queues: dict[Any, Any], now: datetime) -> list[str]:
+    if run.status in s.FINAL_STATUSES:
+        return []
+    why: list[str] = []
+    if run.status == s.NEEDS_ATTENTION:
+        why.append(f"needs attention: {run.reason}")
+    if run.processed_seq < run.last_seq:
+        why.append("queued for the engine")
+    for x in sorted(st.steps.values(), key=lambda v: v.pos):
+        if x.status == s.SCHEDULED:
+            since = x.attempts[-1].at if x.attempts else x.scheduled_at
+            why.append(
+                f"step {x.name!r} (attempt {x.attempt}) queued or running on "
+                f"{queues.get(x.pos) or '?'} for {_ago(now, since)}"
+            )
+        elif x.status == s.RETRYING and x.retry_at:
+            why.append(f"retry of step {x.name!r} (attempt {x.attempt + 1}) at {_t(x.retry_at)}")
+        if x.comp_status == s.SCHEDULED:
+            why.append(f"compensation of step {x.name!r} queued or running")
+        elif x.comp_status == s.RETRYING and x.comp_retry_at:
+            why.append(f"retry of the compensation of {x.name!r} at {_t(x.comp_retry_at)}")
+    for w in sorted(st.waits.values(), key=lambda v: v.pos):
+        if not w.resolved:
+            until = f" until {w.until:%Y-%m-%d %H:%M:%S} UTC" if w.until else ""
+            why.append(f"waiting for event {w.name!r}{until}")
+    for fire_at in st.sleeps.values():
+        why.append(f"sleeping until {fire_at:%Y-%m-%d %H:%M:%S} UTC")
+    return why

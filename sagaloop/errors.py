@@ -1,0 +1,220 @@
+"""sagaloop's exceptions: one root, a small tree per area.
+
+Errors that cross a process boundary (a step failing on a worker, a run that failed) are stored
+in the history as :class:`ErrorInfo` and come back as the same Python type on the other side.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SagaloopError(Exception):
+    """Root of every exception raised by sagaloop itself."""
+
+
+# --- declaration and input -------------------------------------------------------------------
+
+
+class DeclarationError(SagaloopError):
+    """A saga or step is declared wrongly (duplicate name, bad signature, missing annotation)."""
+
+
+class ValidationError(SagaloopError):
+    """An input, result or event payload does not match the declared type."""
+
+
+class UnknownSagaError(SagaloopError):
+    """No saga of that name is registered in the app."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        hint = ", ".join(sorted(known)) or "none"
+        super().__init__(f"unknown saga {name!r} (registered: {hint})")
+        self.saga = name
+
+
+class UnknownStepError(SagaloopError):
+    """A message names a step that this process does not know."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown step {name!r}: is the worker running the same app version?")
+        self.step = name
+
+
+class RunNotFoundError(SagaloopError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run with id {run_id!r}")
+        self.run_id = run_id
+
+
+class RunFinishedError(SagaloopError):
+    """An event or cancellation was addressed to a run that has already finished."""
+
+    def __init__(self, run_id: str, status: str) -> None:
+        super().__init__(f"run {run_id!r} is already {status}")
+        self.run_id = run_id
+        self.status = status
+
+
+class RunStateError(SagaloopError):
+    """The operation does not apply to the run in its current state."""
+
+
+# --- storage ---------------------------------------------------------------------------------
+
+
+class StoreError(SagaloopError):
+    """The database failed; the original driver error is the ``__cause__``."""
+
+
+class SchemaOutdatedError(StoreError):
+    def __init__(self, current: int, expected: int) -> None:
+        super().__init__(
+            f"the database schema is at version {current}, this sagaloop needs {expected}: "
+            "run `sagaloop db upgrade`"
+        )
+        self.current = current
+        self.expected = expected
+
+
+class SchemaTooNewError(StoreError):
+    def __init__(self, current: int, expected: int) -> None:
+        super().__init__(
+            f"the database schema is at version {current}, newer than this sagaloop "
+            f"understands ({expected}): upgrade sagaloop"
+        )
+        self.current = current
+        self.expected = expected
+
+
+class DuplicateMessageError(StoreError):
+    """The inbox already holds this (consumer, message_id): the message was processed."""
+
+
+class BrokerError(SagaloopError):
+    """The message broker failed; the driver error is the ``__cause__``."""
+
+
+class MessageError(SagaloopError):
+    """A message cannot be processed (not JSON, unknown type, invalid payload, too large).
+
+    Consumers dead-letter such messages with ``reason`` and keep running.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# --- replay ----------------------------------------------------------------------------------
+
+
+class NonDeterminismError(SagaloopError):
+    """Replaying the saga code issued a different command than the history recorded."""
+
+    def __init__(self, message: str, *, run_id: str = "", position: int = -1) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.position = position
+
+
+class SagaDeterminismViolation(SagaloopError):
+    """Saga code tried to do real I/O, start a thread or an asyncio timer."""
+
+
+# --- errors seen by saga and step code -------------------------------------------------------
+
+
+class ApplicationError(SagaloopError):
+    """Raise from a step to fail it with control over retries.
+
+    ``non_retryable=True`` fails the step for good at once. Any other exception raised by a step
+    is retried according to its :class:`~sagaloop.RetryPolicy` and, because it does not prove the
+    effect did not happen, makes the next attempt *in doubt*.
+    """
+
+    def __init__(self, message: str, *, type: str | None = None, non_retryable: bool = False):
+        super().__init__(message)
+        self.type = type or "ApplicationError"
+        self.non_retryable = non_retryable
+
+
+class NotAppliedError(ApplicationError):
+    """Raise from a step when the effect certainly did not happen (say, a connection refused
+    before the request was sent). The step is retried and the next attempt is *not* in doubt."""
+
+    def __init__(self, message: str, *, type: str | None = None) -> None:
+        super().__init__(message, type=type or "NotAppliedError")
+
+
+class StepFailedError(SagaloopError):
+    """Raised inside saga code by ``await ctx.call(...)`` when the step failed for good."""
+
+    def __init__(self, step: str, error: ErrorInfo) -> None:
+        super().__init__(f"step {step!r} failed: {error.type}: {error.message}")
+        self.step = step
+        self.error = error
+
+
+class EventTimeoutError(SagaloopError):
+    """Raised inside saga code when ``ctx.wait_for_event`` reaches its timeout."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no event {name!r} arrived before the timeout")
+        self.event = name
+
+
+class SagaFailedError(SagaloopError):
+    """Raised by ``Client.result`` for a run that did not complete."""
+
+    def __init__(self, run_id: str, status: str, error: ErrorInfo | None) -> None:
+        detail = f": {error.type}: {error.message}" if error else ""
+        super().__init__(f"run {run_id!r} ended {status}{detail}")
+        self.run_id = run_id
+        self.status = status
+        self.error = error
+
+
+class ErrorInfo:
+    """A stored, JSON-shaped description of an exception."""
+
+    __slots__ = ("message", "non_retryable", "not_applied", "type")
+
+    def __init__(
+        self, type: str, message: str, *, non_retryable: bool = False, not_applied: bool = False
+    ) -> None:
+        self.type = type
+        self.message = message
+        self.non_retryable = non_retryable
+        self.not_applied = not_applied
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> ErrorInfo:
+        if isinstance(exc, ApplicationError):
+            return cls(
+                exc.type,
+                str(exc),
+                non_retryable=exc.non_retryable,
+                not_applied=isinstance(exc, NotAppliedError),
+            )
+        return cls(type(exc).__name__, str(exc))
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"type": self.type, "message": self.message}
+        if self.non_retryable:
+            data["non_retryable"] = True
+        if self.not_applied:
+            data["not_applied"] = True
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ErrorInfo:
+        return cls(
+            str(data.get("type", "Error")),
+            str(data.get("message", "")),
+            non_retryable=bool(data.get("non_retryable", False)),
+            not_applied=bool(data.get("not_applied", False)),
+        )
+
+    def __repr__(self) -> str:
+        return f"ErrorInfo({self.type!r}, {self.message!r})"

@@ -1,0 +1,251 @@
+"""The declaration API: an ``App`` registry with ``saga`` and ``step`` decorators. No I/O."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from sagaloop.errors import DeclarationError
+from sagaloop.sagas.context import SagaContext
+from sagaloop.sagas.convert import ANY, Converter, Signature
+from sagaloop.sagas.policy import RetryPolicy
+
+P = ParamSpec("P")
+R = TypeVar("R")
+I = TypeVar("I")  # noqa: E741
+O = TypeVar("O")  # noqa: E741
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
+DEFAULT_QUEUE = "default"
+
+
+def _check_name(kind: str, name: str) -> str:
+    if not _NAME.match(name):
+        raise DeclarationError(
+            f"invalid {kind} name {name!r}: use letters, digits and '_.:-', at most 200 chars"
+        )
+    return name
+
+
+class StepDef(Generic[P, R]):
+    """A declared step. Call it through ``ctx.call(step, ...)`` inside a saga; calling it directly
+    runs the plain function (handy in unit tests)."""
+
+    def __init__(
+        self,
+        fn: Callable[P, R],
+        *,
+        name: str,
+        queue: str,
+        retry: RetryPolicy,
+        timeout: timedelta | None,
+        local: bool,
+        idempotent: bool,
+        aliases: Sequence[str],
+    ) -> None:
+        self.fn = fn
+        self.name = _check_name("step", name)
+        self.queue = _check_name("queue", queue)
+        self.retry = retry
+        if timeout is not None and timeout <= timedelta(0):
+            raise DeclarationError(f"step {name!r}: timeout must be positive")
+        self.timeout = timeout
+        self.local = local
+        self.idempotent = idempotent
+        self.aliases = tuple(_check_name("step", a) for a in aliases)
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.signature = Signature(fn, what=f"step {name!r}")
+        self.compensation_fn: Callable[..., Any] | None = None
+        self.reconcile_fn: Callable[..., Any] | None = None
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<step {self.name!r} queue={self.queue!r}>"
+
+    @property
+    def result(self) -> Converter:
+        return self.signature.result
+
+    def compensation(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Declare the undo of this step: ``fn(ctx, *step_args, result)``. It runs as a durable
+        step of its own (same queue and retry policy) when the saga fails or is cancelled."""
+        if self.compensation_fn is not None:
+            raise DeclarationError(f"step {self.name!r} already has a compensation")
+        self._check_arity(fn, extra=1, what="compensation")
+        self.compensation_fn = fn
+        return fn
+
+    def reconcile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Declare the look-up ``fn(ctx, *step_args) -> result | None`` that tells whether an
+        in-doubt attempt took effect. A found result is recorded without running the step."""
+        if self.reconcile_fn is not None:
+            raise DeclarationError(f"step {self.name!r} already has a reconcile function")
+        self._check_arity(fn, extra=0, what="reconcile")
+        self.reconcile_fn = fn
+        return fn
+
+    def _check_arity(self, fn: Callable[..., Any], *, extra: int, what: str) -> None:
+        if inspect.iscoroutinefunction(fn) and not self.is_async:
+            pass  # allowed: each function is driven according to its own kind
+        params = list(inspect.signature(fn).parameters.values())
+        expected = 1 + len(self.signature.params) + extra
+        if len(params) != expected:
+            raise DeclarationError(
+                f"{what} of step {self.name!r} must take {expected} parameters "
+                f"(ctx, the step's arguments{', result' if extra else ''}), not {len(params)}"
+            )
+
+
+class SagaDef(Generic[I, O]):
+    """A declared saga: an ``async def f(ctx, input) -> output``."""
+
+    def __init__(
+        self, fn: Callable[..., Awaitable[O]], *, name: str, aliases: Sequence[str]
+    ) -> None:
+        if not inspect.iscoroutinefunction(fn):
+            raise DeclarationError(f"saga {name!r} must be an `async def` function")
+        self.fn = fn
+        self.name = _check_name("saga", name)
+        self.aliases = tuple(_check_name("saga", a) for a in aliases)
+        sig = Signature(fn, what=f"saga {name!r}")
+        if len(sig.params) > 1:
+            raise DeclarationError(f"saga {name!r} must take (ctx) or (ctx, input)")
+        self.has_input = bool(sig.params)
+        self.input: Converter = sig.converters[sig.params[0].name] if sig.params else ANY
+        self.output: Converter = sig.result
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __repr__(self) -> str:
+        return f"<saga {self.name!r}>"
+
+
+class App:
+    """The registry of an application's sagas and steps. No global state: create as many as you
+    like (tests do)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = _check_name("app", name)
+        self.sagas: dict[str, SagaDef[Any, Any]] = {}
+        self.steps: dict[str, StepDef[Any, Any]] = {}
+        self._saga_aliases: dict[str, str] = {}
+        self._step_aliases: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return f"App({self.name!r}, sagas={sorted(self.sagas)}, steps={sorted(self.steps)})"
+
+    # --- declaration -------------------------------------------------------------------------
+
+    @overload
+    def saga(self, fn: Callable[[SagaContext, I], Awaitable[O]], /) -> SagaDef[I, O]: ...
+
+    @overload
+    def saga(
+        self, *, name: str | None = None, aliases: Sequence[str] = ()
+    ) -> Callable[[Callable[[SagaContext, I], Awaitable[O]]], SagaDef[I, O]]: ...
+
+    def saga(
+        self,
+        fn: Callable[..., Awaitable[Any]] | None = None,
+        *,
+        name: str | None = None,
+        aliases: Sequence[str] = (),
+    ) -> Any:
+        """Declare a saga. ``name`` is what runs store: set it explicitly to keep in-flight runs
+        resolvable across renames of the function (or list old names in ``aliases``)."""
+
+        def register(f: Callable[..., Awaitable[Any]]) -> SagaDef[Any, Any]:
+            definition: SagaDef[Any, Any] = SagaDef(f, name=name or f.__name__, aliases=aliases)
+            self._register(definition, self.sagas, self._saga_aliases, "saga")
+            return definition
+
+        return register(fn) if fn is not None else register
+
+    @overload
+    def step(self, fn: Callable[P, R], /) -> StepDef[P, R]: ...
+
+    @overload
+    def step(
+        self,
+        *,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        retry: RetryPolicy | None = None,
+        timeout: timedelta | None = None,
+        local: bool = False,
+        idempotent: bool = True,
+        aliases: Sequence[str] = (),
+    ) -> Callable[[Callable[P, R]], StepDef[P, R]]: ...
+
+    def step(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        retry: RetryPolicy | None = None,
+        timeout: timedelta | None = None,
+        local: bool = False,
+        idempotent: bool = True,
+        aliases: Sequence[str] = (),
+    ) -> Any:
+        """Declare a step ``fn(ctx: StepContext, ...) -> result`` (sync or async).
+
+        - ``queue``: the queue its messages go to; workers consume queues.
+        - ``retry``: a :class:`RetryPolicy` (default: 5 attempts, 1 s doubling to 60 s).
+        - ``timeout``: start-to-close limit of one attempt; a timed-out attempt is in doubt.
+        - ``local``: run inside the engine's activation instead of on a worker (cheap pure work).
+        - ``idempotent=False``: the step has external effects that must not happen twice and
+          that the downstream cannot deduplicate. Without a ``reconcile`` such a step is never
+          re-attempted when in doubt: the run halts in ``needs_attention`` instead.
+        """
+
+        def register(f: Callable[..., Any]) -> StepDef[Any, Any]:
+            definition: StepDef[Any, Any] = StepDef(
+                f,
+                name=name or f.__name__,
+                queue=queue,
+                retry=retry or RetryPolicy(),
+                timeout=timeout,
+                local=local,
+                idempotent=idempotent,
+                aliases=aliases,
+            )
+            self._register(definition, self.steps, self._step_aliases, "step")
+            return definition
+
+        return register(fn) if fn is not None else register
+
+    def _register(
+        self,
+        definition: Any,
+        table: dict[str, Any],
+        aliases: dict[str, str],
+        kind: str,
+    ) -> None:
+        for n in (definition.name, *definition.aliases):
+            if n in table or n in aliases:
+                raise DeclarationError(f"{kind} {n!r} is already registered in app {self.name!r}")
+        table[definition.name] = definition
+        for a in definition.aliases:
+            aliases[a] = definition.name
+
+    # --- look-up -----------------------------------------------------------------------------
+
+    def get_saga(self, name: str) -> SagaDef[Any, Any] | None:
+        return self.sagas.get(self._saga_aliases.get(name, name))
+
+    def get_step(self, name: str) -> StepDef[Any, Any] | None:
+        return self.steps.get(self._step_aliases.get(name, name))
+
+    @property
+    def queues(self) -> list[str]:
+        """The step queues used by this app's remote steps."""
+        return sorted({s.queue for s in self.steps.values() if not s.local})

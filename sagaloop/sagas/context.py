@@ -1,0 +1,108 @@
+"""The contexts handed to saga and step code. Their implementations live in ``sagaloop.engine``."""
+
+from __future__ import annotations
+
+import abc
+import logging
+import uuid
+from collections.abc import Awaitable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
+
+if TYPE_CHECKING:
+    from sagaloop.sagas.app import StepDef
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+class SagaContext(abc.ABC):
+    """What saga code may use. Everything here is recorded or derived from the history, so
+    that replaying the code reproduces the same decisions."""
+
+    run_id: str
+    saga: str
+    logger: logging.LoggerAdapter[logging.Logger]
+    """A logger that stays silent while the run replays what already happened."""
+
+    @overload
+    async def call(
+        self,
+        step: StepDef[Concatenate[StepContext, P], Awaitable[R]],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> R: ...
+
+    @overload
+    async def call(
+        self, step: StepDef[Concatenate[StepContext, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> R: ...
+
+    @abc.abstractmethod
+    async def call(self, step: StepDef[Any, Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``step`` durably and return its result; raise ``StepFailedError`` if it failed
+        for good."""
+
+    @abc.abstractmethod
+    async def gather(self, *aws: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:
+        """Await several calls concurrently (``asyncio.gather`` works too)."""
+
+    @abc.abstractmethod
+    async def sleep(self, duration: timedelta) -> None:
+        """A durable timer: no process holds the run while it sleeps."""
+
+    @overload
+    async def wait_for_event(
+        self, name: str, *, timeout: timedelta | None = None, model: None = None
+    ) -> Any: ...
+
+    @overload
+    async def wait_for_event(
+        self, name: str, *, timeout: timedelta | None = None, model: type[T]
+    ) -> T: ...
+
+    @abc.abstractmethod
+    async def wait_for_event(
+        self, name: str, *, timeout: timedelta | None = None, model: type[Any] | None = None
+    ) -> Any:
+        """Wait for an event addressed to this run; raise ``EventTimeoutError`` on timeout.
+        Events that arrived before the call are kept and returned at once, oldest first."""
+
+    @abc.abstractmethod
+    def now(self) -> datetime:
+        """The time of the history event being processed (UTC), the same on every replay."""
+
+    @abc.abstractmethod
+    def uuid4(self) -> uuid.UUID:
+        """A random UUID that is the same on every replay."""
+
+    @abc.abstractmethod
+    def random(self) -> float:
+        """A random float in [0, 1) that is the same on every replay."""
+
+    @abc.abstractmethod
+    def patched(self, change_id: str) -> bool:
+        """True when this run reaches this point with code that has the change ``change_id``;
+        False for runs that already passed here with older code."""
+
+    @property
+    @abc.abstractmethod
+    def is_replaying(self) -> bool:
+        """True while the code re-executes what the history already recorded."""
+
+
+class StepContext(abc.ABC):
+    """What a step, its compensation and its reconcile function receive."""
+
+    run_id: str
+    saga: str
+    step: str
+    position: int
+    attempt: int
+    """1 for the first attempt; counts every attempt, in doubt or not."""
+    in_doubt: bool
+    """True when an earlier attempt may have taken effect although no success was recorded."""
+    idempotency_key: str
+    """Stable across retries, redeliveries and restarts; distinct for the compensation."""
+    logger: logging.LoggerAdapter[logging.Logger]

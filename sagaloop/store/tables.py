@@ -1,0 +1,142 @@
+"""The tables, as SQLAlchemy Core. Payloads (inputs, results, LLM transcripts) are JSON text
+kept out of every index."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Dialect,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy import DateTime as _DateTime
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in, aware UTC datetimes out, on every dialect."""
+
+    impl = _DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to sagaloop's store")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class JSONText(TypeDecorator[Any]):
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else json.dumps(value, separators=(",", ":"))
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> Any:
+        return None if value is None else json.loads(value)
+
+
+metadata = MetaData()
+ID = String(200)
+BigId = BigInteger().with_variant(Integer, "sqlite")
+
+schema_version = Table(
+    "sagaloop_schema",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("version", Integer, nullable=False),
+)
+
+runs = Table(
+    "sagaloop_runs",
+    metadata,
+    Column("run_id", ID, primary_key=True),
+    Column("saga", ID, nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("input", JSONText),
+    Column("output", JSONText),
+    Column("error", JSONText),
+    Column("reason", Text),
+    Column("last_seq", Integer, nullable=False, default=0),
+    Column("processed_seq", Integer, nullable=False, default=0),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Index("sagaloop_runs_status", "status", "updated_at"),
+    Index("sagaloop_runs_saga", "saga", "status"),
+)
+
+history = Table(
+    "sagaloop_history",
+    metadata,
+    Column("run_id", ID, primary_key=True),
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("kind", String(40), nullable=False),
+    Column("pos", Integer),
+    Column("name", ID),
+    Column("data", JSONText, nullable=False),
+    Column("at", UTCDateTime, nullable=False),
+)
+
+timers = Table(
+    "sagaloop_timers",
+    metadata,
+    Column("run_id", ID, primary_key=True),
+    Column("pos", Integer, primary_key=True, autoincrement=False),
+    Column("kind", String(16), primary_key=True),
+    Column("fire_at", UTCDateTime, nullable=False),
+    Column("attempt", Integer, nullable=False, default=0),
+    Index("sagaloop_timers_due", "fire_at"),
+)
+
+outbox = Table(
+    "sagaloop_outbox",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("queue", ID, nullable=False),
+    Column("message_id", ID, nullable=False),
+    Column("body", LargeBinary, nullable=False),
+    Column("available_at", UTCDateTime, nullable=False),
+    Column("claimed_until", UTCDateTime),
+    Column("claim_token", String(64)),
+    Column("deliveries", Integer, nullable=False, default=0),
+    Column("created_at", UTCDateTime, nullable=False),
+    Index("sagaloop_outbox_ready", "queue", "available_at"),
+)
+
+inbox = Table(
+    "sagaloop_inbox",
+    metadata,
+    Column("consumer", String(100), primary_key=True),
+    Column("message_id", ID, primary_key=True),
+    Column("result", JSONText),
+    Column("at", UTCDateTime, nullable=False),
+    Index("sagaloop_inbox_at", "at"),
+)
+
+dead_letters = Table(
+    "sagaloop_dead_letters",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("queue", ID, nullable=False),
+    Column("body", LargeBinary, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("at", UTCDateTime, nullable=False),
+)

@@ -1,0 +1,170 @@
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from sagaloop.brokers.database import DatabaseBroker
+from sagaloop.brokers.memory import MemoryBroker
+from sagaloop.engine.activation import Engine
+from sagaloop.engine.client import Client
+from sagaloop.engine.history import Event
+from sagaloop.engine.messages import engine_queue, step_queue
+from sagaloop.engine.ports import Broker, Delivery, RunRecord
+from sagaloop.engine.runtime import EngineConsumer, TimerScheduler, WorkerConsumer
+from sagaloop.engine.steps import StepRunner
+from sagaloop.engine.timeline import Timeline
+from sagaloop.outbox.relay import Relay
+from sagaloop.sagas.app import App, SagaDef
+from sagaloop.store.sql import SqlStore
+
+
+class VirtualClock:
+    """A clock that only moves when told to (or when the harness skips to the next timer)."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
+        self._lock = threading.Lock()
+
+    def now(self) -> datetime:
+        with self._lock:
+            return self._now
+
+    def advance(self, delta: timedelta) -> None:
+        with self._lock:
+            self._now += delta
+
+    def set(self, when: datetime) -> None:
+        with self._lock:
+            self._now = max(self._now, when)
+
+
+class Crash(Exception):
+    """Raised by a crash hook to simulate a process killed at that point."""
+
+
+class Harness:
+    """Drives an app's engine, workers, timers (and relay) one message at a time.
+
+    ``broker="database"`` (default) uses the outbox table as the queue, like the embedded
+    default; ``broker="memory"`` relays the outbox to the in-memory broker.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        url: str = "sqlite://",
+        broker: Literal["database", "memory"] = "database",
+        clock: VirtualClock | None = None,
+        cache_size: int = 1024,
+        lease: timedelta = timedelta(seconds=60),
+    ) -> None:
+        self.app = app
+        self.clock = clock or VirtualClock()
+        self.lease = lease
+        self.store = SqlStore(url)
+        self.store.upgrade()
+        self.broker: Broker = (
+            DatabaseBroker(self.store, clock=self.clock, lease=lease)
+            if broker == "database"
+            else MemoryBroker(clock=self.clock, lease=lease)
+        )
+        self.client = Client(self.store, app, clock=self.clock)
+        self.cache_size = cache_size
+        self.relay = Relay(self.store, self.broker, clock=self.clock)
+        self.timers = TimerScheduler(app, self.store, self.clock)
+        self.queues = [engine_queue(app.name), *[step_queue(app.name, q) for q in app.queues]]
+        self.crash_hook: Callable[[str, Delivery], None] | None = None
+        self.restart()
+
+    def restart(self) -> None:
+        """Drop everything held in memory, as a process restart would."""
+        runner = StepRunner(self.app, worker="harness", inline=True)
+        self.engine = Engine(self.app, self.store, clock=self.clock, cache_size=self.cache_size)
+        self._engine_consumer = EngineConsumer(self.engine, self.store)
+        self._worker_consumer = WorkerConsumer(self.app, self.store, runner, self.clock)
+
+    # --- client operations -------------------------------------------------------------------
+
+    def start(
+        self, saga: SagaDef[Any, Any] | str, input: Any = None, *, run_id: str | None = None
+    ) -> str:
+        return self.client.start(saga, input, run_id=run_id)
+
+    def send_event(self, run_id: str, name: str, data: Any = None) -> None:
+        self.client.send_event(run_id, name, data)
+
+    def cancel(self, run_id: str, reason: str | None = None) -> None:
+        self.client.cancel(run_id, reason)
+
+    def retry(self, run_id: str) -> None:
+        self.client.retry(run_id)
+
+    def get(self, run_id: str) -> RunRecord:
+        return self.client.get(run_id)
+
+    def result(self, run_id: str) -> Any:
+        return self.client.result(run_id, timeout=0)
+
+    def status(self, run_id: str) -> Timeline:
+        return self.client.status(run_id)
+
+    def history(self, run_id: str) -> list[Event]:
+        return self.client.history(run_id)
+
+    # --- driving -----------------------------------------------------------------------------
+
+    def step_once(self) -> int:
+        """Relay, fire due timers, then process at most one message. Returns the work done."""
+        work = 0
+        if not self.broker.uses_outbox:
+            work += self.relay.relay_once()
+        work += self.timers.fire_due()
+        for delivery in self.broker.receive(self.queues, 1, 0):
+            work += 1
+            queue = getattr(delivery, "queue", None) or getattr(
+                getattr(delivery, "_message", None), "queue", ""
+            )
+            role = "engine" if queue == engine_queue(self.app.name) else "worker"
+            if self.crash_hook is not None:
+                try:
+                    self.crash_hook(role, delivery)
+                except Crash:
+                    continue  # the message stays claimed until its lease expires
+            if role == "engine":
+                self._engine_consumer.process(delivery)
+            else:
+                self._worker_consumer.process(delivery)
+        return work
+
+    def run_until_idle(self, *, skip_time: bool = True, max_steps: int = 1_000_000) -> int:
+        """Process until nothing is left to do. With ``skip_time``, jump the clock to the next
+        timer (or lease expiry) whenever only waiting is left."""
+        done = 0
+        for _ in range(max_steps):
+            work = self.step_once()
+            done += work
+            if work:
+                continue
+            if not skip_time:
+                return done
+            next_at = self.store.next_timer_at()
+            if self.store.queue_depths() if self.broker.uses_outbox else False:
+                self.clock.advance(self.lease + timedelta(seconds=1))  # abandoned leases
+                continue
+            if isinstance(self.broker, MemoryBroker) and self.broker._unacked:
+                self.clock.advance(self.lease + timedelta(seconds=1))
+                continue
+            if next_at is None:
+                return done
+            self.clock.set(next_at)
+        raise RuntimeError(f"still busy after {max_steps} steps")
+
+    def advance(self, delta: timedelta) -> None:
+        """Move the virtual clock (timers that fall due fire on the next run_until_idle)."""
+        self.clock.advance(delta)
+
+    def close(self) -> None:
+        self.store.close()
