@@ -45,6 +45,10 @@ class DatabaseDelivery:
     def ack(self) -> None:
         pass  # settled in the processing transaction
 
+    def extend(self) -> bool:
+        until = self._broker.clock.now() + self._broker.lease
+        return self._broker.store.extend_claim(self._row.id, self._row.claim_token, until)
+
     def retry_later(self, delay: timedelta) -> None:
         now = self._broker.clock.now()
         self._broker.store.release(self._row.id, self._row.claim_token, now + delay)

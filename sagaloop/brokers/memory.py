@@ -41,6 +41,13 @@ class MemoryDelivery:
     def ack(self) -> None:
         self._broker._finish(self)
 
+    def extend(self) -> bool:
+        with self._broker._cond:
+            if self._broker._unacked.get(self._message.id) is not self:
+                return False
+            self.lease_until = self._broker._now() + self._broker.lease.total_seconds()
+            return True
+
     def retry_later(self, delay: timedelta) -> None:
         if self._broker._finish(self):
             self._message.not_before = self._broker._now() + delay.total_seconds()

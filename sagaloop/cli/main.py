@@ -9,6 +9,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import click
@@ -113,13 +114,21 @@ def _client(obj: _Obj, app: App | str) -> Client:
 def dev(obj: _Obj, app_spec: str | None, concurrency: int, poll: float) -> None:
     """Run the engine, the timers and workers for every queue in one process, on the embedded
     default. Applies pending schema migrations first. Stops cleanly on SIGTERM or Ctrl-C."""
-    from sagaloop.engine.runtime import Runtime
+    from sagaloop.cli.services import Runtime
 
     with _errors():
         app = obj.app(app_spec)
         store = obj.store(upgrade=True)
         broker = _broker(obj, store)
-        runtime = Runtime(app, store, broker, concurrency=concurrency, poll=poll, name="dev")
+        runtime = Runtime(
+            app,
+            store,
+            broker,
+            concurrency=concurrency,
+            poll=poll,
+            heartbeat=obj.settings.lease / 3,
+            name="dev",
+        )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -137,7 +146,7 @@ def _broker(obj: _Obj, store: SqlStore) -> Broker:
     if url == "database":
         from sagaloop.brokers.database import DatabaseBroker
 
-        return DatabaseBroker(store)
+        return DatabaseBroker(store, lease=timedelta(seconds=obj.settings.lease))
     if url == "memory":
         from sagaloop.brokers.memory import MemoryBroker
 

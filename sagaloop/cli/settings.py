@@ -6,6 +6,7 @@ import importlib
 import os
 import sys
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sagaloop.errors import DeclarationError
@@ -19,6 +20,9 @@ class Settings(BaseSettings):
     """SQLAlchemy URL of the store. The embedded default is a SQLite file in the current folder."""
     broker_url: str = "database"
     """``database`` (the outbox table is the queue) or ``memory`` (one process only)."""
+    lease: float = Field(default=60.0, gt=0, le=86_400)
+    """Seconds a claimed message stays invisible to other consumers; a worker renews it every
+    third of that while a step runs, so only a dead worker's messages are redelivered."""
     app: str | None = None
     """The app to load, as ``module`` or ``module:attribute``."""
 

@@ -73,6 +73,7 @@ class Engine:
         self.clock = clock or SystemClock()
         self.cache_size = cache_size
         self._cache: collections.OrderedDict[str, _Live] = collections.OrderedDict()
+        self._staged: dict[str, _Live] = {}
         self._runner = runner or StepRunner(app, threads=1, worker="engine")
         self.queue = engine_queue(app.name)
 
@@ -80,7 +81,10 @@ class Engine:
 
     def handle(self, tx: Tx, env: Envelope) -> None:
         """Process one engine message in ``tx``. Raises MessageError for a message that can
-        never be processed (the consumer dead-letters it); a duplicate is a no-op."""
+        never be processed (the consumer dead-letters it); a duplicate is a no-op.
+
+        Call :meth:`committed` after ``tx`` commits, so that the cache only ever holds
+        committed state (anything else is dropped and replayed from the history)."""
         if not self.store.inbox_put(tx, ENGINE_CONSUMER, env.message_id, None, self.clock.now()):
             logger.debug("duplicate message %s ignored", env.message_id)
             return
@@ -170,6 +174,19 @@ class Engine:
 
         self._activate(tx, env.run_id, triggers)
 
+    def committed(self) -> None:
+        """Keep the runs activated in the transaction that just committed in the cache."""
+        for run_id, live in self._staged.items():
+            self._cache[run_id] = live
+            self._cache.move_to_end(run_id)
+        self._staged.clear()
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+    def rolled_back(self) -> None:
+        """Forget what the failed transaction did to in-memory state."""
+        self._staged.clear()
+
     # --- activation --------------------------------------------------------------------------
 
     def _activate(self, tx: Tx, run_id: str, triggers: Triggers) -> None:
@@ -190,15 +207,12 @@ class Engine:
                 self._react(tx, run, live, pending, effects)
                 self._save(tx, run, live, effects)
         except BaseException:
-            self._cache.pop(run_id, None)
+            self._staged.pop(run_id, None)
             raise
-        self._cache[run_id] = live
-        self._cache.move_to_end(run_id)
-        while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
+        self._staged[run_id] = live
 
     def _load(self, tx: Tx, run: RunRecord) -> _Live:
-        live = self._cache.get(run.run_id)
+        live = self._staged.get(run.run_id) or self._cache.pop(run.run_id, None)
         if live is not None and live.state.last_seq <= run.last_seq:
             newer = self.store.load_history(tx, run.run_id, after_seq=live.state.last_seq)
             self._catch_up(live, newer, run.processed_seq)

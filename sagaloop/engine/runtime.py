@@ -1,5 +1,5 @@
-"""The processing loops: the engine consumer, the worker consumer, the timer scheduler, and a
-``Runtime`` that runs them on threads (``sagaloop dev`` runs all of them in one process).
+"""The processing loops: the engine consumer, the worker consumer and the timer scheduler.
+``sagaloop.cli.services`` runs them on threads.
 
 Every loop settles a message in the transaction that processed it and acknowledges it only after
 the commit, so a process killed at any instant loses nothing: what was not committed is
@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
 
 from sagaloop.engine.activation import Engine
-from sagaloop.engine.messages import CONTENT_TYPE, Envelope, engine_queue, step_queue
-from sagaloop.engine.ports import Broker, Clock, Delivery, Outgoing, Store, SystemClock
+from sagaloop.engine.messages import CONTENT_TYPE, Envelope, engine_queue
+from sagaloop.engine.ports import Clock, Delivery, Outgoing, Store
 from sagaloop.engine.steps import StepRunner
-from sagaloop.errors import BrokerError, MessageError, SagaloopError, UnknownStepError
+from sagaloop.errors import BrokerError, MessageError, UnknownStepError
 from sagaloop.sagas.app import App
 
 logger = logging.getLogger(__name__)
@@ -50,9 +48,14 @@ class EngineConsumer:
         if env is None:
             return
         try:
-            with self.store.transaction() as tx:
-                self.engine.handle(tx, env)
-                delivery.settle(tx)
+            try:
+                with self.store.transaction() as tx:
+                    self.engine.handle(tx, env)
+                    delivery.settle(tx)
+            except BaseException:
+                self.engine.rolled_back()
+                raise
+            self.engine.committed()
         except MessageError as e:
             delivery.dead_letter(e.reason)
         except BrokerError as e:  # the lease was lost: another consumer owns the message now
@@ -68,11 +71,20 @@ class WorkerConsumer:
     """Runs step attempts. The reply is stored in the inbox row, so a redelivered message whose
     attempt was committed re-sends the stored reply and never runs the step again."""
 
-    def __init__(self, app: App, store: Store, runner: StepRunner, clock: Clock) -> None:
+    def __init__(
+        self,
+        app: App,
+        store: Store,
+        runner: StepRunner,
+        clock: Clock,
+        *,
+        heartbeat: float | None = None,
+    ) -> None:
         self.app = app
         self.store = store
         self.runner = runner
         self.clock = clock
+        self.heartbeat = heartbeat
         self.reply_queue = engine_queue(app.name)
 
     def process(self, delivery: Delivery) -> None:
@@ -86,7 +98,8 @@ class WorkerConsumer:
             with self.store.transaction() as tx:
                 done, reply = self.store.inbox_get(tx, WORKER_CONSUMER, env.message_id)
             if not done:
-                reply = self.runner.run(env, redelivered=delivery.deliveries > 1)
+                with _KeepAlive(delivery, self.heartbeat):
+                    reply = self.runner.run(env, redelivered=delivery.deliveries > 1)
             with self.store.transaction() as tx:
                 if not done and not self.store.inbox_put(
                     tx, WORKER_CONSUMER, env.message_id, reply, self.clock.now()
@@ -114,6 +127,38 @@ class WorkerConsumer:
             delivery.retry_later(RETRY_DELAY)
         else:
             delivery.ack()
+
+
+class _KeepAlive:
+    """Renews a delivery's lease every ``interval`` seconds while a step runs, so that a long
+    step is not redelivered to another worker; a worker that dies stops renewing it."""
+
+    def __init__(self, delivery: Delivery, interval: float | None) -> None:
+        self.delivery = delivery
+        self.interval = interval
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def __enter__(self) -> _KeepAlive:
+        if self.interval:
+            self.thread = threading.Thread(target=self._run, name="lease", daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join()
+
+    def _run(self) -> None:
+        assert self.interval is not None
+        while not self.done.wait(self.interval):
+            try:
+                if not self.delivery.extend():
+                    logger.warning("lease lost while the step ran: its result will be discarded")
+                    return
+            except Exception:
+                logger.exception("could not renew a lease; retrying")
 
 
 class TimerScheduler:
@@ -146,81 +191,3 @@ class TimerScheduler:
             ]
             self.store.enqueue(tx, messages, now)
         return len(due)
-
-
-class Runtime:
-    """Runs the chosen roles on threads until ``stop()``: the engine, workers on some queues,
-    the timer scheduler and, for a broker outside the database, the outbox relay."""
-
-    def __init__(
-        self,
-        app: App,
-        store: Store,
-        broker: Broker,
-        *,
-        engine: bool = True,
-        queues: Sequence[str] | None = None,
-        timers: bool = True,
-        concurrency: int = 4,
-        clock: Clock | None = None,
-        poll: float = 0.2,
-        name: str = "sagaloop",
-    ) -> None:
-        self.app = app
-        self.store = store
-        self.broker = broker
-        self.clock = clock or SystemClock()
-        self.poll = poll
-        self.stopping = threading.Event()
-        self.threads: list[threading.Thread] = []
-        self.runner = StepRunner(app, threads=max(concurrency, 1) * 2, worker=name)
-        if engine:
-            consumer = EngineConsumer(Engine(app, store, clock=self.clock), store)
-            self._spawn("engine", self._consume, [consumer.queue], consumer.process)
-        step_queues = [step_queue(app.name, q) for q in (app.queues if queues is None else queues)]
-        if step_queues:
-            worker = WorkerConsumer(app, store, self.runner, self.clock)
-            for i in range(concurrency):
-                self._spawn(f"worker-{i}", self._consume, step_queues, worker.process)
-        if timers:
-            scheduler = TimerScheduler(app, store, self.clock)
-            self._spawn("timers", self._repeat, scheduler.fire_due)
-        if not broker.uses_outbox:
-            from sagaloop.outbox.relay import Relay
-
-            relay = Relay(store, broker, clock=self.clock)
-            self._spawn("relay", self._repeat, relay.relay_once)
-        broker.declare([engine_queue(app.name), *step_queues])
-
-    def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
-        self.threads.append(threading.Thread(target=target, args=args, name=name, daemon=True))
-
-    def start(self) -> Runtime:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Finish the messages in hand, then stop; unstarted messages stay queued."""
-        self.stopping.set()
-        for thread in self.threads:
-            thread.join(timeout)
-        self.runner.close()
-
-    def _consume(self, queues: list[str], process: Callable[[Delivery], None]) -> None:
-        while not self.stopping.is_set():
-            try:
-                for delivery in self.broker.receive(queues, 1, self.poll):
-                    process(delivery)
-            except SagaloopError:
-                logger.exception("consumer of %s failed; retrying", queues)
-                self.stopping.wait(1.0)
-
-    def _repeat(self, once: Callable[[], int]) -> None:
-        while not self.stopping.is_set():
-            try:
-                if once() == 0:
-                    self.stopping.wait(self.poll)
-            except SagaloopError:
-                logger.exception("%s failed; retrying", threading.current_thread().name)
-                self.stopping.wait(1.0)

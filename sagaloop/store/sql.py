@@ -414,6 +414,15 @@ class SqlStore:
             )
             tx.enqueued = True
 
+    def extend_claim(self, id: int, claim_token: str, until: datetime) -> bool:
+        with self.transaction() as tx:
+            result = _conn(tx).execute(
+                t.outbox.update()
+                .where(t.outbox.c.id == id, t.outbox.c.claim_token == claim_token)
+                .values(claimed_until=until)
+            )
+            return bool(result.rowcount)
+
     def dead_letter(self, id: int, claim_token: str, reason: str, now: datetime) -> None:
         c = t.outbox.c
         with self.transaction() as tx:

@@ -1,0 +1,3 @@
+from sagaloop.cli.main import main
+
+main()

@@ -1,0 +1,65 @@
+"""Folders are the architecture and arrows point inward:
+sagas <- engine <- adapters (store, brokers, outbox) <- cli. Checked on the import statements."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "sagaloop"
+DRIVERS = ("sqlalchemy", "psycopg", "kombu", "pika", "sqlite3")
+
+# layer -> packages (inside sagaloop) it must not import
+FORBIDDEN = {
+    "sagas": ("engine", "store", "brokers", "outbox", "cli", "testing"),
+    "engine": ("store", "brokers", "outbox", "cli", "testing"),
+    "store": ("brokers", "outbox", "cli", "testing"),
+    "outbox": ("store", "brokers", "cli", "testing"),
+    "brokers": ("cli", "testing", "outbox"),
+}
+DRIVER_FREE = ("sagas", "engine", "outbox")
+
+
+def imports_of(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_layer_imports_point_inward(layer: str) -> None:
+    offenders = []
+    for path in sorted((PACKAGE / layer).rglob("*.py")):
+        for name in imports_of(path):
+            parts = name.split(".")
+            if parts[0] == "sagaloop" and len(parts) > 1 and parts[1] in FORBIDDEN[layer]:
+                offenders.append(f"{path.relative_to(PACKAGE)} imports {name}")
+            if layer in DRIVER_FREE and parts[0] in DRIVERS:
+                offenders.append(f"{path.relative_to(PACKAGE)} imports the driver {name}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_check_sees_violations(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import sqlalchemy\nfrom sagaloop.store.sql import SqlStore\n")
+    assert {"sqlalchemy", "sagaloop.store.sql"} <= imports_of(bad)
+
+
+def test_importing_sagaloop_does_no_io_and_loads_no_driver() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, sagaloop, sagaloop.sagas; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        f"{DRIVERS!r}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,41 @@
+"""The public surface is curated: a change to it is a decision, made here."""
+
+import sagaloop
+import sagaloop.testing
+
+
+def test_exported_names_are_pinned() -> None:
+    assert sorted(sagaloop.__all__) == sorted(
+        [
+            "ALL_STATUSES",
+            "App",
+            "ApplicationError",
+            "Client",
+            "DeclarationError",
+            "EventTimeoutError",
+            "NonDeterminismError",
+            "NotAppliedError",
+            "RetryPolicy",
+            "RunFinishedError",
+            "RunNotFoundError",
+            "SagaContext",
+            "SagaDef",
+            "SagaFailedError",
+            "SagaloopError",
+            "StepContext",
+            "StepDef",
+            "StepFailedError",
+            "ValidationError",
+            "__version__",
+        ]
+    )
+    assert sorted(sagaloop.testing.__all__) == ["Crash", "Harness", "VirtualClock"]
+    for name in sagaloop.__all__:
+        assert hasattr(sagaloop, name), name
+
+
+def test_errors_share_one_root() -> None:
+    for name in sagaloop.__all__:
+        value = getattr(sagaloop, name)
+        if isinstance(value, type) and issubclass(value, Exception):
+            assert issubclass(value, sagaloop.SagaloopError), name
