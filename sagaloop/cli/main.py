@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
+from sagaloop.cli.demo import demo
 from sagaloop.cli.render import runs_text, timeline_text
 from sagaloop.cli.settings import Settings, load_app, mask_url
 from sagaloop.engine.client import Client
@@ -177,12 +178,13 @@ def start(
 @click.argument("run_id")
 @click.argument("name")
 @click.option("--data", help="The event's data as JSON.")
+@click.option("--event-id", help="Sends with the same id are delivered once (safe to retry).")
 @click.pass_obj
-def send_event(obj: _Obj, run_id: str, name: str, data: str | None) -> None:
+def send_event(obj: _Obj, run_id: str, name: str, data: str | None, event_id: str | None) -> None:
     """Send the event NAME to a run."""
     value = _json_arg(data, "--data")
     with _errors():
-        _client(obj, obj.settings.app or "").send_event(run_id, name, value)
+        _client(obj, obj.settings.app or "").send_event(run_id, name, value, event_id=event_id)
         click.echo(f"event {name!r} sent to {run_id}")
 
 
@@ -264,6 +266,9 @@ def upgrade(obj: _Obj) -> None:
         click.echo(f"schema is up to date (version {after})")
     else:
         click.echo(f"schema upgraded from version {before} to {after}")
+
+
+cli.add_command(demo)
 
 
 def main() -> None:

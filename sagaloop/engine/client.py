@@ -66,6 +66,11 @@ class Client:
         with self.store.transaction() as tx:
             record = RunRecord(run_id, name, s.RUNNING, input_json, now, now, last_seq=1)
             if not self.store.create_run(tx, record):
+                existing = self.store.lock_run(tx, run_id)
+                if existing is not None and existing.saga != name:
+                    raise RunStateError(
+                        f"run {run_id!r} already exists as a run of saga {existing.saga!r}"
+                    )
                 return run_id
             started = NewEvent(h.RUN_STARTED, name=name, data={"input": input_json})
             self.store.append_events(tx, run_id, 0, [started], now)
@@ -80,20 +85,39 @@ class Client:
             self.store.enqueue(tx, [Outgoing(self.queue, env)], now)
         return run_id
 
-    def _send(self, run_id: str, type: Any, payload: dict[str, Any], *, live: bool) -> None:
+    def _send(
+        self,
+        run_id: str,
+        type: Any,
+        payload: dict[str, Any],
+        *,
+        live: bool,
+        message_id: str | None = None,
+    ) -> None:
         run = self.get(run_id)
         if live and run.status in s.FINAL_STATUSES:
             raise RunFinishedError(run_id, run.status)
         now = self.clock.now()
-        env = Envelope(type=type, run_id=run_id, payload=payload, created_at=now)
+        env = Envelope(
+            type=type,
+            run_id=run_id,
+            payload=payload,
+            created_at=now,
+            message_id=message_id or uuid.uuid4().hex,
+        )
         with self.store.transaction() as tx:
             self.store.enqueue(tx, [Outgoing(self.queue, env)], now)
 
-    def send_event(self, run_id: str, name: str, data: Any = None) -> None:
-        """Deliver an event to a run; kept until the run waits for it if it arrives early."""
+    def send_event(
+        self, run_id: str, name: str, data: Any = None, *, event_id: str | None = None
+    ) -> None:
+        """Deliver an event to a run; kept until the run waits for it if it arrives early.
+        Sends with the same ``event_id`` are delivered once (safe to retry)."""
         if not name or len(name) > 200:
             raise ValidationError("event name must be 1 to 200 characters")
-        self._send(run_id, "event", {"name": name, "data": _json(data, "event data")}, live=True)
+        payload = {"name": name, "data": _json(data, "event data")}
+        message_id = f"event:{run_id}:{event_id}" if event_id else None
+        self._send(run_id, "event", payload, live=True, message_id=message_id)
 
     def cancel(self, run_id: str, reason: str | None = None) -> None:
         """Stop the run at its next suspension point and compensate its completed steps."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -147,7 +148,10 @@ class StepRunner:
             result = step.result.from_json(result_json, what=f"result of {step.name!r}")
         elif in_doubt and step.reconcile_fn is not None:
             # The step failed after an attempt whose outcome is unknown: undo only what happened.
-            result = self._call(step, inline, step.reconcile_fn, ctx, **args)
+            # The look-up is about the step's attempts, so it gets the step's own key.
+            look_up = copy.copy(ctx)
+            look_up.idempotency_key = idempotency_key(ctx.run_id, ctx.position, DO)
+            result = self._call(step, inline, step.reconcile_fn, look_up, **args)
             if result is None:
                 return {"outcome": "completed", "result": None, "skipped": True}
         self._call(step, inline, step.compensation_fn, ctx, *args.values(), result)
