@@ -15,6 +15,7 @@ from sagaloop.sagas.policy import RetryPolicy
 
 P = ParamSpec("P")
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 I = TypeVar("I")  # noqa: E741
 O = TypeVar("O")  # noqa: E741
 
@@ -30,13 +31,13 @@ def _check_name(kind: str, name: str) -> str:
     return name
 
 
-class StepDef(Generic[P, R]):
+class StepDef(Generic[P, R_co]):
     """A declared step. Call it through ``ctx.call(step, ...)`` inside a saga; calling it directly
     runs the plain function (handy in unit tests)."""
 
     def __init__(
         self,
-        fn: Callable[P, R],
+        fn: Callable[P, R_co],
         *,
         name: str,
         queue: str,
@@ -63,7 +64,7 @@ class StepDef(Generic[P, R]):
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co:
         return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:
