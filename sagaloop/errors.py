@@ -64,7 +64,23 @@ class RunStateError(SagaloopError):
 
 
 class StoreError(SagaloopError):
-    """The database failed; the original driver error is the ``__cause__``."""
+    """The database failed; the original driver error is the ``__cause__``.
+
+    ``code`` is the driver's error code when it gave one: the SQLSTATE on PostgreSQL
+    (``"40001"``), the error name on SQLite (``"SQLITE_BUSY"``).
+    """
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class TransientStoreError(StoreError):
+    """The database failed in a way worth retrying: the connection was lost or refused, the
+    server is shutting down or starting up, or the transaction lost a race (serialization
+    failure, deadlock, lock timeout, SQLite's ``database is locked``). Run the transaction
+    again after a short backoff. It was rolled back, unless the connection was lost during the
+    commit itself: then it may have committed, so retried work must be idempotent."""
 
 
 class SchemaOutdatedError(StoreError):

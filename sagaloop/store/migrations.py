@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import Connection, Engine, inspect, select
+from sqlalchemy import Connection, Engine, inspect, select, text
 
 from sagaloop.errors import SchemaOutdatedError, SchemaTooNewError
 from sagaloop.store import tables as t
@@ -28,9 +28,18 @@ def current_version(conn: Connection) -> int:
     return int(conn.execute(select(t.schema_version.c.version)).scalar() or 0)
 
 
+# An arbitrary constant: the PostgreSQL advisory lock that serializes concurrent upgrades.
+UPGRADE_LOCK_KEY = 0x5A6A_100F
+
+
 def upgrade(engine: Engine) -> tuple[int, int]:
-    """Apply the missing migrations in one transaction; return (from, to)."""
+    """Apply the missing migrations in one transaction; return (from, to).
+
+    Concurrent upgrades (several services starting at once) are serialized: by an advisory
+    lock on PostgreSQL (DDL is transactional there), by the write lock on SQLite."""
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": UPGRADE_LOCK_KEY})
         before = current_version(conn)
         if before > LATEST:
             raise SchemaTooNewError(before, LATEST)

@@ -2,30 +2,38 @@
 
 SQLite (the embedded default) is used in WAL mode with ``BEGIN IMMEDIATE`` write transactions,
 so that activations, claims and timer firings of several processes are serialized by the
-database. PostgreSQL specifics (``FOR UPDATE``, ``SKIP LOCKED``) are chosen by dialect here and
-nowhere else.
+database. On PostgreSQL, ``lock_run`` takes the run's row lock (``FOR UPDATE``) and claims skip
+rows other transactions hold (``FOR UPDATE SKIP LOCKED``). Dialect specifics are chosen in
+``store/`` and nowhere else; driver errors leave the store as :class:`~sagaloop.errors.StoreError`
+or, when worth retrying, :class:`~sagaloop.errors.TransientStoreError` (see ``connect.py``).
 """
 
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import sqlalchemy as sa
-from sqlalchemy import Connection, event
+from sqlalchemy import Connection, Table
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine as SAEngine
-from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.pool import StaticPool
 
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.ports import Outgoing, QueuedMessage, RunRecord, Timer
-from sagaloop.errors import StoreError
-from sagaloop.store import migrations
+from sagaloop.store import migrations, queue
 from sagaloop.store import tables as t
+from sagaloop.store.connect import create_sa_engine, mask_url, translate
+
+__all__ = ["SqlStore", "create_sa_engine"]
+
+FINISHED = ("completed", "failed", "compensated", "cancelled")
+_DB_ERRORS = (sa_exc.DBAPIError, sa_exc.TimeoutError)
 
 
 class _Tx:
@@ -41,61 +49,65 @@ def _conn(tx: Any) -> Connection:
     return tx.conn
 
 
-def create_sa_engine(url: str) -> SAEngine:
-    """An SQLAlchemy engine configured for sagaloop's access patterns."""
-    u = sa.make_url(url)
-    if u.get_backend_name() == "sqlite":
-        memory = u.database in (None, "", ":memory:")
-        engine = sa.create_engine(
-            u,
-            connect_args={"check_same_thread": False, "timeout": 30},
-            poolclass=StaticPool if memory else None,
-        )
-
-        @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn: Any, record: Any) -> None:
-            dbapi_conn.isolation_level = None  # sagaloop emits BEGIN itself
-            cur = dbapi_conn.cursor()
-            if not memory:
-                cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")  # durable across process kills in WAL
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.close()
-
-        @event.listens_for(engine, "begin")
-        def _on_begin(conn: Connection) -> None:
-            read = conn.get_execution_options().get("sagaloop_read")
-            conn.exec_driver_sql("BEGIN" if read else "BEGIN IMMEDIATE")
-
-        return engine
-    if u.drivername in ("postgresql", "postgres"):
-        u = u.set(drivername="postgresql+psycopg")
-    return sa.create_engine(u, pool_pre_ping=True)
-
-
 class SqlStore:
-    """The :class:`~sagaloop.engine.ports.Store` on SQLite or PostgreSQL."""
+    """The :class:`~sagaloop.engine.ports.Store` on SQLite or PostgreSQL.
 
-    def __init__(self, url: str, *, engine: SAEngine | None = None) -> None:
-        self.url = url
-        self.engine = engine or create_sa_engine(url)
+    The keyword options size and bound the connection pool (see :func:`create_sa_engine`);
+    they are ignored when an ``engine`` is given.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        engine: SAEngine | None = None,
+        pool_size: int = 5,
+        max_overflow: int = 10,
+        pool_timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+        busy_timeout: float = 30.0,
+    ) -> None:
+        self.url = mask_url(url)
+        """The URL without its password, for messages."""
+        self.engine = engine or create_sa_engine(
+            url,
+            pool_size=pool_size,
+            max_overflow=max_overflow,
+            pool_timeout=pool_timeout,
+            connect_timeout=connect_timeout,
+            busy_timeout=busy_timeout,
+        )
         self.dialect = self.engine.dialect.name
         self._memory_lock = threading.RLock() if isinstance(self.engine.pool, StaticPool) else None
         self.wakeup = threading.Condition()
 
     def __repr__(self) -> str:
-        return f"SqlStore({self.engine.url.render_as_string(hide_password=True)!r})"
+        return f"SqlStore({self.url!r})"
 
     # --- schema and transactions -------------------------------------------------------------
 
+    def _fail(self, e: BaseException, what: str) -> NoReturn:
+        raise translate(e, self.engine.url, what) from e
+
     def upgrade(self) -> tuple[int, int]:
-        return migrations.upgrade(self.engine)
+        try:
+            return migrations.upgrade(self.engine)
+        except _DB_ERRORS as e:
+            self._fail(e, "the schema upgrade")
 
     def check_schema(self) -> None:
-        migrations.verify(self.engine)
+        try:
+            migrations.verify(self.engine)
+        except _DB_ERRORS as e:
+            self._fail(e, "the schema check")
 
     @contextmanager
     def transaction(self) -> Iterator[_Tx]:
+        """A write transaction, committed when the block ends without an exception.
+
+        Driver errors (raised by the store's methods inside the block, or by the commit) come
+        out as StoreError, or TransientStoreError when running the block again may succeed.
+        """
         lock = self._memory_lock
         if lock is not None:
             lock.acquire()
@@ -106,8 +118,8 @@ class SqlStore:
             if tx.enqueued:
                 with self.wakeup:
                     self.wakeup.notify_all()
-        except DBAPIError as e:
-            raise StoreError(f"database error: {e.orig!r}") from e
+        except _DB_ERRORS as e:
+            self._fail(e, "a transaction")
         finally:
             if lock is not None:
                 lock.release()
@@ -120,8 +132,8 @@ class SqlStore:
         try:
             with self.engine.connect().execution_options(sagaloop_read=True) as conn:
                 yield conn
-        except DBAPIError as e:
-            raise StoreError(f"database error: {e.orig!r}") from e
+        except _DB_ERRORS as e:
+            self._fail(e, "a read")
         finally:
             if lock is not None:
                 lock.release()
@@ -129,30 +141,41 @@ class SqlStore:
     def close(self) -> None:
         self.engine.dispose()
 
+    def _insert_ignore(self, conn: Connection, table: Table, values: dict[str, Any]) -> bool:
+        """INSERT ... ON CONFLICT DO NOTHING; True when the row was inserted."""
+        if self.dialect == "postgresql":
+            stmt: Any = pg_insert(table).values(**values).on_conflict_do_nothing()
+        elif self.dialect == "sqlite":
+            stmt = sqlite_insert(table).values(**values).on_conflict_do_nothing()
+        else:
+            try:
+                with conn.begin_nested():
+                    conn.execute(table.insert().values(**values))
+            except sa_exc.IntegrityError:
+                return False
+            return True
+        # without preserve_rowcount, SQLAlchemy reports -1 for an INSERT through psycopg
+        return conn.execute(stmt.execution_options(preserve_rowcount=True)).rowcount == 1
+
     # --- runs --------------------------------------------------------------------------------
 
     def create_run(self, tx: Any, run: RunRecord) -> bool:
-        conn = _conn(tx)
-        exists = conn.execute(
-            sa.select(t.runs.c.run_id).where(t.runs.c.run_id == run.run_id)
-        ).first()
-        if exists:
-            return False
-        conn.execute(
-            t.runs.insert().values(
-                run_id=run.run_id,
-                saga=run.saga,
-                status=run.status,
-                input=run.input,
-                last_seq=run.last_seq,
-                processed_seq=run.processed_seq,
-                created_at=run.created_at,
-                updated_at=run.updated_at,
-            )
-        )
-        return True
+        """Insert the run; False when a run with that id exists (even one not yet committed
+        by a concurrent transaction: this one then waits for it)."""
+        values = {
+            "run_id": run.run_id,
+            "saga": run.saga,
+            "status": run.status,
+            "input": run.input,
+            "last_seq": run.last_seq,
+            "processed_seq": run.processed_seq,
+            "created_at": run.created_at,
+            "updated_at": run.updated_at,
+        }
+        return self._insert_ignore(_conn(tx), t.runs, values)
 
     def lock_run(self, tx: Any, run_id: str) -> RunRecord | None:
+        """The run, locked until ``tx`` ends (SQLite: the transaction holds the write lock)."""
         q = sa.select(t.runs).where(t.runs.c.run_id == run_id)
         if self.dialect == "postgresql":
             q = q.with_for_update()
@@ -161,9 +184,8 @@ class SqlStore:
 
     def get_run(self, run_id: str) -> RunRecord | None:
         with self._read() as conn:
-            row = (
-                conn.execute(sa.select(t.runs).where(t.runs.c.run_id == run_id)).mappings().first()
-            )
+            q = sa.select(t.runs).where(t.runs.c.run_id == run_id)
+            row = conn.execute(q).mappings().first()
         return _run(row) if row else None
 
     def save_run(self, tx: Any, run: RunRecord) -> None:
@@ -219,6 +241,8 @@ class SqlStore:
     def append_events(
         self, tx: Any, run_id: str, after_seq: int, events: Sequence[NewEvent], at: datetime
     ) -> list[Event]:
+        """Insert the events as ``after_seq + 1, ...``; a seq already used violates the primary
+        key, which fails the whole transaction (two activations raced)."""
         out = [
             Event(after_seq + i, e.kind, at, e.pos, e.name, e.data)
             for i, e in enumerate(events, start=1)
@@ -244,13 +268,9 @@ class SqlStore:
     # --- timers ------------------------------------------------------------------------------
 
     def add_timer(self, tx: Any, timer: Timer) -> None:
+        """Set the timer, replacing one with the same (run, pos, kind)."""
         conn = _conn(tx)
-        key = (
-            (t.timers.c.run_id == timer.run_id)
-            & (t.timers.c.pos == timer.pos)
-            & (t.timers.c.kind == timer.kind)
-        )
-        conn.execute(t.timers.delete().where(key))
+        conn.execute(t.timers.delete().where(_timer_key(timer)))
         conn.execute(
             t.timers.insert().values(
                 run_id=timer.run_id,
@@ -265,6 +285,8 @@ class SqlStore:
         _conn(tx).execute(t.timers.delete().where(t.timers.c.run_id == run_id))
 
     def take_due_timers(self, tx: Any, now: datetime, limit: int) -> list[Timer]:
+        """Remove and return up to ``limit`` timers due at ``now``, earliest first. Timers that
+        a concurrent transaction is taking are skipped (PostgreSQL) or waited for (SQLite)."""
         conn = _conn(tx)
         q = sa.select(t.timers).where(t.timers.c.fire_at <= now).order_by(t.timers.c.fire_at)
         q = q.limit(limit)
@@ -275,13 +297,7 @@ class SqlStore:
             for r in conn.execute(q).mappings()
         ]
         for timer in due:
-            conn.execute(
-                t.timers.delete().where(
-                    (t.timers.c.run_id == timer.run_id)
-                    & (t.timers.c.pos == timer.pos)
-                    & (t.timers.c.kind == timer.kind)
-                )
-            )
+            conn.execute(t.timers.delete().where(_timer_key(timer)))
         return due
 
     def next_timer_at(self) -> datetime | None:
@@ -294,187 +310,91 @@ class SqlStore:
     # --- inbox -------------------------------------------------------------------------------
 
     def inbox_get(self, tx: Any, consumer: str, message_id: str) -> tuple[bool, Any]:
-        row = (
-            _conn(tx)
-            .execute(
-                sa.select(t.inbox.c.result).where(
-                    t.inbox.c.consumer == consumer, t.inbox.c.message_id == message_id
-                )
-            )
-            .first()
+        q = sa.select(t.inbox.c.result).where(
+            t.inbox.c.consumer == consumer, t.inbox.c.message_id == message_id
         )
+        row = _conn(tx).execute(q).first()
         return (True, row[0]) if row else (False, None)
 
     def inbox_put(self, tx: Any, consumer: str, message_id: str, result: Any, at: datetime) -> bool:
-        conn = _conn(tx)
         values = {"consumer": consumer, "message_id": message_id, "result": result, "at": at}
-        if self.dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert as pg_insert
+        return self._insert_ignore(_conn(tx), t.inbox, values)
 
-            stmt = pg_insert(t.inbox).values(**values).on_conflict_do_nothing()
-            return bool(conn.execute(stmt).rowcount)
-        if self.dialect == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-            stmt2 = sqlite_insert(t.inbox).values(**values).on_conflict_do_nothing()
-            return bool(conn.execute(stmt2).rowcount)
-        try:
-            with conn.begin_nested():
-                conn.execute(t.inbox.insert().values(**values))
-        except IntegrityError:
-            return False
-        return True
-
-    # --- outbox / database queue -------------------------------------------------------------
+    # --- outbox / database queue (SQL in queue.py) -------------------------------------------
 
     def enqueue(self, tx: Any, messages: Sequence[Outgoing], now: datetime) -> None:
-        if not messages:
-            return
-        _conn(tx).execute(
-            t.outbox.insert(),
-            [
-                {
-                    "queue": m.queue,
-                    "message_id": m.envelope.message_id,
-                    "body": m.envelope.to_bytes(),
-                    "available_at": m.available_at or now,
-                    "deliveries": 0,
-                    "created_at": now,
-                }
-                for m in messages
-            ],
-        )
-        tx.enqueued = True
+        if messages:
+            queue.enqueue(_conn(tx), messages, now)
+            tx.enqueued = True
 
     def enqueue_raw(self, batch: Sequence[tuple[str, bytes]], now: datetime) -> None:
         """Put bodies on database queues as they are (the database broker's publish)."""
         if not batch:
             return
-        rows = [
-            {
-                "queue": queue,
-                "message_id": f"raw:{uuid.uuid4().hex}",
-                "body": body,
-                "available_at": now,
-                "deliveries": 0,
-                "created_at": now,
-            }
-            for queue, body in batch
-        ]
         with self.transaction() as tx:
-            _conn(tx).execute(t.outbox.insert(), rows)
+            queue.enqueue_raw(tx.conn, batch, now)
             tx.enqueued = True
 
     def claim(
         self, queues: Sequence[str] | None, limit: int, now: datetime, lease: timedelta
     ) -> list[QueuedMessage]:
-        token = uuid.uuid4().hex
-        c = t.outbox.c
-        q = (
-            sa.select(c.id, c.queue, c.body, c.deliveries)
-            .where(
-                c.available_at <= now,
-                sa.or_(c.claimed_until.is_(None), c.claimed_until < now),
-            )
-            .order_by(c.id)
-            .limit(limit)
-        )
-        if queues is not None:
-            q = q.where(c.queue.in_(list(queues)))
-        if self.dialect == "postgresql":
-            q = q.with_for_update(skip_locked=True)
+        """Claim up to ``limit`` available rows (oldest first) until ``now + lease``."""
         with self.transaction() as tx:
-            conn = _conn(tx)
-            rows = list(conn.execute(q))
-            if not rows:
-                return []
-            ids = [r.id for r in rows]
-            conn.execute(
-                t.outbox.update()
-                .where(c.id.in_(ids))
-                .values(claimed_until=now + lease, claim_token=token, deliveries=c.deliveries + 1)
-            )
-        return [QueuedMessage(r.id, r.queue, bytes(r.body), r.deliveries + 1, token) for r in rows]
+            return queue.claim(tx.conn, self.dialect, queues, limit, now, lease)
 
     def delete_claimed(self, tx: Any, ids: Sequence[int], claim_token: str) -> int:
-        stmt = t.outbox.delete().where(
-            t.outbox.c.id.in_(list(ids)), t.outbox.c.claim_token == claim_token
-        )
         if tx is not None:
-            return int(_conn(tx).execute(stmt).rowcount)
+            return queue.delete_claimed(_conn(tx), ids, claim_token)
         with self.transaction() as own:
-            return int(_conn(own).execute(stmt).rowcount)
+            return queue.delete_claimed(own.conn, ids, claim_token)
 
     def release(self, id: int, claim_token: str, available_at: datetime) -> None:
         with self.transaction() as tx:
-            _conn(tx).execute(
-                t.outbox.update()
-                .where(t.outbox.c.id == id, t.outbox.c.claim_token == claim_token)
-                .values(claimed_until=None, claim_token=None, available_at=available_at)
-            )
-            tx.enqueued = True
+            tx.enqueued = queue.release(tx.conn, id, claim_token, available_at)
 
     def extend_claim(self, id: int, claim_token: str, until: datetime) -> bool:
         with self.transaction() as tx:
-            result = _conn(tx).execute(
-                t.outbox.update()
-                .where(t.outbox.c.id == id, t.outbox.c.claim_token == claim_token)
-                .values(claimed_until=until)
-            )
-            return bool(result.rowcount)
+            return queue.extend_claim(tx.conn, id, claim_token, until)
 
     def dead_letter(self, id: int, claim_token: str, reason: str, now: datetime) -> None:
-        c = t.outbox.c
         with self.transaction() as tx:
-            conn = _conn(tx)
-            row = conn.execute(
-                sa.select(c.queue, c.body).where(c.id == id, c.claim_token == claim_token)
-            ).first()
-            if row is None:
-                return  # the lease was lost: whoever holds it now decides
-            conn.execute(
-                t.dead_letters.insert().values(
-                    queue=row.queue, body=row.body, reason=reason, at=now
-                )
-            )
-            conn.execute(t.outbox.delete().where(c.id == id))
+            queue.dead_letter(tx.conn, id, claim_token, reason, now)
 
     def dead_letters(self) -> list[tuple[str, bytes, str]]:
-        d = t.dead_letters.c
         with self._read() as conn:
-            rows = conn.execute(sa.select(d.queue, d.body, d.reason).order_by(d.id))
-            return [(r.queue, bytes(r.body), r.reason) for r in rows]
+            return queue.dead_letters(conn)
 
     def queue_depths(self) -> dict[str, int]:
-        c = t.outbox.c
         with self._read() as conn:
-            q = sa.select(c.queue, sa.func.count()).group_by(c.queue)
-            return {str(name): int(n) for name, n in conn.execute(q)}
+            return queue.depths(conn)
+
+    def oldest_outbox_message(self) -> datetime | None:
+        """Since when the longest-waiting outbox row has been available (None when empty)."""
+        with self._read() as conn:
+            return queue.oldest_available(conn)
+
+    # --- retention ---------------------------------------------------------------------------
 
     def prune(self, *, before: datetime, batch: int = 1000) -> int:
-        """Delete inbox rows older than ``before`` and finished runs last updated before it."""
-        removed = 0
+        """Delete up to ``batch`` inbox rows older than ``before`` and up to ``batch`` finished
+        runs last updated before it (with their history and timers); return how many."""
         with self.transaction() as tx:
-            conn = _conn(tx)
-            keys = list(
-                conn.execute(
+            conn = tx.conn
+            keys = [
+                tuple(k)
+                for k in conn.execute(
                     sa.select(t.inbox.c.consumer, t.inbox.c.message_id)
                     .where(t.inbox.c.at < before)
                     .limit(batch)
                 )
-            )
-            for consumer, message_id in keys:
-                conn.execute(
-                    t.inbox.delete().where(
-                        t.inbox.c.consumer == consumer, t.inbox.c.message_id == message_id
-                    )
-                )
-            removed += len(keys)
-            finished = ("completed", "failed", "compensated", "cancelled")
+            ]
+            if keys:
+                key = sa.tuple_(t.inbox.c.consumer, t.inbox.c.message_id)
+                conn.execute(t.inbox.delete().where(key.in_(keys)))
             ids = list(
                 conn.execute(
                     sa.select(t.runs.c.run_id)
-                    .where(t.runs.c.status.in_(finished), t.runs.c.updated_at < before)
+                    .where(t.runs.c.status.in_(FINISHED), t.runs.c.updated_at < before)
                     .limit(batch)
                 ).scalars()
             )
@@ -482,8 +402,12 @@ class SqlStore:
                 conn.execute(t.history.delete().where(t.history.c.run_id.in_(ids)))
                 conn.execute(t.timers.delete().where(t.timers.c.run_id.in_(ids)))
                 conn.execute(t.runs.delete().where(t.runs.c.run_id.in_(ids)))
-            removed += len(ids)
-        return removed
+        return len(keys) + len(ids)
+
+
+def _timer_key(timer: Timer) -> Any:
+    c = t.timers.c
+    return (c.run_id == timer.run_id) & (c.pos == timer.pos) & (c.kind == timer.kind)
 
 
 def _run(row: Any) -> RunRecord:

@@ -6,23 +6,17 @@ refund reversed once."""
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from examples.refund_agent import app as refunds
+from examples.refund_agent import model as refund_model
+from examples.refund_agent.provider import Mailbox, PaymentProvider
 from sagaloop.engine.ports import Delivery
 from sagaloop.testing import Crash, Harness
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from examples.refund_agent import app as refunds  # noqa: E402
-from examples.refund_agent import model as refund_model  # noqa: E402
-from examples.refund_agent.provider import Mailbox, PaymentProvider  # noqa: E402
 
 DISPUTE = {
     "dispute_id": "D-1001",

@@ -1,0 +1,177 @@
+"""Connecting to the database and translating driver errors into sagaloop's error tree.
+
+Everything that depends on the driver (psycopg 3 for PostgreSQL, the standard ``sqlite3``) is
+here: engine and pool options, and which failures are worth retrying.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection, event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Engine as SAEngine
+from sqlalchemy.pool import StaticPool
+
+from sagaloop.errors import StoreError, TransientStoreError
+
+# PostgreSQL SQLSTATEs worth retrying: the transaction lost a race, or the server is going away
+# or not there yet. Class 08 (connection exception) is transient as a whole.
+TRANSIENT_SQLSTATES = frozenset(
+    {
+        "40001",  # serialization_failure
+        "40P01",  # deadlock_detected
+        "55P03",  # lock_not_available (lock_timeout, NOWAIT)
+        "57P01",  # admin_shutdown (the server is stopping)
+        "57P02",  # crash_shutdown (another backend crashed)
+        "57P03",  # cannot_connect_now (the server is starting up or shutting down)
+        "53300",  # too_many_connections
+    }
+)
+_SQLITE_TRANSIENT = frozenset({5, 6})  # SQLITE_BUSY ("database is locked"), SQLITE_LOCKED
+
+_URL_PASSWORD = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)[^@\s]*@")
+_CONNINFO_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def create_sa_engine(
+    url: str,
+    *,
+    pool_size: int = 5,
+    max_overflow: int = 10,
+    pool_timeout: float = 30.0,
+    connect_timeout: float = 10.0,
+    busy_timeout: float = 30.0,
+) -> SAEngine:
+    """An SQLAlchemy engine configured for sagaloop's access patterns.
+
+    ``postgresql://`` (or ``postgres://``) URLs use psycopg 3. The pool holds ``pool_size``
+    connections plus up to ``max_overflow`` more under load; a caller waits at most
+    ``pool_timeout`` seconds for one. Connections are checked before use (``pool_pre_ping``),
+    so a restarted server costs one reconnect, not an error. ``connect_timeout`` bounds a
+    connection attempt to PostgreSQL; ``busy_timeout`` is how long SQLite waits for the write
+    lock before ``database is locked``.
+    """
+    u = sa.make_url(url)
+    if u.get_backend_name() == "sqlite":
+        return _sqlite_engine(u, pool_size, max_overflow, pool_timeout, busy_timeout)
+    if u.drivername in ("postgresql", "postgres"):
+        u = u.set(drivername="postgresql+psycopg")
+    connect_args: dict[str, Any] = {}
+    if u.get_backend_name() == "postgresql" and "connect_timeout" not in u.query:
+        connect_args["connect_timeout"] = max(1, round(connect_timeout))
+    return sa.create_engine(
+        u,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        pool_timeout=pool_timeout,
+        pool_pre_ping=True,
+        connect_args=connect_args,
+    )
+
+
+def _sqlite_engine(
+    u: sa.URL, pool_size: int, max_overflow: int, pool_timeout: float, busy_timeout: float
+) -> SAEngine:
+    memory = u.database in (None, "", ":memory:")
+    pool: dict[str, Any] = (
+        {"poolclass": StaticPool}
+        if memory
+        else {"pool_size": pool_size, "max_overflow": max_overflow, "pool_timeout": pool_timeout}
+    )
+    engine = sa.create_engine(
+        u,
+        connect_args={"check_same_thread": False, "timeout": busy_timeout},
+        **pool,
+    )
+    busy_ms = max(0, round(busy_timeout * 1000))
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, record: Any) -> None:
+        dbapi_conn.isolation_level = None  # sagaloop emits BEGIN itself
+        cur = dbapi_conn.cursor()
+        if not memory:
+            cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")  # durable across process kills in WAL
+        cur.execute(f"PRAGMA busy_timeout={busy_ms}")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        read = conn.get_execution_options().get("sagaloop_read")
+        conn.exec_driver_sql("BEGIN" if read else "BEGIN IMMEDIATE")
+
+    return engine
+
+
+# --- errors --------------------------------------------------------------------------------
+
+
+def mask_url(url: str | sa.URL) -> str:
+    """The URL with its password replaced by ``***``."""
+    try:
+        return sa.make_url(url).render_as_string(hide_password=True)
+    except sa_exc.ArgumentError:
+        return scrub(str(url))
+
+
+def scrub(text: str, password: str | None = None) -> str:
+    """``text`` without passwords: in URLs, in ``password=`` pairs, and ``password`` itself."""
+    if password:
+        text = text.replace(password, "***")
+    text = _URL_PASSWORD.sub(r"\1***@", text)
+    return _CONNINFO_PASSWORD.sub(r"\1***", text)
+
+
+def error_code(e: BaseException) -> str | None:
+    """The SQLSTATE (PostgreSQL) or SQLite error name of a driver error, if it has one."""
+    orig = e.orig if isinstance(e, sa_exc.DBAPIError) else e
+    state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if isinstance(state, str) and state:
+        return state
+    name = getattr(orig, "sqlite_errorname", None)
+    return name if isinstance(name, str) and name else None
+
+
+def is_transient(e: BaseException) -> bool:
+    """Whether retrying the failed transaction may succeed (see TransientStoreError)."""
+    if isinstance(e, sa_exc.TimeoutError):  # no pooled connection came free in time
+        return True
+    if not isinstance(e, sa_exc.DBAPIError):
+        return False
+    if e.connection_invalidated:  # SQLAlchemy recognised a lost connection
+        return True
+    orig = e.orig
+    state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if isinstance(state, str) and state:
+        return state in TRANSIENT_SQLSTATES or state.startswith("08")
+    sqlite_code = getattr(orig, "sqlite_errorcode", None)
+    if isinstance(sqlite_code, int):
+        return sqlite_code & 0xFF in _SQLITE_TRANSIENT
+    message = str(orig).lower()
+    if "database is locked" in message or "database table is locked" in message:
+        return True
+    # psycopg gives no SQLSTATE when the client itself failed: connection refused, timed out,
+    # or closed by the server. Other drivers' operational errors are not guessed at.
+    return isinstance(e, sa_exc.OperationalError) and type(orig).__module__.startswith("psycopg")
+
+
+def translate(e: BaseException, url: sa.URL, what: str = "database operation") -> StoreError:
+    """The StoreError (TransientStoreError when worth retrying) to raise ``from e``."""
+    orig = e.orig if isinstance(e, sa_exc.DBAPIError) else e
+    code = error_code(e)
+    detail = " ".join(str(orig).split())
+    if len(detail) > 500:
+        detail = detail[:500] + "..."
+    detail = scrub(detail, url.password if isinstance(url.password, str) else None)
+    kind = type(orig).__name__ + (f" [{code}]" if code else "")
+    where = mask_url(url)
+    if is_transient(e):
+        message = (
+            f"{what} failed on {where}, retry it: the database is unreachable or busy "
+            f"({kind}: {detail})"
+        )
+        return TransientStoreError(message, code=code)
+    return StoreError(f"{what} failed on {where}: {kind}: {detail}", code=code)

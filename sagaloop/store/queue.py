@@ -1,0 +1,136 @@
+"""The outbox table as SQL: messages to send and, for the database broker, the queue itself.
+
+Functions of an open connection; :class:`~sagaloop.store.sql.SqlStore` owns the transactions.
+Claims lock their rows with ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so that concurrent
+claimers take disjoint rows without waiting for each other; SQLite serializes write
+transactions instead. A claim is a lease: a claim token and a deadline, after which the row is
+claimable again; every later operation on the row names the token it was claimed with.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection
+
+from sagaloop.engine.ports import Outgoing, QueuedMessage
+from sagaloop.store import tables as t
+
+c = t.outbox.c
+
+
+def enqueue(conn: Connection, messages: Sequence[Outgoing], now: datetime) -> None:
+    if not messages:
+        return
+    rows = [
+        _row(m.queue, m.envelope.message_id, m.envelope.to_bytes(), m.available_at or now, now)
+        for m in messages
+    ]
+    conn.execute(t.outbox.insert(), rows)
+
+
+def enqueue_raw(conn: Connection, batch: Sequence[tuple[str, bytes]], now: datetime) -> None:
+    if not batch:
+        return
+    rows = [_row(queue, f"raw:{uuid.uuid4().hex}", body, now, now) for queue, body in batch]
+    conn.execute(t.outbox.insert(), rows)
+
+
+def _row(queue: str, message_id: str, body: bytes, available_at: datetime, now: datetime) -> Any:
+    return {
+        "queue": queue,
+        "message_id": message_id,
+        "body": body,
+        "available_at": available_at,
+        "deliveries": 0,
+        "created_at": now,
+    }
+
+
+def claim(
+    conn: Connection,
+    dialect: str,
+    queues: Sequence[str] | None,
+    limit: int,
+    now: datetime,
+    lease: timedelta,
+) -> list[QueuedMessage]:
+    q = (
+        sa.select(c.id, c.queue, c.body, c.deliveries)
+        .where(
+            c.available_at <= now,
+            sa.or_(c.claimed_until.is_(None), c.claimed_until < now),
+        )
+        .order_by(c.id)
+        .limit(limit)
+    )
+    if queues is not None:
+        q = q.where(c.queue.in_(list(queues)))
+    if dialect == "postgresql":
+        q = q.with_for_update(skip_locked=True)
+    rows = list(conn.execute(q))
+    if not rows:
+        return []
+    token = uuid.uuid4().hex
+    conn.execute(
+        t.outbox.update()
+        .where(c.id.in_([r.id for r in rows]))
+        .values(claimed_until=now + lease, claim_token=token, deliveries=c.deliveries + 1)
+    )
+    return [QueuedMessage(r.id, r.queue, bytes(r.body), r.deliveries + 1, token) for r in rows]
+
+
+def delete_claimed(conn: Connection, ids: Sequence[int], claim_token: str) -> int:
+    stmt = t.outbox.delete().where(c.id.in_(list(ids)), c.claim_token == claim_token)
+    return int(conn.execute(stmt).rowcount)
+
+
+def release(conn: Connection, id: int, claim_token: str, available_at: datetime) -> bool:
+    result = conn.execute(
+        t.outbox.update()
+        .where(c.id == id, c.claim_token == claim_token)
+        .values(claimed_until=None, claim_token=None, available_at=available_at)
+    )
+    return bool(result.rowcount)
+
+
+def extend_claim(conn: Connection, id: int, claim_token: str, until: datetime) -> bool:
+    result = conn.execute(
+        t.outbox.update()
+        .where(c.id == id, c.claim_token == claim_token)
+        .values(claimed_until=until)
+    )
+    return bool(result.rowcount)
+
+
+def dead_letter(conn: Connection, id: int, claim_token: str, reason: str, now: datetime) -> bool:
+    row = conn.execute(
+        sa.select(c.queue, c.body).where(c.id == id, c.claim_token == claim_token)
+    ).first()
+    if row is None:
+        return False  # the lease was lost: whoever holds it now decides
+    conn.execute(
+        t.dead_letters.insert().values(queue=row.queue, body=row.body, reason=reason, at=now)
+    )
+    conn.execute(t.outbox.delete().where(c.id == id))
+    return True
+
+
+def dead_letters(conn: Connection) -> list[tuple[str, bytes, str]]:
+    d = t.dead_letters.c
+    rows = conn.execute(sa.select(d.queue, d.body, d.reason).order_by(d.id))
+    return [(r.queue, bytes(r.body), r.reason) for r in rows]
+
+
+def depths(conn: Connection) -> dict[str, int]:
+    q = sa.select(c.queue, sa.func.count()).group_by(c.queue)
+    return {str(name): int(n) for name, n in conn.execute(q)}
+
+
+def oldest_available(conn: Connection) -> datetime | None:
+    value: datetime | None = conn.execute(sa.select(sa.func.min(c.available_at))).scalar()
+    return value

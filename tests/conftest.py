@@ -1,0 +1,34 @@
+"""Fixtures shared by every test folder: real services for integration tests, found as
+DESIGN.md section 12 says (env vars, testcontainers, local defaults, else a clear failure)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.register_assert_rewrite("sagaloop.testing.contracts", "sagaloop.testing.store_contract")
+
+from collections.abc import Iterator  # noqa: E402
+
+from sagaloop.store.sql import SqlStore  # noqa: E402
+from sagaloop.testing import services  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A database of its own for this test session, schema upgraded, dropped at the end."""
+    url, drop = services.fresh_database(services.postgres_url())
+    try:
+        store = SqlStore(url)
+        try:
+            store.upgrade()
+        finally:
+            store.close()
+        yield url
+    finally:
+        drop()
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> str:
+    """The broker for this test session (give each test its own queue prefix or vhost)."""
+    return services.rabbitmq_url()

@@ -1,0 +1,322 @@
+"""The store contract on PostgreSQL, plus what only PostgreSQL shows: row locks that block
+(``lock_run``), claims that skip locked rows instead of waiting, driver errors classified by
+SQLSTATE, and the schema upgrade."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from sagaloop.engine.history import NewEvent
+from sagaloop.engine.ports import RunRecord, Timer
+from sagaloop.errors import SchemaOutdatedError, StoreError, TransientStoreError
+from sagaloop.store import migrations
+from sagaloop.store import tables as t
+from sagaloop.store.sql import SqlStore
+from sagaloop.testing import services
+from sagaloop.testing.store_contract import StoreContract
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime(2030, 1, 2, tzinfo=UTC)
+LEASE = timedelta(seconds=30)
+TABLES = ", ".join(tb.name for tb in t.metadata.sorted_tables if tb.name != t.schema_version.name)
+
+
+@pytest.fixture(scope="module")
+def database(postgres_url: str) -> Iterator[str]:
+    """A database of this module's own, on the session's server, schema upgraded."""
+    url, drop = services.fresh_database(postgres_url)
+    store = SqlStore(url)
+    store.upgrade()
+    store.close()
+    yield url
+    drop()
+
+
+@pytest.fixture
+def store(database: str) -> Iterator[SqlStore]:
+    """A fresh (empty) store: the tables are truncated before each test."""
+    store = SqlStore(database, pool_size=10, max_overflow=10)
+    with store.transaction() as tx:
+        tx.conn.exec_driver_sql(f"TRUNCATE {TABLES} RESTART IDENTITY")
+    yield store
+    store.close()
+
+
+class TestPostgresStore(StoreContract):
+    pass
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _new_run(store: SqlStore, run_id: str) -> None:
+    with store.transaction() as tx:
+        assert store.create_run(tx, RunRecord(run_id, "pg", "running", None, T0, T0))
+
+
+def _assert_eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def _waiting_on_a_lock(store: SqlStore) -> int:
+    """How many other sessions of this database wait for a lock right now."""
+    with store.engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                )
+            ).scalar_one()
+        )
+
+
+# --- locks -------------------------------------------------------------------------------------
+
+
+def test_lock_run_blocks_a_second_transaction_on_the_row_lock(store: SqlStore) -> None:
+    _new_run(store, "r")
+    got: list[RunRecord | None] = []
+    with store.transaction() as tx:
+        assert store.lock_run(tx, "r") is not None
+
+        def second() -> None:
+            with store.transaction() as tx2:
+                got.append(store.lock_run(tx2, "r"))
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        _assert_eventually(lambda: _waiting_on_a_lock(store) == 1)
+        assert got == [], "the second lock_run returned while the first transaction held it"
+    thread.join(5)
+    assert not thread.is_alive() and len(got) == 1 and got[0] is not None
+
+
+def test_lock_run_on_another_run_does_not_wait(store: SqlStore) -> None:
+    _new_run(store, "a")
+    _new_run(store, "b")
+    with store.transaction() as tx:
+        assert store.lock_run(tx, "a") is not None
+        started = time.monotonic()
+        with store.transaction() as tx2:
+            assert store.lock_run(tx2, "b") is not None
+        assert time.monotonic() - started < 1.0
+
+
+def _hold_rows(store: SqlStore, table: sa.Table, where: sa.ColumnElement[bool]) -> sa.Connection:
+    conn = store.engine.connect()
+    conn.execute(sa.select(table).where(where).with_for_update())
+    return conn
+
+
+def _in_thread(fn: Callable[[], object], timeout: float = 3.0) -> tuple[bool, object]:
+    """Run ``fn`` in a thread; (finished within timeout, result)."""
+    out: list[object] = []
+    thread = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return (not thread.is_alive(), out[0] if out else None)
+
+
+def test_claim_skips_rows_another_transaction_holds(store: SqlStore) -> None:
+    store.enqueue_raw([("q", b"%d" % i) for i in range(4)], T0)
+    ids = sorted(_outbox_ids(store))
+    holder = _hold_rows(store, t.outbox, t.outbox.c.id.in_(ids[:2]))
+    try:
+        done, claimed = _in_thread(lambda: store.claim(["q"], 10, T0, LEASE))
+        assert done, "claim waited for rows another transaction locked (no SKIP LOCKED)"
+        assert isinstance(claimed, list)
+        assert [m.id for m in claimed] == ids[2:]
+    finally:
+        holder.close()
+    assert [m.id for m in store.claim(["q"], 10, T0, LEASE)] == ids[:2]
+
+
+def _outbox_ids(store: SqlStore) -> list[int]:
+    with store.engine.connect() as conn:
+        return [int(i) for i in conn.execute(sa.select(t.outbox.c.id)).scalars()]
+
+
+def test_take_due_timers_skips_timers_another_transaction_holds(store: SqlStore) -> None:
+    _new_run(store, "r")
+    with store.transaction() as tx:
+        for pos in range(4):
+            store.add_timer(tx, Timer("r", pos, "sleep", T0 - timedelta(seconds=10 - pos)))
+    holder = _hold_rows(store, t.timers, t.timers.c.pos < 2)
+    try:
+
+        def take() -> list[int]:
+            with store.transaction() as tx:
+                return [x.pos for x in store.take_due_timers(tx, T0, 10)]
+
+        done, taken = _in_thread(take)
+        assert done, "take_due_timers waited for timers another transaction locked"
+        assert taken == [2, 3]
+    finally:
+        holder.close()
+
+
+def test_timestamps_are_utc_whatever_the_session_time_zone(database: str) -> None:
+    url = sa.make_url(database).update_query_dict({"options": "-c timezone=Asia/Kathmandu"})
+    store = SqlStore(url.render_as_string(hide_password=False))
+    try:
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("SHOW timezone").scalar() == "Asia/Kathmandu"
+        at = datetime(2031, 3, 4, 5, 6, 7, 890123, tzinfo=UTC)
+        with store.transaction() as tx:
+            store.create_run(tx, RunRecord("tz", "pg", "running", None, at, at))
+            store.append_events(tx, "tz", 0, [NewEvent("x")], at)
+        got = store.get_run("tz")
+        assert got is not None and got.created_at == at and got.created_at.tzinfo is UTC
+        (event,) = store.load_history(None, "tz")
+        assert event.at == at and event.at.tzinfo is UTC
+    finally:
+        with store.transaction() as tx:
+            tx.conn.exec_driver_sql(f"TRUNCATE {TABLES}")
+        store.close()
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+def _raise(store: SqlStore, sqlstate: str) -> None:
+    with store.transaction() as tx:
+        tx.conn.exec_driver_sql(
+            f"DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '{sqlstate}'; END $$"
+        )
+
+
+@pytest.mark.parametrize(
+    "sqlstate", ["40001", "40P01", "55P03", "57P01", "57P02", "57P03", "53300", "08006"]
+)
+def test_retryable_sqlstates_are_transient(store: SqlStore, sqlstate: str) -> None:
+    with pytest.raises(TransientStoreError) as info:
+        _raise(store, sqlstate)
+    assert info.value.code == sqlstate and "injected" in str(info.value)
+    assert isinstance(info.value.__cause__, sa.exc.DBAPIError)
+
+
+@pytest.mark.parametrize("sqlstate", ["23505", "42P01", "22P02", "P0001", "53100"])
+def test_other_sqlstates_are_store_errors(store: SqlStore, sqlstate: str) -> None:
+    with pytest.raises(StoreError) as info:
+        _raise(store, sqlstate)
+    assert not isinstance(info.value, TransientStoreError)
+    assert info.value.code == sqlstate
+
+
+def test_a_lock_timeout_is_transient(store: SqlStore) -> None:
+    _new_run(store, "r")
+    with store.transaction() as tx:
+        store.lock_run(tx, "r")
+        with pytest.raises(TransientStoreError) as info, store.transaction() as tx2:
+            tx2.conn.exec_driver_sql("SET LOCAL lock_timeout = '100ms'")
+            store.lock_run(tx2, "r")
+    assert info.value.code == "55P03"
+
+
+def test_a_real_deadlock_is_transient(store: SqlStore) -> None:
+    _new_run(store, "a")
+    _new_run(store, "b")
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def cross(first: str, second: str) -> None:
+        try:
+            with store.transaction() as tx:
+                tx.conn.exec_driver_sql("SET LOCAL deadlock_timeout = '50ms'")
+                store.lock_run(tx, first)
+                barrier.wait(5)
+                store.lock_run(tx, second)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=cross, args=p) for p in (("a", "b"), ("b", "a"))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(10)
+    assert len(errors) == 1, f"expected one deadlock victim, got {errors!r}"
+    assert isinstance(errors[0], TransientStoreError) and errors[0].code == "40P01"
+
+
+def test_connection_refused_is_transient_and_hides_the_password() -> None:
+    from private_postgres import free_port
+
+    url = f"postgresql://sagaloop:s3cr3t-pw@127.0.0.1:{free_port()}/nowhere"
+    store = SqlStore(url, connect_timeout=2)
+    try:
+        for attempt in (lambda: store.get_run("x"), lambda: _new_run(store, "x")):
+            with pytest.raises(TransientStoreError) as info:
+                attempt()
+            assert "s3cr3t-pw" not in str(info.value) and "***" in str(info.value)
+            assert "s3cr3t-pw" not in str(info.value.__cause__)
+        assert "s3cr3t-pw" not in repr(store)
+    finally:
+        store.close()
+
+
+# --- schema ------------------------------------------------------------------------------------
+
+
+def test_upgrade_on_postgres_and_concurrent_upgrades(postgres_url: str) -> None:
+    url, drop = services.fresh_database(postgres_url)
+    stores = [SqlStore(url) for _ in range(4)]
+    try:
+        with pytest.raises(SchemaOutdatedError, match="sagaloop db upgrade"):
+            stores[0].check_schema()
+        results: list[tuple[int, int]] = []
+        errors: list[BaseException] = []
+
+        def up(s: SqlStore) -> None:
+            try:
+                results.append(s.upgrade())
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=up, args=(s,)) for s in stores]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+        assert errors == [], "concurrent upgrades must serialize, not fail"
+        assert (
+            sorted(results)
+            == [(0, migrations.LATEST)] + [(migrations.LATEST, migrations.LATEST)] * 3
+        )
+        stores[0].check_schema()
+    finally:
+        for s in stores:
+            s.close()
+        drop()
+
+
+def test_the_db_upgrade_command_on_postgres(postgres_url: str) -> None:
+    url, drop = services.fresh_database(postgres_url)
+    try:
+        command = [sys.executable, "-m", "sagaloop", "--database-url", url, "db", "upgrade"]
+        first = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert first.returncode == 0, first.stderr
+        assert f"from version 0 to {migrations.LATEST}" in first.stdout
+        again = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert again.returncode == 0 and "up to date" in again.stdout, again.stderr
+        store = SqlStore(url)
+        store.check_schema()
+        with store.transaction() as tx:
+            assert store.create_run(tx, RunRecord("r", "s", "running", None, T0, T0))
+            store.append_events(tx, "r", 0, [NewEvent("run_started")], T0)
+        assert [e.seq for e in store.load_history(None, "r")] == [1]
+        store.close()
+    finally:
+        drop()
