@@ -123,6 +123,7 @@ class RabbitBroker:
         clock: Clock | None = None,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         connection_name: str = "sagaloop",
+        connect_timeout: timedelta | None = None,
     ) -> None:
         if queue_type not in ("quorum", "classic"):
             raise ValueError(f"queue_type must be 'quorum' or 'classic', not {queue_type!r}")
@@ -159,7 +160,10 @@ class RabbitBroker:
         self._thread = threading.Thread(target=self._run, name=f"amqp-{namespace}", daemon=True)
         self._thread.start()
         with self._cond:
-            self._cond.wait_for(lambda: self._ready or self._refused, self.confirm_timeout)
+            connect_wait = connect_timeout.total_seconds() if connect_timeout else None
+            self._cond.wait_for(
+                lambda: self._ready or self._refused, connect_wait or self.confirm_timeout
+            )
             ready, error = self._ready, self._last_error
         if not ready:
             self.close()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 from sagaloop.engine.activation import Engine
@@ -13,6 +15,7 @@ from sagaloop.engine.messages import engine_queue, step_queue
 from sagaloop.engine.ports import Broker, Clock, Delivery, Store, SystemClock
 from sagaloop.engine.runtime import EngineConsumer, TimerScheduler, WorkerConsumer
 from sagaloop.engine.steps import StepRunner
+from sagaloop.errors import BrokerError
 from sagaloop.outbox.relay import Relay
 from sagaloop.sagas.app import App
 
@@ -21,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 class Runtime:
     """Runs the chosen roles on threads until ``stop()``: the engine, workers on some queues,
-    the timer scheduler and, for a broker outside the database, the outbox relay."""
+    the timer scheduler, retention and, for a broker outside the database, the outbox relay."""
 
     def __init__(
         self,
@@ -36,6 +39,7 @@ class Runtime:
         clock: Clock | None = None,
         poll: float = 0.2,
         heartbeat: float = 10.0,
+        retention: timedelta | None = None,
         name: str = "sagaloop",
     ) -> None:
         self.app = app
@@ -43,13 +47,15 @@ class Runtime:
         self.broker = broker
         self.clock = clock or SystemClock()
         self.poll = poll
+        self.retention = retention
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
         self.runner = StepRunner(app, threads=max(concurrency, 1) * 2, worker=name)
+        step_queues = [step_queue(app.name, q) for q in (app.queues if queues is None else queues)]
+        broker.declare([engine_queue(app.name), *[step_queue(app.name, q) for q in app.queues]])
         if engine:
             consumer = EngineConsumer(Engine(app, store, clock=self.clock), store)
             self._spawn("engine", self._consume, [consumer.queue], consumer.process)
-        step_queues = [step_queue(app.name, q) for q in (app.queues if queues is None else queues)]
         if step_queues:
             worker = WorkerConsumer(app, store, self.runner, self.clock, heartbeat=heartbeat)
             for i in range(concurrency):
@@ -57,10 +63,10 @@ class Runtime:
         if timers:
             scheduler = TimerScheduler(app, store, self.clock)
             self._spawn("timers", self._repeat, scheduler.fire_due)
+        if retention is not None:
+            self._spawn("retention", self._retain)
         if not broker.uses_outbox:
-            relay = Relay(store, broker, clock=self.clock)
-            self._spawn("relay", self._repeat, relay.relay_once)
-        broker.declare([engine_queue(app.name), *step_queues])
+            self._spawn("relay", self._relay, Relay(store, broker, clock=self.clock))
 
     def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
         self.threads.append(threading.Thread(target=target, args=args, name=name, daemon=True))
@@ -70,9 +76,13 @@ class Runtime:
             thread.start()
         return self
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 30.0) -> None:
         """Finish the messages in hand, then stop; unstarted messages stay queued."""
         self.stopping.set()
+        wakeup = getattr(self.store, "wakeup", None)
+        if wakeup is not None:
+            with wakeup:
+                wakeup.notify_all()
         for thread in self.threads:
             thread.join(timeout)
         self.runner.close()
@@ -83,7 +93,7 @@ class Runtime:
                 for delivery in self.broker.receive(queues, 1, self.poll):
                     process(delivery)
             except Exception:
-                logger.exception("consumer of %s failed; retrying", queues)
+                logger.exception("consumer of %s failed; retrying in 1 s", queues)
                 self.stopping.wait(1.0)
 
     def _repeat(self, once: Callable[[], int]) -> None:
@@ -92,5 +102,57 @@ class Runtime:
                 if once() == 0:
                     self.stopping.wait(self.poll)
             except Exception:
-                logger.exception("%s failed; retrying", threading.current_thread().name)
+                logger.exception("%s failed; retrying in 1 s", threading.current_thread().name)
                 self.stopping.wait(1.0)
+
+    def _relay(self, relay: Relay) -> None:
+        """Publish outbox rows as soon as a transaction of this process wrote some (woken by
+        the store), and every ``poll`` seconds for rows written by other processes. While the
+        broker is down it backs off and says so once; it alerts on the oldest unsent row."""
+        wakeup: threading.Condition | None = getattr(self.store, "wakeup", None)
+        delay, down_since = 0.2, None
+        while not self.stopping.is_set():
+            try:
+                sent = relay.relay_once()
+            except BrokerError as e:
+                if down_since is None:
+                    down_since = time.monotonic()
+                    logger.warning("relay: broker unavailable (%s); pausing", e)
+                self._warn_if_old()
+                self.stopping.wait(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            except Exception:
+                logger.exception("relay failed; retrying in 1 s")
+                self.stopping.wait(1.0)
+                continue
+            if down_since is not None:
+                logger.warning(
+                    "relay: broker back after %.1f s; publishing", time.monotonic() - down_since
+                )
+                down_since, delay = None, 0.2
+            if sent == 0:
+                if wakeup is not None:
+                    with wakeup:
+                        wakeup.wait(self.poll)
+                else:
+                    self.stopping.wait(self.poll)
+
+    def _warn_if_old(self, threshold: float = 60.0) -> None:
+        oldest = self.store.oldest_outbox_message()
+        if oldest is not None:
+            age = (self.clock.now() - oldest).total_seconds()
+            if age > threshold:
+                logger.warning("relay: the oldest unsent message is %.0f s old", age)
+
+    def _retain(self) -> None:
+        """Delete finished runs and old inbox rows, in batches, once an hour."""
+        assert self.retention is not None
+        while not self.stopping.is_set():
+            try:
+                before = self.clock.now() - self.retention
+                while not self.stopping.is_set() and self.store.prune(before=before) > 0:
+                    pass
+            except Exception:
+                logger.exception("retention failed; retrying later")
+            self.stopping.wait(3600)

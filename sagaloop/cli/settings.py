@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -23,6 +24,13 @@ class Settings(BaseSettings):
     lease: float = Field(default=60.0, gt=0, le=86_400)
     """Seconds a claimed message stays invisible to other consumers; a worker renews it every
     third of that while a step runs, so only a dead worker's messages are redelivered."""
+    namespace: str = "sagaloop"
+    """RabbitMQ: the exchange, and the prefix of every queue name."""
+    queue_type: Literal["quorum", "classic"] = "quorum"
+    retention_days: float = Field(default=7.0, gt=0)
+    """Finished runs and inbox rows older than this are deleted by the engine."""
+    crash_at: str = ""
+    """Test only: crash points to arm (see sagaloop.engine.crashpoints)."""
     app: str | None = None
     """The app to load, as ``module`` or ``module:attribute``."""
 

@@ -13,6 +13,7 @@ import threading
 from datetime import timedelta
 
 from sagaloop.engine.activation import Engine
+from sagaloop.engine.crashpoints import crash_point
 from sagaloop.engine.messages import CONTENT_TYPE, Envelope, engine_queue
 from sagaloop.engine.ports import Clock, Delivery, Outgoing, Store
 from sagaloop.engine.steps import StepRunner
@@ -52,10 +53,12 @@ class EngineConsumer:
                 with self.store.transaction() as tx:
                     self.engine.handle(tx, env)
                     delivery.settle(tx)
+                    crash_point("engine.before_commit")
             except BaseException:
                 self.engine.rolled_back()
                 raise
             self.engine.committed()
+            crash_point("engine.after_commit")
         except MessageError as e:
             delivery.dead_letter(e.reason)
         except BrokerError as e:  # the lease was lost: another consumer owns the message now
@@ -118,6 +121,11 @@ class WorkerConsumer:
                 )
                 self.store.enqueue(tx, [Outgoing(self.reply_queue, result)], self.clock.now())
                 delivery.settle(tx)
+                if env.payload.get("direction") == "undo":
+                    crash_point("worker.undo_before_commit")
+                else:
+                    crash_point("worker.before_commit")
+            crash_point("worker.after_commit")
         except UnknownStepError as e:
             delivery.dead_letter(str(e))
         except BrokerError as e:
@@ -190,4 +198,6 @@ class TimerScheduler:
                 for t in due
             ]
             self.store.enqueue(tx, messages, now)
+            if due:
+                crash_point("timers.before_commit")
         return len(due)

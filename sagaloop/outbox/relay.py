@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
+from sagaloop.engine.crashpoints import crash_point
 from sagaloop.engine.ports import Broker, Clock, Store, SystemClock
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,17 @@ class Relay:
         rows = self.store.claim(None, self.batch, self.clock.now(), self.lease)
         if not rows:
             return 0
-        self.broker.publish([(r.queue, r.body) for r in rows])
+        crash_point("relay.before_publish")
+        try:
+            self.broker.publish([(r.queue, r.body) for r in rows])
+        except Exception:
+            # Some may have gone out: publishing them again is safe (consumers deduplicate by
+            # message_id), losing them is not. Release the claim so they go in the next batch.
+            now = self.clock.now()
+            for r in rows:
+                self.store.release(r.id, r.claim_token, now)
+            raise
+        crash_point("relay.after_publish")
         token = rows[0].claim_token
         self.store.delete_claimed(None, [r.id for r in rows], token)
         return len(rows)

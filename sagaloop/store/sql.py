@@ -101,6 +101,11 @@ class SqlStore:
         except _DB_ERRORS as e:
             self._fail(e, "the schema check")
 
+    def attach(self, conn: Connection) -> _Tx:
+        """Use the caller's open transaction (a SQLAlchemy Connection) as a sagaloop one, so
+        that sagaloop's rows commit or roll back with the caller's own writes."""
+        return _Tx(conn)
+
     @contextmanager
     def transaction(self) -> Iterator[_Tx]:
         """A write transaction, committed when the block ends without an exception.

@@ -114,3 +114,20 @@ def test_start_status_list_and_duplicate_start(db: Path) -> None:
     assert "r-1" in listing.output and "running: 1" in listing.output
     retry = run("retry", "r-1")
     assert_one_line_error(retry, "not needs_attention")
+
+
+def test_schema_prints_the_message_contract() -> None:
+    result = run("schema")
+    assert result.exit_code == 0
+    schemas = json.loads(result.output)
+    assert set(schemas) == {"start", "event"}
+    start = schemas["start"]
+    assert {"run_id", "saga", "payload"} <= set(start["required"])
+    assert start["properties"]["type"]["const"] == "start"
+    assert schemas["event"]["properties"]["type"]["const"] == "event"
+
+
+def test_service_commands_refuse_an_unknown_queue(db: Path) -> None:
+    run("db", "upgrade")
+    result = run("worker", "--app", "cliapp", "--queue", "q,nope")
+    assert result.exit_code != 0 and "nope" in result.output
