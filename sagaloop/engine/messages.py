@@ -89,6 +89,22 @@ class EventMessage(Envelope):
     payload: EventPayload  # type: ignore[assignment]
 
 
+def step_result(task: Envelope, reply: dict[str, Any], now: datetime) -> Envelope:
+    """The engine's reply to a step message. Its id derives from the task's, so a reply sent
+    again for a redelivered task is recognised by the engine's inbox."""
+    return Envelope(
+        type="step_result",
+        message_id=f"result:{task.message_id}",
+        run_id=task.run_id,
+        saga=task.saga,
+        position=task.position,
+        attempt=task.attempt,
+        idempotency_key=task.idempotency_key,
+        payload=reply,
+        created_at=now,
+    )
+
+
 def parse_payload(model: type[BaseModel], env: Envelope) -> Any:
     try:
         return model.model_validate(env.payload)

@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from sagaloop.engine.activation import Engine
 from sagaloop.engine.crashpoints import crash_point
-from sagaloop.engine.messages import CONTENT_TYPE, Envelope, engine_queue
+from sagaloop.engine.messages import CONTENT_TYPE, Envelope, engine_queue, step_result
 from sagaloop.engine.ports import Clock, Delivery, Outgoing, Store
 from sagaloop.engine.steps import StepRunner
 from sagaloop.errors import BrokerError, MessageError, UnknownStepError
@@ -108,18 +108,9 @@ class WorkerConsumer:
                     tx, WORKER_CONSUMER, env.message_id, reply, self.clock.now()
                 ):
                     _, reply = self.store.inbox_get(tx, WORKER_CONSUMER, env.message_id)
-                result = Envelope(
-                    type="step_result",
-                    message_id=f"result:{env.message_id}",
-                    run_id=env.run_id,
-                    saga=env.saga,
-                    position=env.position,
-                    attempt=env.attempt,
-                    idempotency_key=env.idempotency_key,
-                    payload=reply,
-                    created_at=self.clock.now(),
-                )
-                self.store.enqueue(tx, [Outgoing(self.reply_queue, result)], self.clock.now())
+                now = self.clock.now()
+                result = step_result(env, reply, now)
+                self.store.enqueue(tx, [Outgoing(self.reply_queue, result)], now)
                 delivery.settle(tx)
                 if env.payload.get("direction") == "undo":
                     crash_point("worker.undo_before_commit")

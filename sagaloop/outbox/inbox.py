@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from sagaloop.engine.messages import Envelope, engine_queue
+from sagaloop.engine.messages import Envelope, engine_queue, step_result
 from sagaloop.engine.ports import Clock, Outgoing, Store, SystemClock
 from sagaloop.errors import ErrorInfo, MessageError
 
@@ -89,17 +89,6 @@ def handle_step(
                 raise
             reply.update(outcome="failed", error=info.to_json())
         store.inbox_put(tx, SERVICE_CONSUMER, env.message_id, reply, clock.now())
-    queue = engine_queue(app)
-    result = Envelope(
-        type="step_result",
-        message_id=f"result:{env.message_id}",
-        run_id=env.run_id,
-        saga=env.saga,
-        position=env.position,
-        attempt=env.attempt,
-        idempotency_key=env.idempotency_key,
-        payload=reply,
-        created_at=clock.now(),
-    )
-    store.enqueue(tx, [Outgoing(queue, result)], clock.now())
+    now = clock.now()
+    store.enqueue(tx, [Outgoing(engine_queue(app), step_result(env, reply, now))], now)
     return dict(reply)

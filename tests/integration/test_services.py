@@ -9,23 +9,12 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from system import ROOT, System, eventually
 
 pytestmark = pytest.mark.integration
 NEEDS_SERVICES = "# needs: rabbitmq and a running engine"
-
-
-@pytest.fixture
-def system(tmp_path: Path, rabbitmq_url: str) -> Iterator[System]:
-    s = System(tmp_path, rabbitmq_url)
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def health(system: System, **env: str) -> tuple[int, dict[str, object]]:

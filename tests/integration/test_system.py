@@ -5,7 +5,6 @@ the engine: the ledger of effects, the run statuses, the dead-letter queue."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pika
@@ -14,15 +13,6 @@ from private_rabbit import PrivateRabbit, private_rabbit  # noqa: F401  (a fixtu
 from system import System, eventually
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def system(tmp_path: Path, rabbitmq_url: str) -> Iterator[System]:
-    s = System(tmp_path, rabbitmq_url)
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def effects(system: System) -> dict[str, int]:
