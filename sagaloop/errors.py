@@ -111,6 +111,11 @@ class BrokerError(SagaloopError):
     """The message broker failed; the driver error is the ``__cause__``."""
 
 
+class UndeliverableError(BrokerError):
+    """A message that the broker will never accept as it is (no queue bound to its routing
+    key, too large). The relay dead-letters such an outbox row instead of retrying it."""
+
+
 class MessageError(SagaloopError):
     """A message cannot be processed (not JSON, unknown type, invalid payload, too large).
 

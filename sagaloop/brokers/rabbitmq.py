@@ -51,7 +51,7 @@ from sagaloop.brokers._amqp import (
 )
 from sagaloop.engine.messages import CONTENT_TYPE, MAX_MESSAGE_BYTES
 from sagaloop.engine.ports import Clock, Delivery, SystemClock, Tx
-from sagaloop.errors import BrokerError
+from sagaloop.errors import BrokerError, UndeliverableError
 
 logger = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ class RabbitBroker:
         ``confirm_timeout``, or if the connection is down."""
         for queue, body in batch:
             if len(body) > self.max_message_bytes:
-                raise BrokerError(
+                raise UndeliverableError(
                     f"a message of {len(body)} bytes to {queue!r} exceeds max_message_bytes "
                     f"({self.max_message_bytes}): keep large payloads out of messages"
                 )
@@ -286,7 +286,8 @@ class RabbitBroker:
         if request.error is not None:
             raise BrokerError(request.error)
         if request.problems:
-            raise BrokerError(
+            unroutable = all(p.startswith("unroutable") for p in request.problems)
+            raise (UndeliverableError if unroutable else BrokerError)(
                 f"{len(request.problems)} of {len(items)} messages were not accepted: "
                 f"{request.problems[0]}"
             )

@@ -41,7 +41,7 @@ def cli(ctx: click.Context, database_url: str | None, verbose: bool) -> None:
     ctx.obj = Obj(database_url)
 
 
-def _client(obj: Obj, app: App | str) -> Client:
+def _client(obj: Obj, app: App | None = None) -> Client:
     return Client(obj.store(), app)
 
 
@@ -74,7 +74,7 @@ def send_event(obj: Obj, run_id: str, name: str, data: str | None, event_id: str
     """Send the event NAME to a run."""
     value = json_arg(data, "--data")
     with errors():
-        _client(obj, obj.settings.app or "").send_event(run_id, name, value, event_id=event_id)
+        _client(obj).send_event(run_id, name, value, event_id=event_id)
         click.echo(f"event {name!r} sent to {run_id}")
 
 
@@ -85,7 +85,7 @@ def send_event(obj: Obj, run_id: str, name: str, data: str | None, event_id: str
 def status(obj: Obj, run_id: str, as_json: bool) -> None:
     """Show a run's timeline and why it waits."""
     with errors():
-        tl = _client(obj, "").status(run_id)
+        tl = _client(obj).status(run_id)
     click.echo(json.dumps(tl.to_json(), indent=2) if as_json else timeline_text(tl))
 
 
@@ -126,7 +126,7 @@ def list_runs(obj: Obj, status_: str | None, saga: str | None, limit: int, as_js
 def cancel(obj: Obj, run_id: str, reason: str | None) -> None:
     """Cancel a run: it stops at its next suspension point and compensates."""
     with errors():
-        _client(obj, "").cancel(run_id, reason)
+        _client(obj).cancel(run_id, reason)
     click.echo(f"cancellation of {run_id} requested")
 
 
@@ -136,7 +136,7 @@ def cancel(obj: Obj, run_id: str, reason: str | None) -> None:
 def retry(obj: Obj, run_id: str) -> None:
     """Resume a run in needs_attention once its cause is fixed."""
     with errors():
-        _client(obj, "").retry(run_id)
+        _client(obj).retry(run_id)
     click.echo(f"retry of {run_id} requested")
 
 

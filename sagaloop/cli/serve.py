@@ -32,7 +32,7 @@ def _wait_for_database(obj: Obj, stop: threading.Event, *, upgrade: bool) -> Sql
             return obj.store(upgrade=upgrade)
         except (SchemaOutdatedError, SchemaTooNewError) as e:
             raise click.ClickException(str(e)) from e
-        except (SagaloopError, click.ClickException) as e:
+        except SagaloopError as e:
             if stop.is_set():
                 raise click.ClickException(f"stopped while waiting for the database: {e}") from e
             logger.warning(

@@ -104,7 +104,7 @@ class Engine:
         except ValidationError as e:
             raise MessageError(str(e)) from e
         now = self.clock.now()
-        record = RunRecord(env.run_id, saga.name, s.RUNNING, input_json, now, now)
+        record = RunRecord(env.run_id, self.app.name, saga.name, s.RUNNING, input_json, now, now)
         if self.store.create_run(tx, record):
             started = NewEvent(h.RUN_STARTED, name=saga.name, data={"input": input_json})
             self._activate(tx, env.run_id, lambda st: [started])

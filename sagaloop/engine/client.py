@@ -34,11 +34,14 @@ def _json(value: Any, what: str) -> Any:
 
 
 class Client:
-    def __init__(self, store: Store, app: App | str, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, store: Store, app: App | str | None = None, *, clock: Clock | None = None
+    ) -> None:
+        """``app`` (an App, or just its name) is needed to start runs; events, cancellation
+        and retries go to the engine of the app that each run belongs to."""
         self.store = store
         self.app = app if isinstance(app, App) else None
         self.app_name = app.name if isinstance(app, App) else app
-        self.queue = engine_queue(self.app_name)
         self.clock = clock or SystemClock()
 
     def start(
@@ -55,6 +58,8 @@ class Client:
         else:
             definition = saga
         name = definition.name if definition is not None else str(saga)
+        if not self.app_name:
+            raise ValidationError("Client(store, app) needs the app to start runs")
         if definition is not None:
             input_json = definition.input.to_json(input, what=f"input of saga {name!r}")
         else:
@@ -64,7 +69,7 @@ class Client:
             raise ValidationError("run_id must be 1 to 200 characters")
         now = self.clock.now()
         with self.store.transaction() as tx:
-            record = RunRecord(run_id, name, s.RUNNING, input_json, now, now, last_seq=1)
+            record = RunRecord(run_id, self.app_name, name, s.RUNNING, input_json, now, now, 1)
             if not self.store.create_run(tx, record):
                 existing = self.store.lock_run(tx, run_id)
                 if existing is not None and existing.saga != name:
@@ -82,7 +87,7 @@ class Client:
                 payload={"input": input_json},
                 created_at=now,
             )
-            self.store.enqueue(tx, [Outgoing(self.queue, env)], now)
+            self.store.enqueue(tx, [Outgoing(engine_queue(self.app_name), env)], now)
         return run_id
 
     def _send(
@@ -106,7 +111,7 @@ class Client:
             message_id=message_id or uuid.uuid4().hex,
         )
         with self.store.transaction() as tx:
-            self.store.enqueue(tx, [Outgoing(self.queue, env)], now)
+            self.store.enqueue(tx, [Outgoing(engine_queue(run.app), env)], now)
 
     def send_event(
         self, run_id: str, name: str, data: Any = None, *, event_id: str | None = None

@@ -77,7 +77,7 @@ class CancelPayload(BaseModel):
 class StartMessage(Envelope):
     """Publish to the engine queue to start a run (a duplicate run_id never starts a second)."""
 
-    type: Literal["start"] = "start"
+    type: Literal["start"]
     saga: str
     payload: StartPayload  # type: ignore[assignment]
 
@@ -85,7 +85,7 @@ class StartMessage(Envelope):
 class EventMessage(Envelope):
     """Publish to the engine queue to deliver an event to a waiting (or future) wait."""
 
-    type: Literal["event"] = "event"
+    type: Literal["event"]
     payload: EventPayload  # type: ignore[assignment]
 
 

@@ -38,6 +38,8 @@ class Outgoing:
 @dataclasses.dataclass(slots=True)
 class RunRecord:
     run_id: str
+    app: str
+    """The app whose engine queue receives the run's messages."""
     saga: str
     status: str
     input: Any

@@ -169,6 +169,7 @@ class SqlStore:
         by a concurrent transaction: this one then waits for it)."""
         values = {
             "run_id": run.run_id,
+            "app": run.app,
             "saga": run.saga,
             "status": run.status,
             "input": run.input,
@@ -418,6 +419,7 @@ def _timer_key(timer: Timer) -> Any:
 def _run(row: Any) -> RunRecord:
     return RunRecord(
         run_id=row["run_id"],
+        app=row["app"],
         saga=row["saga"],
         status=row["status"],
         input=row["input"],

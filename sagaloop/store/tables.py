@@ -69,6 +69,7 @@ runs = Table(
     "sagaloop_runs",
     metadata,
     Column("run_id", ID, primary_key=True),
+    Column("app", ID, nullable=False),
     Column("saga", ID, nullable=False),
     Column("status", String(32), nullable=False),
     Column("input", JSONText),

@@ -75,7 +75,9 @@ class Harness:
         self.cache_size = cache_size
         self.relay = Relay(self.store, self.broker, clock=self.clock)
         self.timers = TimerScheduler(app, self.store, self.clock)
-        self.queues = [engine_queue(app.name), *[step_queue(app.name, q) for q in app.queues]]
+        self.queues: list[str] | None = None
+        """The queues this harness consumes; None: the engine's and every step queue of the
+        app (as declared when the harness steps, so steps declared later are included)."""
         self.crash_hook: Callable[[str, Delivery], None] | None = None
         self.restart()
 
@@ -122,7 +124,7 @@ class Harness:
         if not self.broker.uses_outbox:
             work += self.relay.relay_once()
         work += self.timers.fire_due()
-        for delivery in self.broker.receive(self.queues, 1, 0):
+        for delivery in self.broker.receive(self._consumed(), 1, 0):
             work += 1
             queue = getattr(delivery, "queue", None) or getattr(
                 getattr(delivery, "_message", None), "queue", ""
@@ -167,10 +169,16 @@ class Harness:
     def _messages_in_hand(self) -> bool:
         if isinstance(self.broker, MemoryBroker):
             return bool(self.broker._unacked) or any(
-                self.broker._queues.get(q) for q in self.queues
+                self.broker._queues.get(q) for q in self._consumed()
             )
         depths = self.store.queue_depths()
-        return any(depths.get(q) for q in self.queues)
+        return any(depths.get(q) for q in self._consumed())
+
+    def _consumed(self) -> list[str]:
+        if self.queues is not None:
+            return self.queues
+        app = self.app
+        return [engine_queue(app.name), *[step_queue(app.name, q) for q in app.queues]]
 
     def advance(self, delta: timedelta) -> None:
         """Move the virtual clock (timers that fall due fire on the next run_until_idle)."""

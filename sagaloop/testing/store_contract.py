@@ -110,7 +110,7 @@ class StoreContract:
         at: datetime = T0,
         run_id: str | None = None,
     ) -> RunRecord:
-        run = RunRecord(run_id or _id("run"), saga, status, {"n": 1}, at, at)
+        run = RunRecord(run_id or _id("run"), "app", saga, status, {"n": 1}, at, at)
         with store.transaction() as tx:
             assert store.create_run(tx, run), "create_run of a new id must return True"
         return run
@@ -135,10 +135,10 @@ class StoreContract:
     # --- runs --------------------------------------------------------------------------------
 
     def test_create_run_is_idempotent(self, store: Store) -> None:
-        first = RunRecord(_id("run"), "saga-a", "running", {"x": [1, "é"]}, T0, T0)
+        first = RunRecord(_id("run"), "app", "saga-a", "running", {"x": [1, "é"]}, T0, T0)
         with store.transaction() as tx:
             assert store.create_run(tx, first) is True
-            again = RunRecord(first.run_id, "saga-b", "failed", {"y": 2}, FAR, FAR)
+            again = RunRecord(first.run_id, "app", "saga-b", "failed", {"y": 2}, FAR, FAR)
             assert store.create_run(tx, again) is False, "same id in the same transaction"
         with store.transaction() as tx:
             assert store.create_run(tx, again) is False, "same id in a later transaction"
@@ -156,7 +156,7 @@ class StoreContract:
         def start(i: int) -> Callable[[], bool]:
             def go() -> bool:
                 with store.transaction() as tx:
-                    run = RunRecord(run_id, "contract", "running", {"starter": i}, T0, T0)
+                    run = RunRecord(run_id, "app", "contract", "running", {"starter": i}, T0, T0)
                     inserted = store.create_run(tx, run)
                     time.sleep(0.05)  # keep the transaction open while the others try
                     return inserted

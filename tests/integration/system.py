@@ -37,6 +37,18 @@ def eventually(check: Callable[[], Any], timeout: float = 60.0, what: str = "con
         time.sleep(0.05)
 
 
+def queue_exists(url: str, queue: str) -> bool:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        conn.channel().queue_declare(queue, passive=True)
+        return True
+    except pika.exceptions.ChannelClosedByBroker:
+        return False
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
 class System:
     def __init__(
         self, tmp: Path, broker_url: str, *, lease: float = 3.0, app: str = "itapp"

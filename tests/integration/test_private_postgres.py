@@ -32,7 +32,7 @@ def pg() -> Iterator[PrivatePostgres]:
 
 def _create(store: SqlStore, run_id: str) -> bool:
     with store.transaction() as tx:
-        return store.create_run(tx, RunRecord(run_id, "outage", "running", None, NOW, NOW))
+        return store.create_run(tx, RunRecord(run_id, "app", "outage", "running", None, NOW, NOW))
 
 
 @pytest.mark.parametrize("mode", ["fast", "immediate"])

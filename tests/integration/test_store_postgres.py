@@ -60,7 +60,7 @@ class TestPostgresStore(StoreContract):
 
 def _new_run(store: SqlStore, run_id: str) -> None:
     with store.transaction() as tx:
-        assert store.create_run(tx, RunRecord(run_id, "pg", "running", None, T0, T0))
+        assert store.create_run(tx, RunRecord(run_id, "app", "pg", "running", None, T0, T0))
 
 
 def _assert_eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -176,7 +176,7 @@ def test_timestamps_are_utc_whatever_the_session_time_zone(database: str) -> Non
             assert conn.exec_driver_sql("SHOW timezone").scalar() == "Asia/Kathmandu"
         at = datetime(2031, 3, 4, 5, 6, 7, 890123, tzinfo=UTC)
         with store.transaction() as tx:
-            store.create_run(tx, RunRecord("tz", "pg", "running", None, at, at))
+            store.create_run(tx, RunRecord("tz", "app", "pg", "running", None, at, at))
             store.append_events(tx, "tz", 0, [NewEvent("x")], at)
         got = store.get_run("tz")
         assert got is not None and got.created_at == at and got.created_at.tzinfo is UTC
@@ -314,7 +314,7 @@ def test_the_db_upgrade_command_on_postgres(postgres_url: str) -> None:
         store = SqlStore(url)
         store.check_schema()
         with store.transaction() as tx:
-            assert store.create_run(tx, RunRecord("r", "s", "running", None, T0, T0))
+            assert store.create_run(tx, RunRecord("r", "app", "s", "running", None, T0, T0))
             store.append_events(tx, "r", 0, [NewEvent("run_started")], T0)
         assert [e.seq for e in store.load_history(None, "r")] == [1]
         store.close()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pika
 import pytest
 from private_rabbit import PrivateRabbit, private_rabbit  # noqa: F401  (a fixture)
-from system import System, eventually
+from system import System, eventually, queue_exists
 
 pytestmark = pytest.mark.integration
 
@@ -162,7 +162,7 @@ def test_poison_messages_are_dead_lettered_and_the_engine_keeps_going(system: Sy
     conn = pika.BlockingConnection(pika.URLParameters(system.broker_url))
     ch = conn.channel()
     queue = f"{system.namespace}.itapp.engine"
-    eventually(lambda: _exists(system.broker_url, queue), what="the engine's queue")
+    eventually(lambda: queue_exists(system.broker_url, queue), what="the engine's queue")
     for body, content_type, _ in POISON:
         props = pika.BasicProperties(content_type=content_type or "application/json")
         ch.basic_publish(system.namespace, "itapp.engine", body, props)
@@ -183,18 +183,6 @@ def test_poison_messages_are_dead_lettered_and_the_engine_keeps_going(system: Sy
     conn.close()
     for _, _, expected in POISON:
         assert any(expected in r for r in reasons), (expected, reasons)
-
-
-def _exists(url: str, queue: str) -> bool:
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        conn.channel().queue_declare(queue, passive=True)
-        return True
-    except pika.exceptions.ChannelClosedByBroker:
-        return False
-    finally:
-        if conn.is_open:
-            conn.close()
 
 
 def test_private_broker_restart_with_50_runs_in_flight(

@@ -131,3 +131,14 @@ def test_service_commands_refuse_an_unknown_queue(db: Path) -> None:
     run("db", "upgrade")
     result = run("worker", "--app", "cliapp", "--queue", "q,nope")
     assert result.exit_code != 0 and "nope" in result.output
+
+
+def test_signals_go_to_the_engine_of_the_runs_app(db: Path) -> None:
+    run("db", "upgrade")
+    order = json.dumps({"id": "7", "cents": 250})
+    run("start", "pay", "--input", order, "--run-id", "r-2", "--app", "cliapp")
+    assert run("send-event", "r-2", "go", "--data", '"now"').exit_code == 0
+    assert run("cancel", "r-2").exit_code == 0
+    with sqlite3.connect(db) as conn:
+        queues = [q for (q,) in conn.execute("select queue from sagaloop_outbox")]
+    assert queues == ["cliapp.engine"] * 3, "start, event and cancel reach the app's engine"

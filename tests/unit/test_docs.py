@@ -24,7 +24,7 @@ def test_python_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": f"docs_{page.stem}"}
     for number, block in enumerate(blocks(page), start=1):
-        code = compile(block, f"{page.name} block {number}", "exec")
+        code = compile(block, f"{page.name} block {number}", "exec", dont_inherit=True)
         exec(code, namespace)
 
 
