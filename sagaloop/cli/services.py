@@ -39,6 +39,7 @@ class Runtime:
         clock: Clock | None = None,
         poll: float = 0.2,
         heartbeat: float = 10.0,
+        relay_lease: timedelta = timedelta(seconds=30),
         retention: timedelta | None = None,
         name: str = "sagaloop",
     ) -> None:
@@ -66,7 +67,8 @@ class Runtime:
         if retention is not None:
             self._spawn("retention", self._retain)
         if not broker.uses_outbox:
-            self._spawn("relay", self._relay, Relay(store, broker, clock=self.clock))
+            relay = Relay(store, broker, clock=self.clock, lease=relay_lease)
+            self._spawn("relay", self._relay, relay)
 
     def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
         self.threads.append(threading.Thread(target=target, args=args, name=name, daemon=True))

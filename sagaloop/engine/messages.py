@@ -46,7 +46,9 @@ class Envelope(BaseModel):
             raise MessageError(f"message of {len(body)} bytes exceeds the limit of {limit}")
         try:
             data = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except RecursionError as e:
+            raise MessageError("message is not JSON sagaloop accepts: nested too deeply") from e
+        except ValueError as e:  # also bad UTF-8, and integers of more than 4300 digits
             raise MessageError(f"message is not JSON: {e}") from e
         try:
             return cls.model_validate(data)

@@ -50,7 +50,6 @@ class Relay:
             # Find the rows at fault one by one; the others go out with them.
             for row in rows:
                 self._publish([row])
-        crash_point("relay.after_publish")
         return len(rows)
 
     def _publish(self, rows: Sequence[QueuedMessage]) -> None:
@@ -69,4 +68,5 @@ class Relay:
             for r in rows:
                 self.store.release(r.id, r.claim_token, now)
             raise
+        crash_point("relay.after_publish")
         self.store.delete_claimed(None, [r.id for r in rows], rows[0].claim_token)
