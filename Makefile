@@ -32,3 +32,14 @@ unit: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# Benchmarks against a hand-made floor and DBOS (a few minutes; BENCH_ARGS=--quick: about two).
+.PHONY: bench
+bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+
+.PHONY: chaos
+# The full chaos soak (tests/chaos/soak.py): 300 runs, at most 5 minutes, private servers.
+chaos: $(STAMP)
+	$(BIN)/python tests/chaos/soak.py

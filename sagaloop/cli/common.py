@@ -14,6 +14,7 @@ from sagaloop.cli.settings import Settings, load_app, mask_url
 from sagaloop.engine.ports import Broker
 from sagaloop.errors import SagaloopError
 from sagaloop.sagas.app import App
+from sagaloop.store.connect import scrub
 from sagaloop.store.sql import SqlStore
 
 
@@ -58,13 +59,18 @@ class Obj:
         if url.startswith(("amqp://", "amqps://")):
             from sagaloop.brokers.rabbitmq import RabbitBroker
 
-            return RabbitBroker(
-                url,
-                namespace=self.settings.namespace,
-                queue_type=self.settings.queue_type,
-                lease=lease,
-                connect_timeout=timedelta(seconds=connect_timeout) if connect_timeout else None,
-            )
+            try:
+                return RabbitBroker(
+                    url,
+                    namespace=self.settings.namespace,
+                    queue_type=self.settings.queue_type,
+                    lease=lease,
+                    connect_timeout=timedelta(seconds=connect_timeout) if connect_timeout else None,
+                )
+            except ValueError as e:  # pika cannot parse the URL (a bad port, say)
+                raise click.ClickException(
+                    f"invalid SAGALOOP_BROKER_URL {mask_url(url)!r}: {scrub(str(e))}"
+                ) from e
         raise click.ClickException(
             f"unsupported SAGALOOP_BROKER_URL {mask_url(url)!r}: use database, memory or amqp://"
         )

@@ -13,7 +13,7 @@ from typing import Any
 from sagaloop.engine.activation import Engine
 from sagaloop.engine.messages import engine_queue, step_queue
 from sagaloop.engine.ports import Broker, Clock, Delivery, Store, SystemClock
-from sagaloop.engine.runtime import EngineConsumer, TimerScheduler, WorkerConsumer
+from sagaloop.engine.runtime import EngineConsumer, TimerScheduler, WorkerConsumer, log_failure
 from sagaloop.engine.steps import StepRunner
 from sagaloop.errors import BrokerError
 from sagaloop.outbox.relay import Relay
@@ -94,8 +94,8 @@ class Runtime:
             try:
                 for delivery in self.broker.receive(queues, 1, self.poll):
                     process(delivery)
-            except Exception:
-                logger.exception("consumer of %s failed; retrying in 1 s", queues)
+            except Exception as e:
+                log_failure(f"consumer of {queues} failed", e)
                 self.stopping.wait(1.0)
 
     def _repeat(self, once: Callable[[], int]) -> None:
@@ -103,8 +103,8 @@ class Runtime:
             try:
                 if once() == 0:
                     self.stopping.wait(self.poll)
-            except Exception:
-                logger.exception("%s failed; retrying in 1 s", threading.current_thread().name)
+            except Exception as e:
+                log_failure(f"{threading.current_thread().name} failed", e)
                 self.stopping.wait(1.0)
 
     def _relay(self, relay: Relay) -> None:
@@ -124,8 +124,8 @@ class Runtime:
                 self.stopping.wait(delay)
                 delay = min(delay * 2, 10.0)
                 continue
-            except Exception:
-                logger.exception("relay failed; retrying in 1 s")
+            except Exception as e:
+                log_failure("relay failed", e)
                 self.stopping.wait(1.0)
                 continue
             if down_since is not None:

@@ -36,13 +36,16 @@ class Settings(BaseSettings):
 
 
 def mask_url(url: str) -> str:
-    """The URL with its password hidden, for logs and errors."""
+    """The URL with its password hidden (also a ``password=`` query parameter), for logs and
+    errors."""
     from sqlalchemy.engine import make_url
 
+    from sagaloop.store.connect import scrub
+
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        return scrub(make_url(url).render_as_string(hide_password=True))
     except Exception:
-        return url.split("@")[-1] if "@" in url else url
+        return scrub(url.split("@")[-1] if "@" in url else url)
 
 
 def load_app(spec: str) -> App:

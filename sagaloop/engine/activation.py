@@ -139,6 +139,11 @@ class Engine:
         pos, attempt, reply = env.position, env.attempt, env.payload
         if pos is None or attempt is None:
             raise MessageError("step_result needs position and attempt")
+        error = reply.get("error")
+        if not isinstance(error, dict | None) or (
+            reply.get("outcome") == "halted" and not isinstance(error, dict)
+        ):
+            raise MessageError("invalid step_result payload: error must be an object")
         self._activate(tx, env.run_id, lambda st: self._result_events(st, pos, attempt, reply))
 
     def _on_timer(self, tx: Tx, env: Envelope) -> None:

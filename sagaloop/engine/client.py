@@ -12,7 +12,7 @@ from typing import Any
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.history import Event, NewEvent
-from sagaloop.engine.messages import Envelope, engine_queue
+from sagaloop.engine.messages import MAX_MESSAGE_BYTES, Envelope, derived_id, engine_queue
 from sagaloop.engine.ports import Clock, Outgoing, RunRecord, Store, SystemClock
 from sagaloop.engine.timeline import Timeline, timeline
 from sagaloop.errors import ErrorInfo as _ErrorInfo
@@ -31,6 +31,17 @@ def _json(value: Any, what: str) -> Any:
         return json.loads(json.dumps(value))
     except (TypeError, ValueError) as e:
         raise ValidationError(f"{what} is not JSON-compatible: {e}") from e
+
+
+def _check_size(env: Envelope) -> None:
+    """Refuse, before anything is written, a message that consumers would dead-letter."""
+    size = len(env.to_bytes())
+    if size > MAX_MESSAGE_BYTES:
+        raise ValidationError(
+            f"the {env.type} message of run {env.run_id!r} would be {size} bytes, over the "
+            f"limit of {MAX_MESSAGE_BYTES}: keep large payloads out of messages (store them "
+            "and pass a reference)"
+        )
 
 
 class Client:
@@ -65,9 +76,18 @@ class Client:
         else:
             input_json = _json(input, f"input of saga {name!r}")
         run_id = run_id or uuid.uuid4().hex
-        if not run_id or len(run_id) > 200:
-            raise ValidationError("run_id must be 1 to 200 characters")
+        if not run_id or len(run_id) > 200 or "\x00" in run_id:
+            raise ValidationError("run_id must be 1 to 200 characters, without NUL")
         now = self.clock.now()
+        env = Envelope(
+            type="start",
+            message_id=derived_id("start", run_id),
+            run_id=run_id,
+            saga=name,
+            payload={"input": input_json},
+            created_at=now,
+        )
+        _check_size(env)
         with self.store.transaction() as tx:
             record = RunRecord(run_id, self.app_name, name, s.RUNNING, input_json, now, now, 1)
             if not self.store.create_run(tx, record):
@@ -79,14 +99,6 @@ class Client:
                 return run_id
             started = NewEvent(h.RUN_STARTED, name=name, data={"input": input_json})
             self.store.append_events(tx, run_id, 0, [started], now)
-            env = Envelope(
-                type="start",
-                message_id=f"start:{run_id}",
-                run_id=run_id,
-                saga=name,
-                payload={"input": input_json},
-                created_at=now,
-            )
             self.store.enqueue(tx, [Outgoing(engine_queue(self.app_name), env)], now)
         return run_id
 
@@ -110,6 +122,7 @@ class Client:
             created_at=now,
             message_id=message_id or uuid.uuid4().hex,
         )
+        _check_size(env)
         with self.store.transaction() as tx:
             self.store.enqueue(tx, [Outgoing(engine_queue(run.app), env)], now)
 
@@ -118,10 +131,10 @@ class Client:
     ) -> None:
         """Deliver an event to a run; kept until the run waits for it if it arrives early.
         Sends with the same ``event_id`` are delivered once (safe to retry)."""
-        if not name or len(name) > 200:
-            raise ValidationError("event name must be 1 to 200 characters")
+        if not name or len(name) > 200 or "\x00" in name:
+            raise ValidationError("event name must be 1 to 200 characters, without NUL")
         payload = {"name": name, "data": _json(data, "event data")}
-        message_id = f"event:{run_id}:{event_id}" if event_id else None
+        message_id = derived_id("event", run_id, event_id) if event_id else None
         self._send(run_id, "event", payload, live=True, message_id=message_id)
 
     def cancel(self, run_id: str, reason: str | None = None) -> None:

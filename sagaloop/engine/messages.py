@@ -3,13 +3,14 @@ events by publishing these as JSON; ``sagaloop schema`` prints their JSON Schema
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sagaloop.errors import MessageError
 
@@ -37,6 +38,11 @@ class Envelope(BaseModel):
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     trace: dict[str, str] | None = None
 
+    @field_validator("message_id", "run_id", "saga", "idempotency_key")
+    @classmethod
+    def _text(cls, value: str | None) -> str | None:
+        return _no_nul(value)
+
     def to_bytes(self) -> bytes:
         return self.model_dump_json(exclude_none=True).encode()
 
@@ -56,6 +62,24 @@ class Envelope(BaseModel):
             raise MessageError(f"message is not a valid sagaloop envelope: {_short(e)}") from e
 
 
+def derived_id(*parts: object) -> str:
+    """The message id ``part:part:...`` of a message whose id derives from others (so that every
+    producer of the same message derives the same id). One over 200 characters, which a long
+    run id makes, keeps its start and ends with a hash of the whole."""
+    text = ":".join(map(str, parts))
+    if len(text) <= 200:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{text[:135]}~{digest}"
+
+
+def _no_nul(value: str | None) -> str | None:
+    # PostgreSQL text cannot hold NUL: such a message would fail its transaction forever.
+    if value is not None and "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
 def _short(e: pydantic.ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, x['loc'])) or '(root)'}: {x['msg']}" for x in e.errors())
 
@@ -69,6 +93,11 @@ class EventPayload(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=200)
     data: Any = None
+
+    @field_validator("name")
+    @classmethod
+    def _text(cls, value: str) -> str:
+        return _no_nul(value) or ""
 
 
 class CancelPayload(BaseModel):
@@ -96,7 +125,7 @@ def step_result(task: Envelope, reply: dict[str, Any], now: datetime) -> Envelop
     again for a redelivered task is recognised by the engine's inbox."""
     return Envelope(
         type="step_result",
-        message_id=f"result:{task.message_id}",
+        message_id=derived_id("result", task.message_id),
         run_id=task.run_id,
         saga=task.saga,
         position=task.position,

@@ -14,16 +14,24 @@ from datetime import timedelta
 
 from sagaloop.engine.activation import Engine
 from sagaloop.engine.crashpoints import crash_point
-from sagaloop.engine.messages import CONTENT_TYPE, Envelope, engine_queue, step_result
+from sagaloop.engine.messages import CONTENT_TYPE, Envelope, derived_id, engine_queue, step_result
 from sagaloop.engine.ports import Clock, Delivery, Outgoing, Store
 from sagaloop.engine.steps import StepRunner
-from sagaloop.errors import BrokerError, MessageError, UnknownStepError
+from sagaloop.errors import BrokerError, MessageError, TransientStoreError, UnknownStepError
 from sagaloop.sagas.app import App
 
 logger = logging.getLogger(__name__)
 
 WORKER_CONSUMER = "worker"
 RETRY_DELAY = timedelta(seconds=1)
+
+
+def log_failure(what: str, exc: BaseException) -> None:
+    """An outage of the database is expected and retried: one line. Anything else: a trace."""
+    if isinstance(exc, TransientStoreError):
+        logger.warning("%s: %s; retrying", what, exc)
+    else:
+        logger.error("%s; retrying", what, exc_info=exc)
 
 
 def decode(delivery: Delivery) -> Envelope | None:
@@ -63,8 +71,8 @@ class EngineConsumer:
             delivery.dead_letter(e.reason)
         except BrokerError as e:  # the lease was lost: another consumer owns the message now
             logger.warning("%s", e)
-        except Exception:
-            logger.exception("engine failed on message %s (run %s)", env.message_id, env.run_id)
+        except Exception as e:
+            log_failure(f"engine failed on message {env.message_id} (run {env.run_id})", e)
             delivery.retry_later(RETRY_DELAY)
         else:
             delivery.ack()
@@ -121,8 +129,8 @@ class WorkerConsumer:
             delivery.dead_letter(str(e))
         except BrokerError as e:
             logger.warning("%s", e)
-        except Exception:
-            logger.exception("worker failed on message %s", env.message_id)
+        except Exception as e:
+            log_failure(f"worker failed on message {env.message_id}", e)
             delivery.retry_later(RETRY_DELAY)
         else:
             delivery.ack()
@@ -178,7 +186,7 @@ class TimerScheduler:
                     self.queue,
                     Envelope(
                         type="timer",
-                        message_id=f"timer:{t.run_id}:{t.pos}:{t.kind}:{t.attempt}",
+                        message_id=derived_id("timer", t.run_id, t.pos, t.kind, t.attempt),
                         run_id=t.run_id,
                         position=t.pos,
                         attempt=t.attempt or None,

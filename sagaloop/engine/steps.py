@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from sagaloop.engine.messages import Envelope
+from sagaloop.engine.messages import Envelope, derived_id
 from sagaloop.errors import ErrorInfo, SagaloopError, UnknownStepError, ValidationError
 from sagaloop.sagas.app import App, StepDef
 from sagaloop.sagas.context import StepContext
@@ -30,7 +30,7 @@ def idempotency_key(run_id: str, pos: int, direction: str) -> str:
 
 
 def task_message_id(run_id: str, pos: int, direction: str, attempt: int) -> str:
-    return f"step:{run_id}:{pos}:{direction}:{attempt}"
+    return derived_id("step", run_id, pos, direction, attempt)
 
 
 class StepTimeoutError(SagaloopError):

@@ -110,9 +110,9 @@ def _sqlite_engine(
 
 
 def mask_url(url: str | sa.URL) -> str:
-    """The URL with its password replaced by ``***``."""
+    """The URL with its password replaced by ``***`` (also a ``password=`` query parameter)."""
     try:
-        return sa.make_url(url).render_as_string(hide_password=True)
+        return scrub(sa.make_url(url).render_as_string(hide_password=True))
     except sa_exc.ArgumentError:
         return scrub(str(url))
 
