@@ -18,8 +18,8 @@ demo: $(STAMP)
 	$(BIN)/sagaloop demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check sagaloop tests examples
-	$(BIN)/ruff format --check sagaloop tests examples
+	$(BIN)/ruff check sagaloop tests examples benchmarks
+	$(BIN)/ruff format --check sagaloop tests examples benchmarks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -33,7 +33,7 @@ unit: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
-# Benchmarks against a hand-made floor and DBOS (a few minutes; BENCH_ARGS=--quick: about two).
+# Benchmarks against a hand-made floor and DBOS (about 4-6 minutes; BENCH_ARGS=--quick: about 1-2).
 .PHONY: bench
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'

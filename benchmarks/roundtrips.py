@@ -1,0 +1,82 @@
+"""Database round trips per step, counted: a sagaloop ``Runtime`` (engine, worker, relay and
+timers as threads of this process) runs a sequential saga on RabbitMQ + PostgreSQL while
+SQLAlchemy's events count, per thread role, the statements, the transactions (each one a
+``BEGIN`` and a ``COMMIT`` or ``ROLLBACK`` round trip) and the pool checkouts (each one a
+``SELECT 1`` pre-ping round trip). The floor needs 10 per step: two transactions of three
+inserts."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import event
+
+from benchmarks import benchapp
+from benchmarks.common import delete_rabbit, fresh_database, namespace, rabbitmq_url, wait_until
+from sagaloop.brokers.rabbitmq import RabbitBroker
+from sagaloop.cli.services import Runtime
+from sagaloop.engine.client import Client
+from sagaloop.store.sql import SqlStore
+
+FLOOR = {"statements": 6, "begin": 2, "commit": 2, "pre-ping": 0}
+
+
+def _role() -> str:
+    name = threading.current_thread().name
+    for role in ("engine", "worker", "relay", "timers", "step"):
+        if name.startswith(role):
+            return role
+    return "other"
+
+
+def count(steps: int) -> dict[str, dict[str, float]]:
+    """Round trips per step by thread role and kind, over a sequential run of ``steps``."""
+    amqp, ns = rabbitmq_url(), namespace("trips")
+    with fresh_database() as url:
+        store = SqlStore(url)
+        store.upgrade()
+        counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        on = threading.Event()
+
+        def hit(kind: str) -> Any:
+            def listener(*_: Any, **__: Any) -> None:
+                if on.is_set():
+                    counts[(_role(), kind)] += 1
+
+            return listener
+
+        event.listen(store.engine, "before_cursor_execute", hit("statements"))
+        event.listen(store.engine, "begin", hit("begin"))
+        event.listen(store.engine, "commit", hit("commit"))
+        event.listen(store.engine, "rollback", hit("rollback"))
+        event.listen(store.engine.pool, "checkout", hit("pre-ping"))
+        broker = RabbitBroker(amqp, namespace=ns)
+        runtime = Runtime(benchapp.app, store, broker, concurrency=2, poll=0.05).start()
+        client = Client(store, benchapp.app)
+        try:
+            warm = client.start(benchapp.chain, 3)
+            wait_until(lambda: client.get(warm).status == "completed", 60, "warm-up")
+            on.set()
+            run_id = client.start(benchapp.chain, steps)
+            wait_until(lambda: client.get(run_id).status == "completed", 60 + steps, "the run")
+            on.clear()
+            time.sleep(0.2)
+        finally:
+            runtime.stop()
+            broker.close()
+            store.close()
+            queues = [f"{ns}.bench.engine", f"{ns}.bench.steps.bench", f"{ns}.dead"]
+            delete_rabbit(amqp, queues, [ns, f"{ns}.dlx"])
+    out: dict[str, dict[str, float]] = collections.defaultdict(dict)
+    for (role, kind), n in sorted(counts.items()):
+        out[role][kind] = n / steps
+    return dict(out)
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(count(50), indent=1))
