@@ -88,6 +88,7 @@ class DatabaseBroker:
     def receive(self, queues: Sequence[str], max_messages: int, timeout: float) -> list[Delivery]:
         deadline = time.monotonic() + timeout
         while True:
+            seen = self.store.writes
             rows = self.store.claim(queues, max_messages, self.clock.now(), self.lease)
             if rows:
                 return [DatabaseDelivery(self, r) for r in rows]
@@ -95,8 +96,7 @@ class DatabaseBroker:
             if remaining <= 0:
                 return []
             # Woken at once by a commit in this process; other processes are seen by polling.
-            with self.store.wakeup:
-                self.store.wakeup.wait(min(remaining, self.poll_interval))
+            self.store.wait_for_writes(seen, min(remaining, self.poll_interval))
 
     def close(self) -> None:
         pass

@@ -81,10 +81,9 @@ class Runtime:
     def stop(self, timeout: float = 30.0) -> None:
         """Finish the messages in hand, then stop; unstarted messages stay queued."""
         self.stopping.set()
-        wakeup = getattr(self.store, "wakeup", None)
-        if wakeup is not None:
-            with wakeup:
-                wakeup.notify_all()
+        nudge = getattr(self.store, "nudge", None)
+        if nudge is not None:
+            nudge()
         for thread in self.threads:
             thread.join(timeout)
         self.runner.close()
@@ -111,9 +110,10 @@ class Runtime:
         """Publish outbox rows as soon as a transaction of this process wrote some (woken by
         the store), and every ``poll`` seconds for rows written by other processes. While the
         broker is down it backs off and says so once; it alerts on the oldest unsent row."""
-        wakeup: threading.Condition | None = getattr(self.store, "wakeup", None)
+        wait_for_writes = getattr(self.store, "wait_for_writes", None)
         delay, down_since = 0.2, None
         while not self.stopping.is_set():
+            seen = getattr(self.store, "writes", 0)
             try:
                 sent = relay.relay_once()
             except BrokerError as e:
@@ -134,9 +134,8 @@ class Runtime:
                 )
                 down_since, delay = None, 0.2
             if sent == 0:
-                if wakeup is not None:
-                    with wakeup:
-                        wakeup.wait(self.poll)
+                if wait_for_writes is not None:
+                    wait_for_writes(seen, self.poll)
                 else:
                     self.stopping.wait(self.poll)
 

@@ -80,6 +80,10 @@ class SqlStore:
         self.dialect = self.engine.dialect.name
         self._memory_lock = threading.RLock() if isinstance(self.engine.pool, StaticPool) else None
         self.wakeup = threading.Condition()
+        self.writes = 0
+        """Counts committed transactions of this process that queued messages; a consumer
+        reads it before looking for work and waits only if it has not moved since, so a
+        commit between the look and the wait is never missed."""
 
     def __repr__(self) -> str:
         return f"SqlStore({self.url!r})"
@@ -106,6 +110,18 @@ class SqlStore:
         that sagaloop's rows commit or roll back with the caller's own writes."""
         return _Tx(conn)
 
+    def nudge(self) -> None:
+        """Wake whoever waits in :meth:`wait_for_writes`."""
+        with self.wakeup:
+            self.writes += 1
+            self.wakeup.notify_all()
+
+    def wait_for_writes(self, seen: int, timeout: float) -> None:
+        """Wait until a transaction queued messages after ``writes`` was ``seen``, at most
+        ``timeout`` seconds (other processes' writes are only seen by looking again)."""
+        with self.wakeup:
+            self.wakeup.wait_for(lambda: self.writes != seen, timeout)
+
     @contextmanager
     def transaction(self) -> Iterator[_Tx]:
         """A write transaction, committed when the block ends without an exception.
@@ -121,8 +137,7 @@ class SqlStore:
                 tx = _Tx(conn)
                 yield tx
             if tx.enqueued:
-                with self.wakeup:
-                    self.wakeup.notify_all()
+                self.nudge()
         except _DB_ERRORS as e:
             self._fail(e, "a transaction")
         finally:
