@@ -16,6 +16,8 @@ from sagaloop.errors import MessageError
 
 VERSION = 1
 MAX_MESSAGE_BYTES = 1024 * 1024
+MAX_DEPTH = 128
+"""Objects and arrays nested deeper than this (the envelope and payload count) are refused."""
 CONTENT_TYPE = "application/json"
 
 MessageType = Literal["start", "event", "cancel", "retry", "step", "step_result", "timer"]
@@ -56,10 +58,38 @@ class Envelope(BaseModel):
             raise MessageError("message is not JSON sagaloop accepts: nested too deeply") from e
         except ValueError as e:  # also bad UTF-8, and integers of more than 4300 digits
             raise MessageError(f"message is not JSON: {e}") from e
+        _check_values(data)
+        if isinstance(data, dict) and "message_id" not in data:
+            # A publisher that sets no id still gets deduplication of redeliveries: the id
+            # derives from the bytes, the same on every delivery of the same message.
+            data["message_id"] = "sha256:" + hashlib.sha256(body).hexdigest()[:40]
         try:
             return cls.model_validate(data)
         except pydantic.ValidationError as e:
             raise MessageError(f"message is not a valid sagaloop envelope: {_short(e)}") from e
+
+
+def _check_values(data: Any) -> None:
+    """Refuse JSON that ``json.loads`` accepts but that could not be stored or sent on, and so
+    would fail its transaction for ever: nesting deeper than MAX_DEPTH (the recursion limit is
+    near) and strings holding a lone surrogate (``"\\ud800"``: not encodable as UTF-8)."""
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError as e:
+                raise MessageError(
+                    f"message is not JSON sagaloop accepts: a string holds a lone surrogate ({e})"
+                ) from e
+        elif isinstance(value, dict | list):
+            if depth >= MAX_DEPTH:
+                raise MessageError(
+                    f"message is not JSON sagaloop accepts: nested deeper than {MAX_DEPTH} levels"
+                )
+            items = [*value, *value.values()] if isinstance(value, dict) else value
+            stack.extend((item, depth + 1) for item in items)
 
 
 def derived_id(*parts: object) -> str:

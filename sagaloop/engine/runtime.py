@@ -36,7 +36,8 @@ def log_failure(what: str, exc: BaseException) -> None:
 
 def decode(delivery: Delivery) -> Envelope | None:
     """The delivery's envelope, or None after dead-lettering a message that is not one."""
-    if delivery.content_type not in (None, CONTENT_TYPE):
+    content_type = delivery.content_type  # None: not set, which plain clients often do
+    if content_type is not None and content_type.split(";")[0].strip().lower() != CONTENT_TYPE:
         delivery.dead_letter(f"content type {delivery.content_type!r} is not {CONTENT_TYPE}")
         return None
     try:
