@@ -46,6 +46,8 @@ class _Live:
 
     state: RunState
     code: Replayer | None
+    divergence: dict[str, Any] | None = None
+    """A non-determinism found while catching up, not yet recorded as ``run_parked``."""
 
 
 @dataclasses.dataclass
@@ -204,11 +206,7 @@ class Engine:
                 return
             effects = _Effects()
             pending = triggers(live.state)
-            if (
-                pending
-                or run.processed_seq < run.last_seq
-                or (live.state.parked or {}).get("pending")
-            ):
+            if pending or run.processed_seq < run.last_seq or live.divergence is not None:
                 self._react(tx, run, live, pending, effects)
                 self._save(tx, run, live, effects)
         except BaseException:
@@ -251,14 +249,15 @@ class Engine:
             live.code.feed([e for e in events if e.seq > processed_seq], replaying=False)
         except NonDeterminismError as e:
             live.code = None
-            live.state.parked = {"reason": str(e), "nondeterminism": True, "pending": True}
+            live.divergence = {"reason": str(e), "nondeterminism": True}
 
     def _react(
         self, tx: Tx, run: RunRecord, live: _Live, pending: list[NewEvent], effects: _Effects
     ) -> None:
         st = live.state
-        if (st.parked or {}).pop("pending", False):  # found on load: record it
-            pending = [NewEvent(h.RUN_PARKED, data=dict(st.parked or {})), *pending]
+        if live.divergence is not None:  # found on load: record it first
+            pending = [NewEvent(h.RUN_PARKED, data=live.divergence), *pending]
+            live.divergence = None
         while True:
             if pending:
                 events = self.store.append_events(
@@ -373,8 +372,9 @@ class Engine:
             if code is not None:
                 history = self.store.load_history(tx, st.run_id)
                 self._catch_up(live, history, st.last_seq, fold=False)
-                if (st.parked or {}).pop("pending", False):
-                    return [NewEvent(h.RUN_PARKED, data=dict(st.parked or {}))]
+                if live.divergence is not None:
+                    parked, live.divergence = live.divergence, None
+                    return [NewEvent(h.RUN_PARKED, data=parked)]
         events: list[NewEvent] = []
         for x in st.steps.values():
             if x.status == s.HALTED:
