@@ -8,5 +8,6 @@ virtual clock, so that a two-day wait is tested in milliseconds.
 """
 
 from sagaloop.testing.harness import Crash, Harness, VirtualClock
+from sagaloop.testing.wait import eventually
 
-__all__ = ["Crash", "Harness", "VirtualClock"]
+__all__ = ["Crash", "Harness", "VirtualClock", "eventually"]

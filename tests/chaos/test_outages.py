@@ -31,6 +31,7 @@ import sqlalchemy as sa
 from sagaloop.engine.client import Client
 from sagaloop.store.connect import create_sa_engine
 from sagaloop.store.sql import SqlStore
+from sagaloop.testing import eventually
 
 INTEGRATION = Path(__file__).resolve().parents[1] / "integration"
 ROOT = INTEGRATION.parents[1]
@@ -47,17 +48,6 @@ FINAL = {"completed", "failed", "compensated", "cancelled", "needs_attention"}
 OUTAGE = 30.0  # seconds each server stays down
 APP_QUEUES = ["engine", "steps.work", "steps.other"]
 EFFECTS = "select key, step from effects"  # one row per idempotency key: run/position/do
-
-
-def eventually(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
 
 
 class Services:

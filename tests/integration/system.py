@@ -9,9 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,22 +17,11 @@ import pika
 
 from sagaloop.engine.client import Client
 from sagaloop.store.sql import SqlStore
-from sagaloop.testing import services
+from sagaloop.testing import eventually, services
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 FINAL = {"completed", "failed", "compensated", "cancelled"}
-
-
-def eventually(check: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def queue_exists(url: str, queue: str) -> bool:

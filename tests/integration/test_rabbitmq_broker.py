@@ -10,7 +10,7 @@ import socket
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from sagaloop.engine.ports import Broker, Delivery
 from sagaloop.engine.runtime import decode
 from sagaloop.errors import BrokerError
 from sagaloop.store.sql import SqlStore
-from sagaloop.testing import VirtualClock
+from sagaloop.testing import VirtualClock, eventually
 from sagaloop.testing.contracts import BrokerContract, BrokerUnderTest
 
 pytestmark = pytest.mark.integration
@@ -105,13 +105,6 @@ def receive(broker: Broker, queue: str, n: int, timeout: float = 10.0) -> list[D
         out += broker.receive([queue], n - len(out), 0.5)
     assert len(out) == n, f"expected {n} deliveries, got {len(out)}"
     return out
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        time.sleep(0.05)
 
 
 # --- (a) the contract ------------------------------------------------------------------------
@@ -210,7 +203,9 @@ def test_a_message_redelivered_past_the_delivery_limit_is_dead_lettered(
         counts.append(d.deliveries)
         clock.advance(LEASE + timedelta(seconds=1))
     assert counts == [1, 2, 3], "each lease expiry is a delivery for RabbitMQ"
-    eventually(lambda: bool(broker.peek_dead_letters()), "the message reaches the dead letters")
+    eventually(
+        lambda: bool(broker.peek_dead_letters()), what="the message reaches the dead letters"
+    )
     ((q, body, reason),) = broker.peek_dead_letters()
     assert (q, body) == (queue, b'{"hangs": "the worker"}')
     assert "delivery limit" in reason

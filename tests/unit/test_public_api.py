@@ -29,7 +29,7 @@ def test_exported_names_are_pinned() -> None:
             "__version__",
         ]
     )
-    assert sorted(sagaloop.testing.__all__) == ["Crash", "Harness", "VirtualClock"]
+    assert sorted(sagaloop.testing.__all__) == ["Crash", "Harness", "VirtualClock", "eventually"]
     for name in sagaloop.__all__:
         assert hasattr(sagaloop, name), name
 
