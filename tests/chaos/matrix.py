@@ -267,6 +267,32 @@ def rabbit_depths(system: System, conn: pika.BlockingConnection) -> dict[str, in
         ch.close()
 
 
+def unprocessed_left(system: System, conn: pika.BlockingConnection) -> list[str]:
+    """Drain the queues and return the ids of messages no consumer's inbox has. A duplicate
+    that a relay killed before its delete published again may still sit unacked in a consumer's
+    buffer (RabbitMQ's ready count does not show it) and come back when that consumer stops:
+    harmless, since the inbox has it. Anything else would be a lost message."""
+    from sagaloop.engine.messages import Envelope
+
+    missing = []
+    ch = conn.channel()
+    try:
+        for queue in system.queue_names():
+            consumer = "engine" if queue.endswith(".engine") else "worker"
+            while True:
+                method, _props, body = ch.basic_get(queue, auto_ack=True)
+                if method is None:
+                    break
+                message_id = Envelope.from_bytes(body).message_id
+                with system.store.transaction() as tx:
+                    seen, _ = system.store.inbox_get(tx, consumer, message_id)
+                if not seen:
+                    missing.append(message_id)
+    finally:
+        ch.close()
+    return missing
+
+
 def drive(cell: Cell, system: System) -> str:
     """Run the cell's saga with its crash point armed in one process, restart that process
     without it, wait for the run's end and for the system to go quiet, and stop every process
@@ -298,8 +324,8 @@ def drive(cell: Cell, system: System) -> str:
         if not cell.reached:
             assert doomed.poll() is None, f"{cell.point} killed the process\n{system.logs()}"
         stop(system)
-        if amqp is not None:  # what the stopped consumers held went back: it must be nothing
-            assert rabbit_depths(system, amqp) == dict.fromkeys(system.queue_names(), 0)
+        if amqp is not None:  # what the stopped consumers held went back: at most duplicates
+            assert unprocessed_left(system, amqp) == [], "a message was never processed"
     finally:
         if amqp is not None:
             amqp.close()
