@@ -7,15 +7,13 @@ import contextlib
 import dataclasses
 import math
 import os
-import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pika
 
-from sagaloop.testing import services
+from sagaloop.testing import eventually, services
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,15 +34,7 @@ def latency(samples_s: Sequence[float]) -> dict[str, float]:
     return {"p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "n": len(ms)}
 
 
-def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
+wait_until = eventually  # polls until truthy; AssertionError naming what it waited for
 
 
 def rss_mb(pid: int) -> float:

@@ -170,8 +170,8 @@ class System:
     def wait_finished(self, ids: Sequence[str], timeout: float) -> None:
         try:
             wait_until(lambda: self.finished(ids) == len(ids), timeout, f"{len(ids)} runs")
-        except TimeoutError as e:
-            raise TimeoutError(f"{e}\n{self.log_tail()}") from None
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.log_tail()}") from None
 
     def events(self, ids: Sequence[str]) -> dict[str, list[tuple[str, float]]]:
         """Each run's (kind, at) in history order."""
