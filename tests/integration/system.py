@@ -24,18 +24,6 @@ ROOT = HERE.parents[1]
 FINAL = {"completed", "failed", "compensated", "cancelled"}
 
 
-def queue_exists(url: str, queue: str) -> bool:
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        conn.channel().queue_declare(queue, passive=True)
-        return True
-    except pika.exceptions.ChannelClosedByBroker:
-        return False
-    finally:
-        if conn.is_open:
-            conn.close()
-
-
 class System:
     def __init__(
         self, tmp: Path, broker_url: str, *, lease: float = 3.0, app: str = "itapp"
@@ -102,6 +90,12 @@ class System:
     @staticmethod
     def wait_killed_by_crash_point(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
         assert proc.wait(timeout=timeout) == -signal.SIGKILL, "the crash point was not reached"
+
+    def wait_ready(self, role: str = "engine") -> None:
+        """Until a ``role`` process logged that it runs: its queues are declared *and bound*
+        then (a queue can exist before its binding, and a message published in between is
+        dropped)."""
+        eventually(lambda: f"{role}: app" in self.logs(), what=f"the {role} to start")
 
     def logs(self) -> str:
         return "\n".join(

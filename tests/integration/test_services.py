@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from system import ROOT, System, eventually, queue_exists
+from system import ROOT, System, eventually
 
 pytestmark = pytest.mark.integration
 NEEDS_SERVICES = "# needs: rabbitmq and a running engine"
@@ -68,8 +68,7 @@ def test_the_plain_pika_script_of_the_docs_starts_a_run(system: System) -> None:
     ).replace('"sagaloop"', ""), "the publisher must not use sagaloop code"
     system.engine()
     system.worker()
-    queue = f"{system.namespace}.itapp.engine"
-    eventually(lambda: queue_exists(system.broker_url, queue), what="the engine's queue")
+    system.wait_ready()
     env = {
         **os.environ,
         "AMQP_URL": system.broker_url,

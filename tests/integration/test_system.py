@@ -10,7 +10,7 @@ from pathlib import Path
 import pika
 import pytest
 from private_rabbit import PrivateRabbit, private_rabbit  # noqa: F401  (a fixture)
-from system import System, eventually, queue_exists
+from system import System, eventually
 
 pytestmark = pytest.mark.integration
 
@@ -161,8 +161,7 @@ def test_poison_messages_are_dead_lettered_and_the_engine_keeps_going(system: Sy
     system.worker()
     conn = pika.BlockingConnection(pika.URLParameters(system.broker_url))
     ch = conn.channel()
-    queue = f"{system.namespace}.itapp.engine"
-    eventually(lambda: queue_exists(system.broker_url, queue), what="the engine's queue")
+    system.wait_ready()
     for body, content_type, _ in POISON:
         props = pika.BasicProperties(content_type=content_type or "application/json")
         ch.basic_publish(system.namespace, "itapp.engine", body, props)
