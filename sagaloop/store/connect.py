@@ -7,6 +7,8 @@ here: engine and pool options, and which failures are worth retrying.
 from __future__ import annotations
 
 import re
+import select
+import time
 from typing import Any
 
 import sqlalchemy as sa
@@ -49,8 +51,9 @@ def create_sa_engine(
 
     ``postgresql://`` (or ``postgres://``) URLs use psycopg 3. The pool holds ``pool_size``
     connections plus up to ``max_overflow`` more under load; a caller waits at most
-    ``pool_timeout`` seconds for one. Connections are checked before use (``pool_pre_ping``),
-    so a restarted server costs one reconnect, not an error. ``connect_timeout`` bounds a
+    ``pool_timeout`` seconds for one. A connection that sat idle in the pool is checked before
+    use (see :func:`_ping_idle`), so a restarted server costs one reconnect, not an error.
+    ``connect_timeout`` bounds a
     connection attempt to PostgreSQL; ``busy_timeout`` is how long SQLite waits for the write
     lock before ``database is locked``.
     """
@@ -62,14 +65,55 @@ def create_sa_engine(
     connect_args: dict[str, Any] = {}
     if u.get_backend_name() == "postgresql" and "connect_timeout" not in u.query:
         connect_args["connect_timeout"] = max(1, round(connect_timeout))
-    return sa.create_engine(
+    engine = sa.create_engine(
         u,
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_timeout=pool_timeout,
-        pool_pre_ping=True,
         connect_args=connect_args,
     )
+    _ping_idle(engine)
+    return engine
+
+
+IDLE_BEFORE_PING = 1.0
+"""Seconds a pooled connection may sit unused and still be handed out without a ping."""
+
+
+def _ping_idle(engine: SAEngine) -> None:
+    """Check a connection on checkout, without a round trip unless it sat idle.
+
+    SQLAlchemy's ``pool_pre_ping`` pings on every checkout: a round trip per transaction on the
+    hot path. Instead: a connection whose socket has something to read while no query is out
+    was closed (or is being closed) by the server, say by a restart, and is replaced; one that
+    sat in the pool for ``IDLE_BEFORE_PING`` seconds or more is also pinged, which finds the
+    connections a network failure cut without a word. Either way a dead connection is replaced
+    at once, and the caller never sees it."""
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(dbapi_conn: Any, record: Any) -> None:
+        record.info["sagaloop_idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn: Any, record: Any, proxy: Any) -> None:
+        if _has_input(dbapi_conn):
+            raise sa_exc.DisconnectionError("the server closed a pooled connection")
+        idle_since = record.info.get("sagaloop_idle_since")
+        if idle_since is None or time.monotonic() - idle_since < IDLE_BEFORE_PING:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except Exception as e:
+            raise sa_exc.DisconnectionError(f"a pooled connection failed its ping: {e}") from e
+
+
+def _has_input(dbapi_conn: Any) -> bool:
+    """Whether an idle connection's socket is readable (or gone): the server said goodbye."""
+    try:
+        readable, _, _ = select.select([dbapi_conn.fileno()], [], [], 0)
+    except Exception:  # closed: psycopg has no socket any more
+        return True
+    return bool(readable)
 
 
 def _sqlite_engine(

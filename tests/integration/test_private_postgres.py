@@ -65,7 +65,7 @@ def test_an_outage_is_transient_and_the_store_recovers(pg: PrivatePostgres, mode
         assert store.get_run("before") is not None
         assert store.get_run("during") is None, "the failed transaction left nothing"
 
-        # a restart with connections in the pool costs nothing visible (pool_pre_ping)
+        # a restart with connections in the pool costs nothing visible (store/connect.py)
         pg.restart()
         assert _create(store, "after-restart")
         assert {r.run_id for r in store.list_runs()} == {"before", "after", "after-restart"}

@@ -251,6 +251,63 @@ def test_a_real_deadlock_is_transient(store: SqlStore) -> None:
     assert isinstance(errors[0], TransientStoreError) and errors[0].code == "40P01"
 
 
+def _kill_pooled_connections(store: SqlStore) -> int:
+    """Terminate the server side of every connection to the store's database (its pool's)."""
+    admin = sa.create_engine(store.engine.url, poolclass=sa.pool.NullPool)
+    with admin.connect() as conn:
+        killed = conn.exec_driver_sql(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).scalar()
+    admin.dispose()
+    time.sleep(0.1)  # the backends exit
+    return int(killed or 0)
+
+
+def test_a_connection_the_server_closed_is_replaced_without_a_ping(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Right after use (no ping due): its socket is readable, so it is replaced unseen."""
+    from sagaloop.store import connect
+
+    monkeypatch.setattr(connect, "IDLE_BEFORE_PING", 60.0)
+    pings = _count_pings(store, monkeypatch)
+    store.get_run("warm-up")
+    assert _kill_pooled_connections(store) >= 1
+    assert store.get_run("x") is None, "a dead connection is replaced, not an error"
+    with store.transaction() as tx:
+        assert store.lock_run(tx, "x") is None
+    assert pings == [], "no round trip spent on checking"
+
+
+def test_only_a_connection_idle_for_a_while_is_pinged(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sagaloop.store import connect
+
+    monkeypatch.setattr(connect, "IDLE_BEFORE_PING", 0.2)
+    pings = _count_pings(store, monkeypatch)
+    store.get_run("warm-up")
+    for _ in range(5):
+        store.get_run("x")  # back to back: no ping
+    assert pings == []
+    time.sleep(0.3)
+    store.get_run("x")
+    assert len(pings) == 1, "idle past IDLE_BEFORE_PING: pinged once"
+
+
+def _count_pings(store: SqlStore, monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    pings: list[object] = []
+    ping = store.engine.dialect.do_ping
+
+    def counting(dbapi_conn: object) -> bool:
+        pings.append(dbapi_conn)
+        return ping(dbapi_conn)
+
+    monkeypatch.setattr(store.engine.dialect, "do_ping", counting)
+    return pings
+
+
 def test_connection_refused_is_transient_and_hides_the_password() -> None:
     from private_postgres import free_port
 

@@ -71,7 +71,7 @@ def test_postgresql_urls_use_psycopg_with_a_sized_pool() -> None:
     assert engine.url.drivername == "postgresql+psycopg"
     pool: object = engine.pool
     assert getattr(pool, "size")() == 3 and getattr(pool, "_max_overflow") == 7  # noqa: B009
-    assert getattr(pool, "_pre_ping") is True  # noqa: B009
+    assert getattr(pool, "_pre_ping") is False, "idle connections only: see _ping_idle"  # noqa: B009
     assert create_sa_engine("postgres://u@h/db").url.drivername == "postgresql+psycopg"
     store = SqlStore("postgresql://user:s3cret@db.example:5432/app")
     assert "s3cret" not in repr(store) and "***" in repr(store)
