@@ -51,7 +51,7 @@ class DatabaseDelivery:
 
     def retry_later(self, delay: timedelta) -> None:
         now = self._broker.clock.now()
-        self._broker.store.release(self._row.id, self._row.claim_token, now + delay)
+        self._broker.store.release([self._row.id], self._row.claim_token, now + delay)
 
     def dead_letter(self, reason: str) -> None:
         logger.warning("dead-lettering message %s from %s: %s", self._row.id, self.queue, reason)

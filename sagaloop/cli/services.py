@@ -41,6 +41,7 @@ class Runtime:
         heartbeat: float = 10.0,
         relay_lease: timedelta = timedelta(seconds=30),
         retention: timedelta | None = None,
+        batch: int = 16,
         name: str = "sagaloop",
     ) -> None:
         self.app = app
@@ -56,24 +57,27 @@ class Runtime:
         broker.declare([engine_queue(app.name), *[step_queue(app.name, q) for q in app.queues]])
         if engine:
             consumer = EngineConsumer(Engine(app, store, clock=self.clock), store)
-            self._spawn("engine", self._consume, [consumer.queue], consumer.process)
+            self._spawn("engine", self._consume, [consumer.queue], consumer.process_batch, batch)
         if step_queues:
             worker = WorkerConsumer(app, store, self.runner, self.clock, heartbeat=heartbeat)
             for i in range(concurrency):
-                self._spawn(f"worker-{i}", self._consume, step_queues, worker.process)
+                self._spawn(f"worker-{i}", self._consume, step_queues, worker.process_batch, 1)
         if timers:
             scheduler = TimerScheduler(app, store, self.clock)
             self._spawn("timers", self._repeat, scheduler.fire_due)
         if retention is not None:
             self._spawn("retention", self._retain)
+        self.relay: Relay | None = None
         if not broker.uses_outbox:
-            relay = Relay(store, broker, clock=self.clock, lease=relay_lease)
-            self._spawn("relay", self._relay, relay)
+            self.relay = Relay(store, broker, clock=self.clock, lease=relay_lease)
+            self._spawn("relay", self._relay, self.relay)
 
     def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
         self.threads.append(threading.Thread(target=target, args=args, name=name, daemon=True))
 
     def start(self) -> Runtime:
+        if self.relay is not None:
+            self.store.hand_over_to(self.relay)
         for thread in self.threads:
             thread.start()
         return self
@@ -86,13 +90,29 @@ class Runtime:
             nudge()
         for thread in self.threads:
             thread.join(timeout)
+        if self.relay is not None:
+            self.store.hand_over_to(None)
+            self._flush(self.relay)
         self.runner.close()
 
-    def _consume(self, queues: list[str], process: Callable[[Delivery], None]) -> None:
+    @staticmethod
+    def _flush(relay: Relay) -> None:
+        """Publish what the last messages handed over (else it waits for a sweep elsewhere)."""
+        try:
+            while relay.send_handed():
+                pass
+            relay.store.delete_published()
+        except Exception as e:
+            logger.warning("relay: could not publish at stop (%s); a sweep will", e)
+
+    def _consume(
+        self, queues: list[str], process: Callable[[list[Delivery]], None], batch: int
+    ) -> None:
         while not self.stopping.is_set():
             try:
-                for delivery in self.broker.receive(queues, 1, self.poll):
-                    process(delivery)
+                deliveries = self.broker.receive(queues, batch, self.poll)
+                if deliveries:
+                    process(deliveries)
             except Exception as e:
                 log_failure(f"consumer of {queues} failed", e)
                 self.stopping.wait(1.0)
@@ -107,15 +127,18 @@ class Runtime:
                 self.stopping.wait(1.0)
 
     def _relay(self, relay: Relay) -> None:
-        """Publish outbox rows as soon as a transaction of this process wrote some (woken by
-        the store), and every ``poll`` seconds for rows written by other processes. While the
-        broker is down it backs off and says so once; it alerts on the oldest unsent row."""
-        wait_for_writes = getattr(self.store, "wait_for_writes", None)
-        delay, down_since = 0.2, None
+        """Publish the rows this process's transactions hand over as soon as they commit, and
+        sweep every ``poll`` seconds for rows nobody holds (written by other processes, or left
+        by a process that died). While the broker is down it backs off and says so once; it
+        alerts on the oldest unsent row."""
+        delay, down_since, next_sweep = 0.2, None, 0.0
         while not self.stopping.is_set():
-            seen = getattr(self.store, "writes", 0)
             try:
-                sent = relay.relay_once()
+                sent = relay.send_handed()
+                if time.monotonic() >= next_sweep:
+                    swept = relay.relay_once()
+                    next_sweep = time.monotonic() + (0 if swept >= relay.batch else self.poll)
+                    sent += swept
             except BrokerError as e:
                 if down_since is None:
                     down_since = time.monotonic()
@@ -134,10 +157,7 @@ class Runtime:
                 )
                 down_since, delay = None, 0.2
             if sent == 0:
-                if wait_for_writes is not None:
-                    wait_for_writes(seen, self.poll)
-                else:
-                    self.stopping.wait(self.poll)
+                relay.wait(max(0.0, next_sweep - time.monotonic()))
 
     def _warn_if_old(self, threshold: float = 60.0) -> None:
         oldest = self.store.oldest_outbox_message()

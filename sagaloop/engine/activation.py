@@ -12,7 +12,7 @@ import collections
 import dataclasses
 import logging
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sagaloop.engine import history as h
@@ -52,6 +52,13 @@ class _Live:
 
 @dataclasses.dataclass
 class _Effects:
+    """What an activation writes, all at once when it ends (``Engine._save``)."""
+
+    at: datetime
+    """When the activation happened: the time of all its events."""
+    after_seq: int
+    """The run's last stored event; ``events`` come after it."""
+    events: list[NewEvent] = dataclasses.field(default_factory=list)
     messages: list[Outgoing] = dataclasses.field(default_factory=list)
     timers: list[Timer] = dataclasses.field(default_factory=list)
     clear_timers: bool = False
@@ -204,7 +211,7 @@ class Engine:
             live = self._load(tx, run)
             if live.state.finished:
                 return
-            effects = _Effects()
+            effects = _Effects(self.clock.now(), live.state.last_seq)
             pending = triggers(live.state)
             if pending or run.processed_seq < run.last_seq or live.divergence is not None:
                 self._react(tx, run, live, pending, effects)
@@ -217,8 +224,9 @@ class Engine:
     def _load(self, tx: Tx, run: RunRecord) -> _Live:
         live = self._staged.get(run.run_id) or self._cache.pop(run.run_id, None)
         if live is not None and live.state.last_seq <= run.last_seq:
-            newer = self.store.load_history(tx, run.run_id, after_seq=live.state.last_seq)
-            self._catch_up(live, newer, run.processed_seq)
+            if live.state.last_seq < run.last_seq:  # another engine appended since
+                newer = self.store.load_history(tx, run.run_id, after_seq=live.state.last_seq)
+                self._catch_up(live, newer, run.processed_seq)
             return live
         events = self.store.load_history(tx, run.run_id)
         live = _Live(RunState(run.run_id), None)
@@ -260,9 +268,8 @@ class Engine:
             live.divergence = None
         while True:
             if pending:
-                events = self.store.append_events(
-                    tx, run.run_id, st.last_seq, pending, self.clock.now()
-                )
+                events = h.number(st.last_seq, pending, effects.at)
+                effects.events.extend(pending)
                 pending = []
                 for ev in events:
                     st.apply(ev)
@@ -281,6 +288,7 @@ class Engine:
     def _save(self, tx: Tx, run: RunRecord, live: _Live, effects: _Effects) -> None:
         st = live.state
         now = self.clock.now()
+        self._write_events(tx, run.run_id, effects)
         if effects.clear_timers:
             self.store.delete_timers(tx, run.run_id)
         for timer in effects.timers:
@@ -293,6 +301,13 @@ class Engine:
         run.error = st.saga_error
         run.reason = (st.parked or {}).get("reason")
         self.store.save_run(tx, run)
+
+    def _write_events(self, tx: Tx, run_id: str, effects: _Effects) -> None:
+        """Append the events this activation decided so far (in one statement)."""
+        if effects.events:
+            self.store.append_events(tx, run_id, effects.after_seq, effects.events, effects.at)
+            effects.after_seq += len(effects.events)
+            effects.events = []
 
     # --- what the engine does next ------------------------------------------------------------
 
@@ -360,6 +375,7 @@ class Engine:
         elif kind == h.RUN_FINISHED:
             effects.clear_timers = True
         elif kind == h.RUN_RESUMED:
+            self._write_events(tx, st.run_id, effects)  # _resume reads the whole history
             return self._resume(tx, live)
         return []
 

@@ -10,6 +10,7 @@ the engine that replay does not feed to saga code.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -69,3 +70,11 @@ class NewEvent:
     pos: int | None = None
     name: str | None = None
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def number(after_seq: int, events: Sequence[NewEvent], at: datetime) -> list[Event]:
+    """The events as they are stored after ``after_seq``: ``after_seq + 1, ...``."""
+    return [
+        Event(after_seq + i, e.kind, at, e.pos, e.name, e.data)
+        for i, e in enumerate(events, start=1)
+    ]

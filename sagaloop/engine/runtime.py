@@ -8,8 +8,11 @@ delivered again, and what was committed is never applied twice (inbox).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 
 from sagaloop.engine.activation import Engine
@@ -53,21 +56,48 @@ class EngineConsumer:
         self.store = store
         self.queue = engine.queue
 
+    def process_batch(self, deliveries: Sequence[Delivery]) -> None:
+        """Process the messages in one transaction (one commit for the batch), then ack them.
+
+        They are activated in order of run id (stable, so a run's messages keep their order),
+        so that two engines lock the runs of their batches in the same order and never
+        deadlock. If any of them fails, the whole transaction is rolled back and they are
+        processed one at a time, so that a bad message costs only itself."""
+        batch = [(d, env) for d in deliveries if (env := decode(d)) is not None]
+        if len(batch) > 1:
+            batch.sort(key=lambda pair: pair[1].run_id)
+            try:
+                self._commit(batch)
+            except Exception as e:
+                logger.debug("a batch of %d failed (%s); one message at a time", len(batch), e)
+            else:
+                for delivery, _ in batch:
+                    delivery.ack()
+                return
+        for delivery, env in batch:
+            self._process(delivery, env)
+
     def process(self, delivery: Delivery) -> None:
         env = decode(delivery)
-        if env is None:
-            return
+        if env is not None:
+            self._process(delivery, env)
+
+    def _commit(self, batch: Sequence[tuple[Delivery, Envelope]]) -> None:
         try:
-            try:
-                with self.store.transaction() as tx:
+            with self.store.transaction() as tx:
+                for delivery, env in batch:
                     self.engine.handle(tx, env)
                     delivery.settle(tx)
-                    crash_point("engine.before_commit")
-            except BaseException:
-                self.engine.rolled_back()
-                raise
-            self.engine.committed()
-            crash_point("engine.after_commit")
+                crash_point("engine.before_commit")
+        except BaseException:
+            self.engine.rolled_back()
+            raise
+        self.engine.committed()
+        crash_point("engine.after_commit")
+
+    def _process(self, delivery: Delivery, env: Envelope) -> None:
+        try:
+            self._commit([(delivery, env)])
         except MessageError as e:
             delivery.dead_letter(e.reason)
         except BrokerError as e:  # the lease was lost: another consumer owns the message now
@@ -96,8 +126,13 @@ class WorkerConsumer:
         self.store = store
         self.runner = runner
         self.clock = clock
-        self.heartbeat = heartbeat
         self.reply_queue = engine_queue(app.name)
+        self._keep_alive = _KeepAlive(heartbeat)
+
+    def process_batch(self, deliveries: Sequence[Delivery]) -> None:
+        """One at a time: each attempt commits on its own (steps run for long)."""
+        for delivery in deliveries:
+            self.process(delivery)
 
     def process(self, delivery: Delivery) -> None:
         env = decode(delivery)
@@ -107,10 +142,9 @@ class WorkerConsumer:
             delivery.dead_letter(f"message type {env.type!r} is not for a worker")
             return
         try:
-            with self.store.transaction() as tx:
-                done, reply = self.store.inbox_get(tx, WORKER_CONSUMER, env.message_id)
+            done, reply = self.store.inbox_get(None, WORKER_CONSUMER, env.message_id)
             if not done:
-                with _KeepAlive(delivery, self.heartbeat):
+                with self._keep_alive.hold(delivery):
                     reply = self.runner.run(env, redelivered=delivery.deliveries > 1)
             with self.store.transaction() as tx:
                 if not done and not self.store.inbox_put(
@@ -138,35 +172,48 @@ class WorkerConsumer:
 
 
 class _KeepAlive:
-    """Renews a delivery's lease every ``interval`` seconds while a step runs, so that a long
-    step is not redelivered to another worker; a worker that dies stops renewing it."""
+    """Renews the leases of the deliveries whose steps are running, every ``interval`` seconds,
+    so that a long step is not redelivered to another worker; a worker that dies stops renewing
+    them. One thread per worker consumer, started with its first step, renews them all."""
 
-    def __init__(self, delivery: Delivery, interval: float | None) -> None:
-        self.delivery = delivery
+    def __init__(self, interval: float | None) -> None:
         self.interval = interval
-        self.done = threading.Event()
-        self.thread: threading.Thread | None = None
+        self._running: dict[int, Delivery] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> _KeepAlive:
-        if self.interval:
-            self.thread = threading.Thread(target=self._run, name="lease", daemon=True)
-            self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.done.set()
-        if self.thread is not None:
-            self.thread.join()
+    @contextlib.contextmanager
+    def hold(self, delivery: Delivery) -> Iterator[None]:
+        if not self.interval:
+            yield
+            return
+        with self._lock:
+            self._running[id(delivery)] = delivery
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running.pop(id(delivery), None)
 
     def _run(self) -> None:
         assert self.interval is not None
-        while not self.done.wait(self.interval):
-            try:
-                if not self.delivery.extend():
+        while True:
+            time.sleep(self.interval)
+            with self._lock:
+                running = list(self._running.values())
+            for delivery in running:
+                try:
+                    renewed = delivery.extend()
+                except Exception:
+                    logger.exception("could not renew a lease; retrying")
+                    continue
+                with self._lock:
+                    lost = not renewed and self._running.pop(id(delivery), None) is not None
+                if lost:
                     logger.warning("lease lost while the step ran: its result will be discarded")
-                    return
-            except Exception:
-                logger.exception("could not renew a lease; retrying")
 
 
 class TimerScheduler:

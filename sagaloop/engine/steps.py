@@ -59,9 +59,10 @@ def _invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 class StepRunner:
-    """Runs attempts on a thread pool so that a timeout can be enforced and a stuck step never
-    blocks its consumer. A timed-out attempt is reported as failed *in doubt*; its thread is left
-    to finish and its late result is discarded."""
+    """Runs the attempts of a step with a timeout on a thread pool, so that the timeout can be
+    enforced and a stuck step never blocks its consumer: a timed-out attempt is reported as
+    failed *in doubt*; its thread is left to finish and its late result is discarded. Attempts
+    of a step without a timeout run on the caller's thread (nothing to enforce)."""
 
     def __init__(
         self, app: App, *, threads: int = 8, worker: str = "worker", inline: bool = False
@@ -160,12 +161,11 @@ class StepRunner:
     def _call(
         self, step: StepDef[Any, Any], inline: bool, fn: Callable[..., Any], *a: Any, **kw: Any
     ) -> Any:
-        if inline:
+        if inline or step.timeout is None:
             return _invoke(fn, *a, **kw)
         future = self._pool.submit(_invoke, fn, *a, **kw)
-        timeout = step.timeout.total_seconds() if step.timeout else None
         try:
-            return future.result(timeout)
+            return future.result(step.timeout.total_seconds())
         except concurrent.futures.TimeoutError:
             raise StepTimeoutError(
                 f"step {step.name!r} did not finish within {step.timeout}"

@@ -23,14 +23,38 @@ from sagaloop.store import tables as t
 c = t.outbox.c
 
 
-def enqueue(conn: Connection, messages: Sequence[Outgoing], now: datetime) -> None:
-    if not messages:
-        return
+def enqueue(
+    conn: Connection,
+    messages: Sequence[Outgoing],
+    now: datetime,
+    claim: tuple[str, datetime] | None = None,
+) -> list[QueuedMessage]:
+    """Insert the messages. With ``claim`` (a token and a deadline), the rows available now are
+    inserted already claimed with it, and returned, so that their writer can publish them."""
     rows = [
         _row(m.queue, m.envelope.message_id, m.envelope.to_bytes(), m.available_at or now, now)
         for m in messages
     ]
-    conn.execute(t.outbox.insert(), rows)
+    if claim is None:
+        if rows:
+            conn.execute(t.outbox.insert(), rows)
+        return []
+    token, until = claim
+    ready = [r for r in rows if r["available_at"] <= now]
+    later = [r for r in rows if r["available_at"] > now]
+    if later:
+        conn.execute(t.outbox.insert(), later)
+    if not ready:
+        return []
+    for r in ready:
+        r.update(claim_token=token, claimed_until=until, deliveries=1)
+    ids = conn.execute(_INSERT_CLAIMED, ready).scalars().all()
+    return [
+        QueuedMessage(i, r["queue"], r["body"], 1, token) for i, r in zip(ids, ready, strict=True)
+    ]
+
+
+_INSERT_CLAIMED = t.outbox.insert().returning(c.id, sort_by_parameter_order=True)
 
 
 def enqueue_raw(conn: Connection, batch: Sequence[tuple[str, bytes]], now: datetime) -> None:
@@ -85,14 +109,18 @@ def claim(
 
 
 def delete_claimed(conn: Connection, ids: Sequence[int], claim_token: str) -> int:
-    stmt = t.outbox.delete().where(c.id.in_(list(ids)), c.claim_token == claim_token)
-    return int(conn.execute(stmt).rowcount)
+    return int(conn.execute(_DELETE_CLAIMED, {"ids": list(ids), "token": claim_token}).rowcount)
 
 
-def release(conn: Connection, id: int, claim_token: str, available_at: datetime) -> bool:
+_DELETE_CLAIMED = t.outbox.delete().where(
+    c.id.in_(sa.bindparam("ids", expanding=True)), c.claim_token == sa.bindparam("token")
+)
+
+
+def release(conn: Connection, ids: Sequence[int], claim_token: str, available_at: datetime) -> bool:
     result = conn.execute(
         t.outbox.update()
-        .where(c.id == id, c.claim_token == claim_token)
+        .where(c.id.in_(list(ids)), c.claim_token == claim_token)
         .values(claimed_until=None, claim_token=None, available_at=available_at)
     )
     return bool(result.rowcount)

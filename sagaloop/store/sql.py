@@ -24,8 +24,8 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine as SAEngine
 from sqlalchemy.pool import StaticPool
 
-from sagaloop.engine.history import Event, NewEvent
-from sagaloop.engine.ports import Outgoing, QueuedMessage, RunRecord, Timer
+from sagaloop.engine.history import Event, NewEvent, number
+from sagaloop.engine.ports import Handoff, Outgoing, QueuedMessage, RunRecord, Timer
 from sagaloop.store import migrations, queue
 from sagaloop.store import tables as t
 from sagaloop.store.connect import create_sa_engine, mask_url, translate
@@ -37,11 +37,43 @@ _DB_ERRORS = (sa_exc.DBAPIError, sa_exc.TimeoutError)
 
 
 class _Tx:
-    __slots__ = ("conn", "enqueued")
+    __slots__ = ("conn", "enqueued", "handed", "own")
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, *, own: bool) -> None:
         self.conn = conn
         self.enqueued = False
+        self.own = own
+        """Committed by the store (not an attached transaction): its rows can be handed over."""
+        self.handed: list[QueuedMessage] = []
+
+
+class _Statements:
+    """The statements of the hot path, built once with bound parameters: building an
+    SQLAlchemy statement costs more Python than executing its cached compilation."""
+
+    def __init__(self, dialect: str) -> None:
+        b = sa.bindparam
+        runs, history, inbox = t.runs.c, t.history.c, t.inbox.c
+        self.get_run = sa.select(t.runs).where(runs.run_id == b("key"))
+        self.lock_run = self.get_run.with_for_update() if dialect == "postgresql" else self.get_run
+        self.save_run = t.runs.update().where(runs.run_id == b("key"))  # SET: the values given
+        self.load_history = (
+            sa.select(t.history)
+            .where(history.run_id == b("key"), history.seq > b("after_seq"))
+            .order_by(history.seq)
+        )
+        self.inbox_get = sa.select(inbox.result).where(
+            inbox.consumer == b("key_consumer"), inbox.message_id == b("key_message_id")
+        )
+        insert: Any = {"postgresql": pg_insert, "sqlite": sqlite_insert}.get(dialect)
+        self.insert_ignore = {
+            table: insert(table)
+            .on_conflict_do_nothing()
+            # without preserve_rowcount, SQLAlchemy reports -1 for an INSERT through psycopg
+            .execution_options(preserve_rowcount=True)
+            for table in (t.runs, t.inbox)
+            if insert is not None
+        }
 
 
 def _conn(tx: Any) -> Connection:
@@ -78,12 +110,19 @@ class SqlStore:
             busy_timeout=busy_timeout,
         )
         self.dialect = self.engine.dialect.name
+        self._sql = _Statements(self.dialect)
         self._memory_lock = threading.RLock() if isinstance(self.engine.pool, StaticPool) else None
         self.wakeup = threading.Condition()
         self.writes = 0
         """Counts committed transactions of this process that queued messages; a consumer
         reads it before looking for work and waits only if it has not moved since, so a
         commit between the look and the wait is never missed."""
+        self.handoff: Handoff | None = None
+        self._published: list[tuple[list[int], str]] = []
+        self._published_lock = threading.Lock()
+        self._read_options: dict[str, Any] = {"sagaloop_read": True}
+        if self.dialect == "postgresql":  # one statement each: no BEGIN and ROLLBACK around it
+            self._read_options["isolation_level"] = "AUTOCOMMIT"
 
     def __repr__(self) -> str:
         return f"SqlStore({self.url!r})"
@@ -108,7 +147,10 @@ class SqlStore:
     def attach(self, conn: Connection) -> _Tx:
         """Use the caller's open transaction (a SQLAlchemy Connection) as a sagaloop one, so
         that sagaloop's rows commit or roll back with the caller's own writes."""
-        return _Tx(conn)
+        return _Tx(conn, own=False)
+
+    def hand_over_to(self, handoff: Handoff | None) -> None:
+        self.handoff = handoff
 
     def nudge(self) -> None:
         """Wake whoever waits in :meth:`wait_for_writes`."""
@@ -132,17 +174,44 @@ class SqlStore:
         lock = self._memory_lock
         if lock is not None:
             lock.acquire()
+        published: list[tuple[list[int], str]] = []
         try:
             with self.engine.begin() as conn:
-                tx = _Tx(conn)
+                tx = _Tx(conn, own=True)
                 yield tx
+                with self._published_lock:
+                    published, self._published = self._published, []
+                for ids, token in published:
+                    queue.delete_claimed(conn, ids, token)
+            published = []
+            if tx.handed and self.handoff is not None:
+                self.handoff.take(tx.handed)
             if tx.enqueued:
                 self.nudge()
         except _DB_ERRORS as e:
             self._fail(e, "a transaction")
         finally:
+            if published:  # not committed: the next transaction deletes them
+                with self._published_lock:
+                    self._published.extend(published)
             if lock is not None:
                 lock.release()
+
+    def delete_later(self, ids: Sequence[int], claim_token: str) -> None:
+        """Delete these rows, if still claimed with ``claim_token``, with the next transaction
+        of this process: the relay's rows, once the broker confirmed them, need no transaction
+        of their own. Until then a crash leaves them to be published again, which consumers
+        deduplicate."""
+        with self._published_lock:
+            self._published.append((list(ids), claim_token))
+
+    def delete_published(self) -> None:
+        """Commit the deletions :meth:`delete_later` left pending, now."""
+        with self._published_lock:
+            if not self._published:
+                return
+        with self.transaction():
+            pass  # the transaction itself deletes them before it commits
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
@@ -150,7 +219,7 @@ class SqlStore:
         if lock is not None:
             lock.acquire()
         try:
-            with self.engine.connect().execution_options(sagaloop_read=True) as conn:
+            with self.engine.connect().execution_options(**self._read_options) as conn:
                 yield conn
         except _DB_ERRORS as e:
             self._fail(e, "a read")
@@ -163,19 +232,15 @@ class SqlStore:
 
     def _insert_ignore(self, conn: Connection, table: Table, values: dict[str, Any]) -> bool:
         """INSERT ... ON CONFLICT DO NOTHING; True when the row was inserted."""
-        if self.dialect == "postgresql":
-            stmt: Any = pg_insert(table).values(**values).on_conflict_do_nothing()
-        elif self.dialect == "sqlite":
-            stmt = sqlite_insert(table).values(**values).on_conflict_do_nothing()
-        else:
+        stmt = self._sql.insert_ignore.get(table)
+        if stmt is None:
             try:
                 with conn.begin_nested():
-                    conn.execute(table.insert().values(**values))
+                    conn.execute(table.insert(), values)
             except sa_exc.IntegrityError:
                 return False
             return True
-        # without preserve_rowcount, SQLAlchemy reports -1 for an INSERT through psycopg
-        return conn.execute(stmt.execution_options(preserve_rowcount=True)).rowcount == 1
+        return conn.execute(stmt, values).rowcount == 1
 
     # --- runs --------------------------------------------------------------------------------
 
@@ -197,32 +262,26 @@ class SqlStore:
 
     def lock_run(self, tx: Any, run_id: str) -> RunRecord | None:
         """The run, locked until ``tx`` ends (SQLite: the transaction holds the write lock)."""
-        q = sa.select(t.runs).where(t.runs.c.run_id == run_id)
-        if self.dialect == "postgresql":
-            q = q.with_for_update()
-        row = _conn(tx).execute(q).mappings().first()
+        row = _conn(tx).execute(self._sql.lock_run, {"key": run_id}).mappings().first()
         return _run(row) if row else None
 
     def get_run(self, run_id: str) -> RunRecord | None:
         with self._read() as conn:
-            q = sa.select(t.runs).where(t.runs.c.run_id == run_id)
-            row = conn.execute(q).mappings().first()
+            row = conn.execute(self._sql.get_run, {"key": run_id}).mappings().first()
         return _run(row) if row else None
 
     def save_run(self, tx: Any, run: RunRecord) -> None:
-        _conn(tx).execute(
-            t.runs.update()
-            .where(t.runs.c.run_id == run.run_id)
-            .values(
-                status=run.status,
-                output=run.output,
-                error=run.error,
-                reason=run.reason,
-                last_seq=run.last_seq,
-                processed_seq=run.processed_seq,
-                updated_at=run.updated_at,
-            )
-        )
+        values = {
+            "key": run.run_id,
+            "status": run.status,
+            "output": run.output,
+            "error": run.error,
+            "reason": run.reason,
+            "last_seq": run.last_seq,
+            "processed_seq": run.processed_seq,
+            "updated_at": run.updated_at,
+        }
+        _conn(tx).execute(self._sql.save_run, values)
 
     def list_runs(
         self, *, status: str | None = None, saga: str | None = None, limit: int = 100
@@ -245,16 +304,12 @@ class SqlStore:
     # --- history -----------------------------------------------------------------------------
 
     def load_history(self, tx: Any, run_id: str, after_seq: int = 0) -> list[Event]:
-        q = (
-            sa.select(t.history)
-            .where(t.history.c.run_id == run_id, t.history.c.seq > after_seq)
-            .order_by(t.history.c.seq)
-        )
+        q, params = self._sql.load_history, {"key": run_id, "after_seq": after_seq}
         if tx is not None:
-            rows = list(_conn(tx).execute(q).mappings())
+            rows = list(_conn(tx).execute(q, params).mappings())
         else:
             with self._read() as conn:
-                rows = list(conn.execute(q).mappings())
+                rows = list(conn.execute(q, params).mappings())
         return [
             Event(r["seq"], r["kind"], r["at"], r["pos"], r["name"], r["data"] or {}) for r in rows
         ]
@@ -264,10 +319,7 @@ class SqlStore:
     ) -> list[Event]:
         """Insert the events as ``after_seq + 1, ...``; a seq already used violates the primary
         key, which fails the whole transaction (two activations raced)."""
-        out = [
-            Event(after_seq + i, e.kind, at, e.pos, e.name, e.data)
-            for i, e in enumerate(events, start=1)
-        ]
+        out = number(after_seq, events, at)
         if out:
             _conn(tx).execute(
                 t.history.insert(),
@@ -331,10 +383,13 @@ class SqlStore:
     # --- inbox -------------------------------------------------------------------------------
 
     def inbox_get(self, tx: Any, consumer: str, message_id: str) -> tuple[bool, Any]:
-        q = sa.select(t.inbox.c.result).where(
-            t.inbox.c.consumer == consumer, t.inbox.c.message_id == message_id
-        )
-        row = _conn(tx).execute(q).first()
+        q = self._sql.inbox_get
+        params = {"key_consumer": consumer, "key_message_id": message_id}
+        if tx is not None:
+            row = _conn(tx).execute(q, params).first()
+        else:
+            with self._read() as conn:
+                row = conn.execute(q, params).first()
         return (True, row[0]) if row else (False, None)
 
     def inbox_put(self, tx: Any, consumer: str, message_id: str, result: Any, at: datetime) -> bool:
@@ -344,9 +399,12 @@ class SqlStore:
     # --- outbox / database queue (SQL in queue.py) -------------------------------------------
 
     def enqueue(self, tx: Any, messages: Sequence[Outgoing], now: datetime) -> None:
-        if messages:
-            queue.enqueue(_conn(tx), messages, now)
-            tx.enqueued = True
+        if not messages:
+            return
+        handoff = self.handoff if tx.own else None
+        claim = None if handoff is None else (handoff.token, now + handoff.handoff_lease)
+        tx.handed.extend(queue.enqueue(_conn(tx), messages, now, claim))
+        tx.enqueued = True
 
     def enqueue_raw(self, batch: Sequence[tuple[str, bytes]], now: datetime) -> None:
         """Put bodies on database queues as they are (the database broker's publish)."""
@@ -364,14 +422,16 @@ class SqlStore:
             return queue.claim(tx.conn, self.dialect, queues, limit, now, lease)
 
     def delete_claimed(self, tx: Any, ids: Sequence[int], claim_token: str) -> int:
+        """Delete the rows still claimed with ``claim_token`` (without ``tx``: in a transaction
+        of its own); return how many."""
         if tx is not None:
             return queue.delete_claimed(_conn(tx), ids, claim_token)
         with self.transaction() as own:
             return queue.delete_claimed(own.conn, ids, claim_token)
 
-    def release(self, id: int, claim_token: str, available_at: datetime) -> None:
+    def release(self, ids: Sequence[int], claim_token: str, available_at: datetime) -> None:
         with self.transaction() as tx:
-            tx.enqueued = queue.release(tx.conn, id, claim_token, available_at)
+            tx.enqueued = queue.release(tx.conn, ids, claim_token, available_at)
 
     def extend_claim(self, id: int, claim_token: str, until: datetime) -> bool:
         with self.transaction() as tx:

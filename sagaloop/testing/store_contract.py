@@ -497,7 +497,7 @@ class StoreContract:
         # the previous holder lost the lease: none of its operations may touch the row
         assert store.delete_claimed(None, [old.id], old.claim_token) == 0
         assert store.extend_claim(old.id, old.claim_token, FAR) is False
-        store.release(old.id, old.claim_token, T0)
+        store.release([old.id], old.claim_token, T0)
         store.dead_letter(old.id, old.claim_token, "stale", after)
         assert store.dead_letters() == []
         assert store.claim([queue], 10, after, LEASE) == [], "still leased to the new holder"
@@ -534,7 +534,7 @@ class StoreContract:
         self.enqueue(store, queue, 1)
         (m,) = store.claim([queue], 10, T0, LEASE)
         retry_at = T0 + timedelta(seconds=5)
-        store.release(m.id, m.claim_token, retry_at)
+        store.release([m.id], m.claim_token, retry_at)
         assert store.claim([queue], 10, retry_at - timedelta(seconds=1), LEASE) == []
         (again,) = store.claim([queue], 10, retry_at, LEASE)
         assert (again.id, again.deliveries) == (m.id, 2)

@@ -1,0 +1,109 @@
+"""The engine takes the messages it has prefetched as a batch: one transaction, one commit, and
+a bad message in the batch costs only itself."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import event
+
+from sagaloop import App, Client, SagaContext, StepContext
+from sagaloop.brokers.database import DatabaseBroker
+from sagaloop.engine import history as h
+from sagaloop.engine.activation import Engine
+from sagaloop.engine.messages import engine_queue
+from sagaloop.engine.ports import Delivery
+from sagaloop.engine.runtime import EngineConsumer
+from sagaloop.store.sql import SqlStore
+
+app = App("batch")
+
+
+@app.step(queue="q")
+def echo(ctx: StepContext, n: int) -> int:
+    return n
+
+
+@app.saga(name="call")
+async def call(ctx: SagaContext, n: int) -> int:
+    return await ctx.call(echo, n)
+
+
+@app.saga(name="wait")
+async def wait(ctx: SagaContext) -> str:
+    return str(await ctx.wait_for_event("go"))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqlStore]:
+    store = SqlStore(f"sqlite:///{tmp_path / 'batch.db'}")
+    store.upgrade()
+    yield store
+    store.close()
+
+
+def _commits(store: SqlStore) -> list[int]:
+    commits = [0]
+
+    @event.listens_for(store.engine, "commit")
+    def _count(_conn: object) -> None:
+        commits[0] += 1
+
+    return commits
+
+
+def _take(store: SqlStore, n: int) -> list[Delivery]:
+    broker = DatabaseBroker(store)
+    deliveries = broker.receive([engine_queue(app.name)], 16, 0)
+    assert len(deliveries) == n
+    return deliveries
+
+
+def test_a_batch_is_one_transaction(store: SqlStore) -> None:
+    client = Client(store, app)
+    ids = [client.start("call", i, run_id=f"run-{i}") for i in (3, 1, 2)]
+    deliveries = _take(store, 3)
+    commits = _commits(store)
+    EngineConsumer(Engine(app, store), store).process_batch(deliveries)
+    assert commits == [1]
+    for run_id in ids:
+        kinds = [e.kind for e in client.history(run_id)]
+        assert kinds[-1] == h.STEP_SCHEDULED, kinds
+    assert store.queue_depths() == {"batch.steps.q": 3}, "settled: the engine queue is empty"
+
+
+def test_a_run_s_messages_keep_their_order_within_a_batch(store: SqlStore) -> None:
+    client = Client(store, app)
+    client.start("wait", run_id="z-waiter")
+    client.start("call", 7, run_id="a-caller")  # sorts first: runs are locked in id order
+    client.send_event("z-waiter", "go", "now")
+    deliveries = _take(store, 3)
+    EngineConsumer(Engine(app, store), store).process_batch(deliveries)
+    waiter = client.get("z-waiter")
+    assert waiter.status == "completed" and waiter.output == "now"
+
+
+def test_a_bad_message_costs_only_itself(store: SqlStore) -> None:
+    client = Client(store, app)
+    client.start("call", 1, run_id="good-1")
+    bad = {
+        "type": "event",
+        "message_id": "m-bad",
+        "run_id": "no-such-run",
+        "payload": {"name": "go", "data": None},
+    }
+    store.enqueue_raw([(engine_queue(app.name), json.dumps(bad).encode())], client.clock.now())
+    client.start("call", 2, run_id="good-2")
+    deliveries = _take(store, 3)
+    commits = _commits(store)
+    EngineConsumer(Engine(app, store), store).process_batch(deliveries)
+    for run_id in ("good-1", "good-2"):
+        assert client.history(run_id)[-1].kind == h.STEP_SCHEDULED
+    letters = store.dead_letters()
+    assert [(q, reason) for q, _, reason in letters] == [
+        (engine_queue(app.name), "no run with id 'no-such-run'")
+    ]
+    assert commits[0] >= 3, "the batch rolled back, then one transaction per message"
