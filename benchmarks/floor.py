@@ -283,7 +283,7 @@ def _self_cpu() -> float:
 def unit_costs(db: str, amqp: str, exchange: str, queue: str, n: int = 200) -> dict[str, float]:
     """p50 in ms of the unit operations a step is made of, on this machine now: a PostgreSQL
     round trip, a write transaction (BEGIN, an insert, COMMIT: WAL flush), the same one-row
-    transaction through SQLAlchemy with sagaloop's engine options (pool pre-ping included),
+    transaction through SQLAlchemy with sagaloop's engine options (its pool checks included),
     and a publish confirmed by RabbitMQ on a quorum queue."""
     from sagaloop.store.connect import create_sa_engine
 

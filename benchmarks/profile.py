@@ -21,7 +21,7 @@ from benchmarks.sagaloop_bench import system, warm_up
 
 AREAS = (
     ("psycopg", "psycopg (driver, network waits)"),
-    ("sqlalchemy", "SQLAlchemy (compile, execute, pool, pre-ping)"),
+    ("sqlalchemy", "SQLAlchemy (compile, execute, pool)"),
     ("pydantic", "pydantic (envelopes)"),
     ("pika", "pika (AMQP I/O thread)"),
     ("sagaloop/engine/replay", "sagaloop replay (saga code)"),
@@ -37,13 +37,14 @@ AREAS = (
 
 
 HOTSPOTS = (
-    ("relay: claim, publish, delete (Runtime._relay)", ("Runtime._relay",)),
-    ("  of which the claim transaction (SqlStore.claim)", ("SqlStore.claim",)),
-    ("engine activation (EngineConsumer.process)", ("EngineConsumer.process",)),
+    ("relay: publish, sweep (Runtime._relay)", ("Runtime._relay",)),
+    ("  of which the sweep's claim transaction (SqlStore.claim)", ("SqlStore.claim",)),
+    ("deleting published rows, riding on transactions (queue.delete_claimed)", ("delete_claimed",)),
+    ("engine activation (EngineConsumer.process_batch)", ("EngineConsumer.process_batch",)),
     ("  of which replaying saga code (Replayer.feed)", ("Replayer.feed",)),
     ("worker message (WorkerConsumer.process)", ("WorkerConsumer.process",)),
     ("  of which the step itself (StepRunner.run)", ("StepRunner.run",)),
-    ("  of which the lease keep-alive thread (_KeepAlive)", ("_KeepAlive",)),
+    ("  lease renewals (_KeepAlive)", ("_KeepAlive",)),
     (
         "building SQL statements (sqlalchemy/sql: operators, coercions, cache keys)",
         (
@@ -55,7 +56,7 @@ HOTSPOTS = (
             "sqlalchemy/sql/dml.py",
         ),
     ),
-    ("pool checkout with pre-ping (_ConnectionFairy._checkout)", ("_ConnectionFairy._checkout",)),
+    ("pool checkout (_ConnectionFairy._checkout)", ("_ConnectionFairy._checkout",)),
     ("JSON envelopes (pydantic)", ("pydantic/",)),
     ("AMQP I/O thread (pika IOLoop)", ("IOLoop.start",)),
     ("timer polling (TimerScheduler.fire_due)", ("TimerScheduler.fire_due",)),
@@ -74,7 +75,7 @@ def _area(frame: str) -> str:
     return "other"
 
 
-def summarize(raw: Path, *, thread: str | None = None, top: int = 12) -> dict[str, Any]:
+def summarize(raw: Path, *, thread: str | None = None, top: int = 40) -> dict[str, Any]:
     """Sum collapsed stacks: self time by function, inclusive time by function, self by area."""
     hot: collections.Counter[str] = collections.Counter()
     selfs: collections.Counter[str] = collections.Counter()

@@ -452,7 +452,7 @@ def bounds(results: dict[str, Any]) -> str:
             total += n
             parts.append(
                 f"{role} {n:.1f} ({r.get('begin', 0):.1f} transactions, "
-                f"{r.get('statements', 0):.1f} statements, {r.get('pre-ping', 0):.1f} pre-pings)"
+                f"{r.get('statements', 0):.1f} statements, {r.get('ping', 0):.1f} pings)"
             )
         out.append(
             f"Database round trips per step: {total:.0f} ({'; '.join(parts)}), against the "

@@ -21,6 +21,9 @@ from sagaloop.sagas.app import App
 
 logger = logging.getLogger(__name__)
 
+MAX_BACKOFF = 3.0
+"""The longest the relay waits between tries while the broker is down (seconds)."""
+
 
 class Runtime:
     """Runs the chosen roles on threads until ``stop()``: the engine, workers on some queues,
@@ -145,7 +148,7 @@ class Runtime:
                     logger.warning("relay: broker unavailable (%s); pausing", e)
                 self._warn_if_old()
                 self.stopping.wait(delay)
-                delay = min(delay * 2, 10.0)
+                delay = min(delay * 2, MAX_BACKOFF)
                 continue
             except Exception as e:
                 log_failure("relay failed", e)

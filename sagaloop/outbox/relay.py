@@ -34,7 +34,7 @@ from sagaloop.errors import UndeliverableError
 
 logger = logging.getLogger(__name__)
 
-HANDOFF_LEASE = timedelta(seconds=5)
+HANDOFF_LEASE = timedelta(seconds=2)
 """How long rows handed over in memory stay claimed by their writer's relay: the longest that a
 row written just before its process died waits before another relay's sweep publishes it."""
 

@@ -1,0 +1,101 @@
+"""The relay's hand-over: the rows a transaction of this process wrote are published from memory
+right after the commit, and nobody else publishes them meanwhile; the sweep takes what nobody
+holds; published rows are deleted by the next transaction."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from sagaloop.brokers.memory import MemoryBroker
+from sagaloop.engine.messages import Envelope
+from sagaloop.engine.ports import Outgoing
+from sagaloop.outbox.relay import Relay
+from sagaloop.store.sql import SqlStore
+from sagaloop.testing import VirtualClock
+
+QUEUE = "app.engine"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqlStore]:
+    store = SqlStore(f"sqlite:///{tmp_path / 'relay.db'}")
+    store.upgrade()
+    yield store
+    store.close()
+
+
+def _message(i: int, clock: VirtualClock) -> Outgoing:
+    env = Envelope(type="event", message_id=f"m-{i}", run_id="r", created_at=clock.now())
+    return Outgoing(QUEUE, env)
+
+
+def _write(store: SqlStore, clock: VirtualClock, *ids: int) -> None:
+    with store.transaction() as tx:
+        store.enqueue(tx, [_message(i, clock) for i in ids], clock.now())
+
+
+def _received(broker: MemoryBroker) -> list[str]:
+    out = []
+    for delivery in broker.receive([QUEUE], 100, 0):
+        out.append(Envelope.from_bytes(delivery.body).message_id)
+        delivery.ack()
+    return out
+
+
+def test_rows_are_handed_over_and_a_sweep_leaves_them_alone(store: SqlStore) -> None:
+    clock, broker = VirtualClock(), MemoryBroker()
+    relay = Relay(store, broker, clock=clock)
+    store.hand_over_to(relay)
+    _write(store, clock, 1, 2)
+    assert relay.relay_once() == 0, "held by this relay: a sweep does not take them"
+    assert relay.send_handed() == 2
+    assert _received(broker) == ["m-1", "m-2"]
+    assert store.queue_depths() == {QUEUE: 2}, "deleted by the next transaction, not now"
+    _write(store, clock, 3)
+    assert store.queue_depths() == {QUEUE: 1}, "the next transaction deleted the published two"
+    assert relay.send_handed() == 1
+    store.delete_published()
+    assert store.queue_depths() == {}
+    assert _received(broker) == ["m-3"]
+
+
+def test_rows_of_a_dead_relay_are_swept_once_their_claim_runs_out(store: SqlStore) -> None:
+    clock, broker = VirtualClock(), MemoryBroker()
+    dead = Relay(store, broker, clock=clock)
+    store.hand_over_to(dead)
+    _write(store, clock, 1)  # committed, handed over, never published: the process died
+    store.hand_over_to(None)
+    survivor = Relay(store, broker, clock=clock)
+    assert survivor.relay_once() == 0
+    clock.advance(dead.handoff_lease + timedelta(milliseconds=1))
+    assert survivor.relay_once() == 1
+    assert _received(broker) == ["m-1"]
+
+
+def test_a_row_held_too_long_in_memory_is_left_to_the_sweep(store: SqlStore) -> None:
+    clock, broker = VirtualClock(), MemoryBroker()
+    relay = Relay(store, broker, clock=clock, lease=timedelta(milliseconds=200))
+    assert relay.handoff_lease == timedelta(milliseconds=200), "never longer than the lease"
+    store.hand_over_to(relay)
+    _write(store, clock, 1)
+    time.sleep(0.15)  # past half the lease: another relay may be sweeping it soon
+    assert relay.send_handed() == 0
+    clock.advance(relay.handoff_lease + timedelta(milliseconds=1))
+    assert relay.relay_once() == 1, "published once, by the sweep"
+    assert _received(broker) == ["m-1"]
+
+
+def test_rows_of_an_attached_transaction_are_not_handed_over(store: SqlStore) -> None:
+    clock, broker = VirtualClock(), MemoryBroker()
+    relay = Relay(store, broker, clock=clock)
+    store.hand_over_to(relay)
+    with store.engine.begin() as conn:  # the caller's own transaction, committed by the caller
+        store.enqueue(store.attach(conn), [_message(1, clock)], clock.now())
+    assert relay.send_handed() == 0
+    assert relay.relay_once() == 1, "swept at once: nobody holds it"
+    assert _received(broker) == ["m-1"]
