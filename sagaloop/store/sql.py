@@ -37,7 +37,7 @@ _DB_ERRORS = (sa_exc.DBAPIError, sa_exc.TimeoutError)
 
 
 class _Tx:
-    __slots__ = ("conn", "enqueued", "handed", "own")
+    __slots__ = ("conn", "enqueued", "handed", "own", "published")
 
     def __init__(self, conn: Connection, *, own: bool) -> None:
         self.conn = conn
@@ -45,6 +45,8 @@ class _Tx:
         self.own = own
         """Committed by the store (not an attached transaction): its rows can be handed over."""
         self.handed: list[QueuedMessage] = []
+        self.published: list[tuple[list[int], str]] = []
+        """Deletions of published rows this transaction carries (see SqlStore.delete_later)."""
 
 
 class _Statements:
@@ -174,16 +176,12 @@ class SqlStore:
         lock = self._memory_lock
         if lock is not None:
             lock.acquire()
-        published: list[tuple[list[int], str]] = []
+        tx: _Tx | None = None
         try:
             with self.engine.begin() as conn:
                 tx = _Tx(conn, own=True)
                 yield tx
-                with self._published_lock:
-                    published, self._published = self._published, []
-                for ids, token in published:
-                    queue.delete_claimed(conn, ids, token)
-            published = []
+            tx.published = []
             if tx.handed and self.handoff is not None:
                 self.handoff.take(tx.handed)
             if tx.enqueued:
@@ -191,17 +189,17 @@ class SqlStore:
         except _DB_ERRORS as e:
             self._fail(e, "a transaction")
         finally:
-            if published:  # not committed: the next transaction deletes them
+            if tx is not None and tx.published:  # not committed: still pending
                 with self._published_lock:
-                    self._published.extend(published)
+                    self._published.extend(tx.published)
             if lock is not None:
                 lock.release()
 
     def delete_later(self, ids: Sequence[int], claim_token: str) -> None:
-        """Delete these rows, if still claimed with ``claim_token``, with the next transaction
-        of this process: the relay's rows, once the broker confirmed them, need no transaction
-        of their own. Until then a crash leaves them to be published again, which consumers
-        deduplicate."""
+        """Delete these rows, if still claimed with ``claim_token``, with the next
+        :meth:`claim` (the relay's sweep) or :meth:`delete_published`: published rows need no
+        transaction of their own, on anyone's critical path. Until then a crash leaves them to
+        be published again, which consumers deduplicate."""
         with self._published_lock:
             self._published.append((list(ids), claim_token))
 
@@ -210,8 +208,16 @@ class SqlStore:
         with self._published_lock:
             if not self._published:
                 return
-        with self.transaction():
-            pass  # the transaction itself deletes them before it commits
+        with self.transaction() as tx:
+            self._delete_published(tx)
+
+    def _delete_published(self, tx: _Tx) -> None:
+        """Delete the pending rows in ``tx``; if it does not commit, they stay pending."""
+        with self._published_lock:
+            published, self._published = self._published, []
+        tx.published = published
+        for ids, token in published:
+            queue.delete_claimed(tx.conn, ids, token)
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
@@ -417,8 +423,10 @@ class SqlStore:
     def claim(
         self, queues: Sequence[str] | None, limit: int, now: datetime, lease: timedelta
     ) -> list[QueuedMessage]:
-        """Claim up to ``limit`` available rows (oldest first) until ``now + lease``."""
+        """Claim up to ``limit`` available rows (oldest first) until ``now + lease``; first,
+        delete the published rows :meth:`delete_later` left pending."""
         with self.transaction() as tx:
+            self._delete_published(tx)
             return queue.claim(tx.conn, self.dialect, queues, limit, now, lease)
 
     def delete_claimed(self, tx: Any, ids: Sequence[int], claim_token: str) -> int:
