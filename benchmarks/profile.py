@@ -39,7 +39,7 @@ AREAS = (
 HOTSPOTS = (
     ("relay: publish, sweep (Runtime._relay)", ("Runtime._relay",)),
     ("  of which the sweep's claim transaction (SqlStore.claim)", ("SqlStore.claim",)),
-    ("deleting published rows, riding on transactions (queue.delete_claimed)", ("delete_claimed",)),
+    ("deleting published rows, in the sweep (queue.delete_claimed)", ("delete_claimed",)),
     ("engine activation (EngineConsumer.process_batch)", ("EngineConsumer.process_batch",)),
     ("  of which replaying saga code (Replayer.feed)", ("Replayer.feed",)),
     ("worker message (WorkerConsumer.process)", ("WorkerConsumer.process",)),

@@ -6,16 +6,18 @@ Two ways in, one way out:
 - **Hand-over** (the hot path): the store gives the relay the rows a transaction of this process
   wrote, in memory, right after the commit. The rows were written already claimed with the
   relay's token for a short lease (``handoff_lease``), so no one else publishes them meanwhile.
-  The relay publishes them in one confirmed batch, then deletes them by token.
+  The relay publishes them in one confirmed batch.
 - **Sweep** (:meth:`Relay.relay_once`): claims, with a lease and a fresh token, rows nobody
   holds (written by another process, such as a client's start, or left by a process that died
-  before deleting them: their lease ran out), publishes them and deletes them.
+  before publishing or deleting them: their lease ran out), and publishes them.
 
-Either way a row is deleted only after the broker confirmed it, so a crash at any instant loses
-nothing; it can publish a row twice (killed after the confirm and before the delete), and
-consumers deduplicate by ``message_id`` in their inbox, so a duplicate publish never becomes a
-duplicate effect. A row the broker will never accept (unroutable, too large) is moved to the
-dead letters with the reason, so that it cannot block the rows behind it.
+Published rows are deleted by token in the next sweep's transaction (``Store.delete_later``),
+so no deletion sits on a message's way. A row is deleted only after the broker confirmed it, so
+a crash at any instant loses nothing; it can publish a row twice (killed after the confirm and
+before the delete), and consumers deduplicate by ``message_id`` in their inbox, so a duplicate
+publish never becomes a duplicate effect. A row the broker will never accept (unroutable, too
+large) is moved to the dead letters with the reason, so that it cannot block the rows behind
+it.
 """
 
 from __future__ import annotations
