@@ -174,7 +174,7 @@ class WorkerConsumer:
 class _KeepAlive:
     """Renews the leases of the deliveries whose steps are running, every ``interval`` seconds,
     so that a long step is not redelivered to another worker; a worker that dies stops renewing
-    them. One thread per worker consumer, started with its first step, renews them all."""
+    them. One thread per worker consumer renews them all; it runs while steps do."""
 
     def __init__(self, interval: float | None) -> None:
         self.interval = interval
@@ -204,6 +204,9 @@ class _KeepAlive:
             time.sleep(self.interval)
             with self._lock:
                 running = list(self._running.values())
+                if not running:
+                    self._thread = None  # the next step starts another
+                    return
             for delivery in running:
                 try:
                     renewed = delivery.extend()
