@@ -20,7 +20,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -32,8 +32,10 @@ __all__ = [
     "ServiceNotFoundError",
     "docker_answers",
     "fresh_database",
+    "on_server",
     "port_answers",
     "postgres_url",
+    "queue_depth",
     "rabbitmq_url",
 ]
 
@@ -164,33 +166,52 @@ def fresh_database(admin_url: str) -> tuple[str, Callable[[], None]]:
     """
     import sqlalchemy as sa
 
-    from sagaloop.store.connect import create_sa_engine
-
     name = f"sagaloop_test_{uuid.uuid4().hex[:8]}"
-    admin = create_sa_engine(admin_url, pool_size=1, max_overflow=0)
-    try:
-        with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    finally:
-        admin.dispose()
+    with on_server(admin_url) as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
     url = sa.make_url(admin_url).set(database=name).render_as_string(hide_password=False)
 
     def drop() -> None:
-        engine = create_sa_engine(admin_url, pool_size=1, max_overflow=0)
-        try:
-            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                conn.execute(
-                    sa.text(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE datname = :name AND pid <> pg_backend_pid()"
-                    ),
-                    {"name": name},
-                )
-                with contextlib.suppress(sa.exc.DBAPIError):  # before 13: no FORCE
-                    conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-                    return
-                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}"')
-        finally:
-            engine.dispose()
+        with on_server(admin_url) as conn:
+            conn.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :name AND pid <> pg_backend_pid()"
+                ),
+                {"name": name},
+            )
+            with contextlib.suppress(sa.exc.DBAPIError):  # before 13: no FORCE
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                return
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}"')
 
     return url, drop
+
+
+@contextlib.contextmanager
+def on_server(admin_url: str) -> Iterator[Any]:
+    """A connection to the server of ``admin_url`` outside any transaction (for ``CREATE`` or
+    ``DROP DATABASE``), closed with its one-connection engine after the block."""
+    from sagaloop.store.connect import create_sa_engine
+
+    engine = create_sa_engine(admin_url, pool_size=1, max_overflow=0)
+    try:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            yield conn
+    finally:
+        engine.dispose()
+
+
+def queue_depth(amqp_url: str, queue: str) -> int:
+    """How many messages RabbitMQ holds ready in ``queue``; 0 if it was never declared."""
+    import pika
+    import pika.exceptions
+
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
+    except pika.exceptions.ChannelClosedByBroker:
+        return 0
+    finally:
+        if conn.is_open:
+            conn.close()

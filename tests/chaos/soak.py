@@ -62,7 +62,6 @@ for _path in (ROOT, HERE.parent / "integration", HERE):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-import pika  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 from private_postgres import PrivatePostgres  # noqa: E402
 from private_rabbit import SERVER as RABBIT_SERVER  # noqa: E402
@@ -73,6 +72,7 @@ from sagaloop.engine.client import Client  # noqa: E402
 from sagaloop.errors import RunFinishedError, SagaloopError  # noqa: E402
 from sagaloop.store import tables  # noqa: E402
 from sagaloop.store.sql import SqlStore  # noqa: E402
+from sagaloop.testing import services  # noqa: E402
 
 APP = "soak_app"
 APP_NAME = "soakapp"
@@ -373,15 +373,7 @@ class Cluster:
 
     def _queue_depth(self, queue: str) -> int:
         assert self.rabbit is not None
-        conn = pika.BlockingConnection(pika.URLParameters(self.rabbit.url))
-        try:
-            ok = conn.channel().queue_declare(queue, passive=True)
-            return int(ok.method.message_count)
-        except pika.exceptions.ChannelClosedByBroker:
-            return 0
-        finally:
-            if conn.is_open:
-                conn.close()
+        return services.queue_depth(self.rabbit.url, queue)
 
     def ledger(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         conn = sqlite3.connect(self.ledger_path, timeout=60)

@@ -29,9 +29,9 @@ import pytest
 import sqlalchemy as sa
 
 from sagaloop.engine.client import Client
-from sagaloop.store.connect import create_sa_engine
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import eventually
+from sagaloop.testing.services import on_server, queue_depth
 
 INTEGRATION = Path(__file__).resolve().parents[1] / "integration"
 ROOT = INTEGRATION.parents[1]
@@ -39,8 +39,7 @@ if str(INTEGRATION) not in sys.path:
     sys.path.insert(0, str(INTEGRATION))
 
 from private_postgres import PrivatePostgres  # noqa: E402
-from private_rabbit import SERVER as RABBIT_SERVER  # noqa: E402
-from private_rabbit import PrivateRabbit  # noqa: E402
+from private_rabbit import PrivateRabbit, private_rabbit  # noqa: E402, F401  (a fixture)
 
 pytestmark = pytest.mark.chaos
 
@@ -179,15 +178,7 @@ class Services:
         return [f"{self.namespace}.itapp.{q}" for q in APP_QUEUES]
 
     def rabbit_dead_letters(self) -> int:
-        conn = pika.BlockingConnection(pika.URLParameters(self.broker_url))
-        try:
-            ok = conn.channel().queue_declare(f"{self.namespace}.dead", passive=True)
-            return int(ok.method.message_count)
-        except pika.exceptions.ChannelClosedByBroker:
-            return 0  # never declared: nothing was dead-lettered
-        finally:
-            if conn.is_open:
-                conn.close()
+        return queue_depth(self.broker_url, f"{self.namespace}.dead")
 
     def delete_namespace(self) -> None:
         with contextlib.suppress(pika.exceptions.AMQPError):
@@ -220,22 +211,14 @@ def count(pattern: str, text: str) -> int:
 
 
 def create_database(admin_url: str, name: str) -> str:
-    engine = create_sa_engine(admin_url, pool_size=1, max_overflow=0)
-    try:
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    finally:
-        engine.dispose()
+    with on_server(admin_url) as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
     return sa.make_url(admin_url).set(database=name).render_as_string(hide_password=False)
 
 
 def rename_database(admin_url: str, old: str, new: str) -> None:
-    engine = create_sa_engine(admin_url, pool_size=1, max_overflow=0)
-    try:
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.exec_driver_sql(f'ALTER DATABASE "{old}" RENAME TO "{new}"')
-    finally:
-        engine.dispose()
+    with on_server(admin_url) as conn:
+        conn.exec_driver_sql(f'ALTER DATABASE "{old}" RENAME TO "{new}"')
 
 
 @pytest.fixture
@@ -340,23 +323,9 @@ def test_a_database_outage_while_runs_are_in_flight(
 # --- RabbitMQ ----------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def private_rabbit(tmp_path: Path) -> Iterator[PrivateRabbit]:
-    if not RABBIT_SERVER.exists():
-        pytest.fail(
-            f"{RABBIT_SERVER} is missing: install RabbitMQ (`apt-get install rabbitmq-server`)"
-        )
-    node = PrivateRabbit(tmp_path / "rabbit")
-    node.start()
-    try:
-        yield node
-    finally:
-        node.stop()
-
-
 def test_a_broker_outage_while_runs_are_in_flight(
     private_postgres: PrivatePostgres,
-    private_rabbit: PrivateRabbit,
+    private_rabbit: PrivateRabbit,  # noqa: F811
     services_factory: Callable[..., Services],
 ) -> None:
     """The RabbitMQ node stops for 30 s while steps run: the services log the lost connection,

@@ -162,15 +162,7 @@ class System:
                 return []
 
     def dead_letter_count(self) -> int:
-        conn = pika.BlockingConnection(pika.URLParameters(self.broker_url))
-        try:
-            ok = conn.channel().queue_declare(f"{self.namespace}.dead", passive=True)
-            return int(ok.method.message_count)
-        except pika.exceptions.ChannelClosedByBroker:
-            return 0
-        finally:
-            if conn.is_open:
-                conn.close()
+        return services.queue_depth(self.broker_url, f"{self.namespace}.dead")
 
     def assert_histories_sound(self, run_ids: list[str]) -> None:
         for run_id in run_ids:
