@@ -1,24 +1,84 @@
 """Numbered schema migrations, applied by ``sagaloop db upgrade`` and verified at start-up.
 
-Each migration is a function of a connection; once released, it never changes. Migration 1
-creates the tables as ``tables.py`` defined them at version 1; later ones use explicit DDL.
+Each migration is a function of a connection that takes a database from the version before it
+to its own; once released, it never changes, and it uses explicit DDL (never ``tables.py``,
+which describes the latest schema). An empty database gets the latest schema at once from
+``tables.py`` and is stamped with the latest version.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import Connection, Engine, inspect, select, text
+from sqlalchemy import (
+    Column,
+    Connection,
+    Engine,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    inspect,
+    select,
+    text,
+)
 
 from sagaloop.errors import SchemaOutdatedError, SchemaTooNewError
 from sagaloop.store import tables as t
 
 
 def _v1(conn: Connection) -> None:
-    t.metadata.create_all(conn)
+    raise AssertionError("version 1 is only ever created whole, from an empty database")
 
 
-MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [(1, _v1)]
+def _v2(conn: Connection) -> None:
+    """Timers belong to an app; payloads, secrets and processes tables."""
+    conn.execute(
+        text("ALTER TABLE sagaloop_timers ADD COLUMN app VARCHAR(200) NOT NULL DEFAULT ''")
+    )
+    conn.execute(
+        text(
+            "UPDATE sagaloop_timers SET app = COALESCE((SELECT r.app FROM sagaloop_runs r "
+            "WHERE r.run_id = sagaloop_timers.run_id), '')"
+        )
+    )
+    conn.execute(text("DROP INDEX sagaloop_timers_due"))
+    conn.execute(text("CREATE INDEX sagaloop_timers_due ON sagaloop_timers (app, fire_at)"))
+    _V2_TABLES.create_all(conn)
+
+
+_V2_TABLES = MetaData()  # the tables version 2 added, frozen as it added them
+Table(
+    "sagaloop_payloads",
+    _V2_TABLES,
+    Column("run_id", String(200), primary_key=True),
+    Column("hash", String(64), primary_key=True),
+    Column("data", LargeBinary, nullable=False),
+    Column("size", t.BigId, nullable=False),
+    Column("created_at", t.UTCDateTime, nullable=False),
+)
+Table(
+    "sagaloop_secrets",
+    _V2_TABLES,
+    Column("name", String(100), primary_key=True),
+    Column("value", LargeBinary, nullable=False),
+    Column("created_at", t.UTCDateTime, nullable=False),
+)
+Table(
+    "sagaloop_processes",
+    _V2_TABLES,
+    Column("name", String(200), primary_key=True),
+    Column("app", String(200), nullable=False),
+    Column("role", String(32), nullable=False),
+    Column("started_at", t.UTCDateTime, nullable=False),
+    Column("seen_at", t.UTCDateTime, nullable=False),
+    Column("problem", Text),
+    Column("stopped_at", t.UTCDateTime),
+)
+
+
+MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [(1, _v1), (2, _v2)]
 LATEST = MIGRATIONS[-1][0]
 
 
@@ -43,8 +103,10 @@ def upgrade(engine: Engine) -> tuple[int, int]:
         before = current_version(conn)
         if before > LATEST:
             raise SchemaTooNewError(before, LATEST)
+        if before == 0:
+            t.metadata.create_all(conn)
         for number, migrate in MIGRATIONS:
-            if number > before:
+            if 0 < before < number:
                 migrate(conn)
         if before == 0:
             conn.execute(t.schema_version.insert().values(id=1, version=LATEST))

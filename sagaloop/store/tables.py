@@ -24,7 +24,7 @@ from sqlalchemy import DateTime as _DateTime
 
 
 class UTCDateTime(TypeDecorator[datetime]):
-    """Aware UTC datetimes in, aware UTC datetimes out, on every dialect."""
+    # Aware UTC datetimes in, aware UTC datetimes out, on every dialect.
 
     impl = _DateTime(timezone=True)
     cache_ok = True
@@ -99,12 +99,14 @@ history = Table(
 timers = Table(
     "sagaloop_timers",
     metadata,
+    # The app of the run: an engine fires only its own app's timers.
+    Column("app", ID, nullable=False, server_default=""),
     Column("run_id", ID, primary_key=True),
     Column("pos", Integer, primary_key=True, autoincrement=False),
     Column("kind", String(16), primary_key=True),
     Column("fire_at", UTCDateTime, nullable=False),
     Column("attempt", Integer, nullable=False, default=0),
-    Index("sagaloop_timers_due", "fire_at"),
+    Index("sagaloop_timers_due", "app", "fire_at"),
 )
 
 outbox = Table(
@@ -141,3 +143,45 @@ dead_letters = Table(
     Column("reason", Text, nullable=False),
     Column("at", UTCDateTime, nullable=False),
 )
+
+
+payloads = Table(
+    "sagaloop_payloads",
+    metadata,
+    Column("run_id", ID, primary_key=True),
+    # sha256 of the value's JSON text: the reference that messages and history carry.
+    Column("hash", String(64), primary_key=True),
+    # The JSON text, zlib-compressed.
+    Column("data", LargeBinary, nullable=False),
+    # Bytes of the JSON text before compression.
+    Column("size", BigId, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+)
+"""Large values (step arguments and results, saga inputs and outputs, event data) of a run,
+kept out of messages and history rows; deleted with their run."""
+
+secrets = Table(
+    "sagaloop_secrets",
+    metadata,
+    Column("name", String(100), primary_key=True),
+    Column("value", LargeBinary, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+)
+"""Secrets that sagaloop's processes share through the database (the key that signs internal
+messages on a broker outside the database)."""
+
+processes = Table(
+    "sagaloop_processes",
+    metadata,
+    # ``role@host:pid``.
+    Column("name", ID, primary_key=True),
+    Column("app", ID, nullable=False),
+    Column("role", String(32), nullable=False),
+    Column("started_at", UTCDateTime, nullable=False),
+    # Refreshed every few seconds while the process runs.
+    Column("seen_at", UTCDateTime, nullable=False),
+    # Why the process is unhealthy (a dead consumer thread, a stalled activation), or NULL.
+    Column("problem", Text),
+    Column("stopped_at", UTCDateTime),
+)
+"""The services that run (or ran recently): what ``sagaloop health`` reports on."""
