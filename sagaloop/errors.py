@@ -6,6 +6,7 @@ in the history as :class:`ErrorInfo` and come back as the same Python type on th
 
 from __future__ import annotations
 
+import traceback as tb
 from typing import Any
 
 
@@ -22,6 +23,11 @@ class DeclarationError(SagaloopError):
 
 class ValidationError(SagaloopError):
     """An input, result or event payload does not match the declared type."""
+
+
+class UnencodableError(ValidationError):
+    """A value cannot be stored or sent as JSON: a string holding a lone surrogate, an integer
+    over Python's digit limit, NaN or Infinity, nesting too deep, or over the size limit."""
 
 
 class UnknownSagaError(SagaloopError):
@@ -143,6 +149,15 @@ class SagaDeterminismViolation(SagaloopError):
     """Saga code tried to do real I/O, start a thread or an asyncio timer."""
 
 
+class ActivationDeadlineError(SagaloopError):
+    """Saga code ran past the activation deadline without yielding; ``stack`` is where it was.
+    The engine parks the run in ``needs_attention``."""
+
+    def __init__(self, message: str, *, stack: str = "") -> None:
+        super().__init__(message)
+        self.stack = stack
+
+
 # --- errors seen by saga and step code -------------------------------------------------------
 
 
@@ -196,29 +211,49 @@ class SagaFailedError(SagaloopError):
         self.error = error
 
 
-class ErrorInfo:
-    """A stored, JSON-shaped description of an exception."""
+MAX_ERROR_MESSAGE = 8 * 1024
+"""Characters of an error message kept in the history; a longer one is cut."""
+MAX_TRACEBACK = 4 * 1024
+"""Characters of a formatted traceback kept in the history (its end: the innermost frames)."""
 
-    __slots__ = ("message", "non_retryable", "not_applied", "type")
+
+class ErrorInfo:
+    """A stored, JSON-shaped description of an exception. Built from any exception, it always
+    holds storable text: a message that cannot be read, holds lone surrogates or is very long
+    is replaced, escaped or cut, so that recording a failure never fails in turn."""
+
+    __slots__ = ("message", "non_retryable", "not_applied", "traceback", "type")
 
     def __init__(
-        self, type: str, message: str, *, non_retryable: bool = False, not_applied: bool = False
+        self,
+        type: str,
+        message: str,
+        *,
+        non_retryable: bool = False,
+        not_applied: bool = False,
+        traceback: str | None = None,
     ) -> None:
         self.type = type
         self.message = message
         self.non_retryable = non_retryable
         self.not_applied = not_applied
+        self.traceback = traceback
 
     @classmethod
-    def from_exception(cls, exc: BaseException) -> ErrorInfo:
+    def from_exception(cls, exc: BaseException, *, with_traceback: bool = False) -> ErrorInfo:
+        """Never raises. ``with_traceback`` keeps where it was raised (cut to MAX_TRACEBACK)."""
+        name = _storable(type(exc).__name__, 200)
+        message = _storable(_message(exc, name), MAX_ERROR_MESSAGE)
+        trace = _traceback(exc) if with_traceback else None
         if isinstance(exc, ApplicationError):
             return cls(
-                exc.type,
-                str(exc),
-                non_retryable=exc.non_retryable,
+                _storable(str(exc.type), 200),
+                message,
+                non_retryable=bool(exc.non_retryable),
                 not_applied=isinstance(exc, NotAppliedError),
+                traceback=trace,
             )
-        return cls(type(exc).__name__, str(exc))
+        return cls(name, message, traceback=trace)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"type": self.type, "message": self.message}
@@ -226,16 +261,49 @@ class ErrorInfo:
             data["non_retryable"] = True
         if self.not_applied:
             data["not_applied"] = True
+        if self.traceback is not None:
+            data["traceback"] = self.traceback
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ErrorInfo:
+        trace = data.get("traceback")
         return cls(
             str(data.get("type", "Error")),
             str(data.get("message", "")),
             non_retryable=bool(data.get("non_retryable", False)),
             not_applied=bool(data.get("not_applied", False)),
+            traceback=None if trace is None else str(trace),
         )
 
     def __repr__(self) -> str:
         return f"ErrorInfo({self.type!r}, {self.message!r})"
+
+
+def _message(exc: BaseException, name: str) -> str:
+    try:
+        return str(exc)
+    except BaseException as e:  # a __str__ that raises: user code, whatever it raises
+        return f"<the message of this {name} could not be read: {type(e).__name__}>"
+
+
+def _traceback(exc: BaseException) -> str | None:
+    try:
+        lines = "".join(tb.format_exception(exc)).splitlines()
+    except BaseException:
+        return None
+    text = "\n".join(line if len(line) <= 300 else f"{line[:300]}..." for line in lines)
+    return _storable(text, MAX_TRACEBACK, keep_end=True)
+
+
+def _storable(text: str, limit: int, *, keep_end: bool = False) -> str:
+    """``text`` with lone surrogates escaped (``\\ud83d``) and cut to ``limit`` characters."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode()
+    if len(text) <= limit:
+        return text
+    if keep_end:
+        return "...\n" + text[len(text) - limit :]
+    return f"{text[:limit]}... (cut: {len(text)} characters in all)"

@@ -3,6 +3,16 @@
 This module knows nothing of queues or transactions: it turns a ``step`` message into the
 payload of its ``step_result`` reply. The worker service (and the engine, for local steps) wrap
 it with the inbox, the outbox and the acknowledgement.
+
+Whatever step code does ends as a reply: a result, or a failed attempt counted by the retry
+policy. That includes a ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``,
+``asyncio.CancelledError``, ``GeneratorExit``) raised by a step, its compensation or its
+reconcile function: steps run on consumer and pool threads, where no signal is delivered, so
+such an exception is the step's own doing and must not end the thread that runs it. (The one
+exception: :class:`~sagaloop.engine.crashpoints.CrashPointRaised`, which tests raise to simulate
+the death of the process.) A result
+that cannot be stored or sent (a lone surrogate, an integer over Python's digit limit, NaN, over
+``MAX_VALUE_BYTES``) fails the attempt as ``UnencodableResult``, in doubt: the body ran.
 """
 
 from __future__ import annotations
@@ -11,11 +21,19 @@ import asyncio
 import concurrent.futures
 import copy
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
+from sagaloop.engine.crashpoints import CrashPointRaised
 from sagaloop.engine.messages import Envelope, derived_id
-from sagaloop.errors import ErrorInfo, SagaloopError, UnknownStepError, ValidationError
+from sagaloop.errors import (
+    ErrorInfo,
+    SagaloopError,
+    UnencodableError,
+    UnknownStepError,
+    ValidationError,
+)
 from sagaloop.sagas.app import App, StepDef
 from sagaloop.sagas.context import StepContext
 
@@ -23,6 +41,9 @@ logger = logging.getLogger("sagaloop.step")
 
 DO = "do"
 UNDO = "undo"
+UNENCODABLE_RESULT = "UnencodableResult"
+"""The error type of an attempt whose result could not be stored or sent (list it in a retry
+policy's ``non_retryable_errors`` to fail such a step at once)."""
 
 
 def idempotency_key(run_id: str, pos: int, direction: str) -> str:
@@ -54,8 +75,32 @@ class _StepContext(StepContext):
 def _invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     result = fn(*args, **kwargs)
     if asyncio.iscoroutine(result):
-        return asyncio.run(result)
+        return _run_coroutine(result)
     return result
+
+
+def _run_coroutine(coro: Any) -> Any:
+    """Run an async step's coroutine on a new event loop, closed after it (tasks it left are
+    cancelled). A thread where a loop already runs cannot start another: there, it runs on a
+    thread of its own. Whatever it raises, ``CancelledError`` included, comes out here."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = asyncio.run(coro)
+        except BaseException as e:  # handed to the caller, raised there
+            outcome["error"] = e
+
+    thread = threading.Thread(target=target, name="async-step")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
 
 
 class StepRunner:
@@ -94,13 +139,29 @@ class StepRunner:
                 reply.update(self._do(step, ctx, args, in_doubt, bool(p.get("force")), inline))
             else:
                 reply.update(self._undo(step, ctx, args, p.get("result"), in_doubt, inline))
+        except UnencodableError as e:  # the body ran, so the next attempt is in doubt
+            info = ErrorInfo.from_exception(e)
+            info.type = UNENCODABLE_RESULT
+            ctx.logger.warning("attempt %s of step %s failed: %s", ctx.attempt, step.name, e)
+            reply.update(outcome="failed", error=info.to_json())
         except ValidationError as e:
             info = ErrorInfo.from_exception(e)
             info.non_retryable = True
             reply.update(outcome="failed", error=info.to_json())
-        except Exception as e:
-            ctx.logger.warning("attempt %s of step %s failed: %r", ctx.attempt, step.name, e)
-            reply.update(outcome="failed", error=ErrorInfo.from_exception(e).to_json())
+        except CrashPointRaised:
+            raise  # a simulated death of the process (tests): not the step's doing
+        except BaseException as e:  # step code's, whatever it raises: see the module's doc
+            info = ErrorInfo.from_exception(e, with_traceback=True)
+            if not info.message:
+                info.message = f"{info.type} raised by step {step.name!r}"
+            ctx.logger.warning(
+                "attempt %s of step %s failed: %s: %s",
+                ctx.attempt,
+                step.name,
+                info.type,
+                info.message,
+            )
+            reply.update(outcome="failed", error=info.to_json())
         return reply
 
     def _do(
@@ -119,7 +180,8 @@ class StepRunner:
                     ctx.logger.info(
                         "step %s reconciled: the earlier attempt took effect", step.name
                     )
-                    result = step.result.to_json(found, what=f"reconciled result of {step.name!r}")
+                    what = f"reconciled result of step {step.name!r}"
+                    result = step.result.to_json(found, what=what)
                     return {"outcome": "completed", "result": result, "reconciled": True}
             elif not step.idempotent:
                 reason = (
@@ -131,7 +193,7 @@ class StepRunner:
         value = self._call(step, inline, step.fn, ctx, **args)
         return {
             "outcome": "completed",
-            "result": step.result.to_json(value, what=f"result of {step.name!r}"),
+            "result": step.result.to_json(value, what=f"result of step {step.name!r}"),
         }
 
     def _undo(
@@ -146,7 +208,7 @@ class StepRunner:
         assert step.compensation_fn is not None
         result: Any = None
         if result_json is not None:
-            result = step.result.from_json(result_json, what=f"result of {step.name!r}")
+            result = step.result.from_json(result_json, what=f"result of step {step.name!r}")
         elif in_doubt and step.reconcile_fn is not None:
             # The step failed after an attempt whose outcome is unknown: undo only what happened.
             # The look-up is about the step's attempts, so it gets the step's own key.

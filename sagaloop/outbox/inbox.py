@@ -20,9 +20,11 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from sagaloop.engine.messages import Envelope, engine_queue, step_result
+from sagaloop.engine.messages import Envelope, engine_queue, inbox_key, step_result
 from sagaloop.engine.ports import Clock, Outgoing, Store, SystemClock
-from sagaloop.errors import ErrorInfo, MessageError
+from sagaloop.engine.steps import UNENCODABLE_RESULT
+from sagaloop.errors import ErrorInfo, MessageError, UnencodableError
+from sagaloop.sagas.convert import encode_value
 
 SERVICE_CONSUMER = "worker"  # shares the workers' inbox: one step message, one processing
 
@@ -58,14 +60,19 @@ def handle_step(
     payload queued for the engine. ``handler`` returns the step's JSON result, or raises: an
     :class:`~sagaloop.ApplicationError` with ``non_retryable=True`` fails the step for good;
     any other exception rolls the whole transaction back, so nothing is recorded and the
-    message is delivered again."""
+    message is delivered again. The handler runs inside a savepoint: a result that cannot be
+    stored (a lone surrogate, an integer over Python's digit limit, NaN, too large) and a
+    non-retryable failure roll back its writes alone, and the attempt is recorded as failed
+    (not applied), so the engine retries it per the step's policy instead of the message
+    coming back for ever."""
     clock = clock or SystemClock()
     tx = store.attach(conn)
-    env = Envelope.from_bytes(body)
+    env = store.resolve(tx, Envelope.from_bytes(body))  # large values by reference
     if env.type != "step":
         raise MessageError(f"message type {env.type!r} is not a step")
     p = env.payload
-    done, reply = store.inbox_get(tx, SERVICE_CONSUMER, env.message_id)
+    key = inbox_key(app, env)
+    done, reply = store.inbox_get(tx, SERVICE_CONSUMER, key)
     if not done:
         task = StepTask(
             run_id=env.run_id,
@@ -80,15 +87,24 @@ def handle_step(
             in_doubt=bool(p.get("in_doubt")),
             message_id=env.message_id,
         )
-        reply = {"direction": task.direction, "worker": "service"}
-        try:
-            reply.update(outcome="completed", result=handler(conn, task))
-        except Exception as e:
-            info = ErrorInfo.from_exception(e)
-            if not info.non_retryable:
-                raise
-            reply.update(outcome="failed", error=info.to_json())
-        store.inbox_put(tx, SERVICE_CONSUMER, env.message_id, reply, clock.now())
+        reply = {"direction": task.direction, "worker": "service", **_outcome(conn, handler, task)}
+        store.inbox_put(tx, SERVICE_CONSUMER, key, reply, clock.now())
     now = clock.now()
     store.enqueue(tx, [Outgoing(engine_queue(app), step_result(env, reply, now))], now)
     return dict(reply)
+
+
+def _outcome(conn: Any, handler: Callable[[Any, StepTask], Any], task: StepTask) -> dict[str, Any]:
+    try:
+        with conn.begin_nested():
+            result = handler(conn, task)
+            encode_value(result, what=f"result of step {task.step!r}")
+    except UnencodableError as e:
+        info = ErrorInfo(UNENCODABLE_RESULT, f"{e} (its writes were rolled back)", not_applied=True)
+        return {"outcome": "failed", "error": info.to_json()}
+    except Exception as e:
+        info = ErrorInfo.from_exception(e)
+        if not info.non_retryable:
+            raise
+        return {"outcome": "failed", "error": info.to_json()}
+    return {"outcome": "completed", "result": result}

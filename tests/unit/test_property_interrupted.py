@@ -37,6 +37,7 @@ from hypothesis import strategies as st
 
 from sagaloop import App, ApplicationError, RetryPolicy, SagaContext, StepContext, StepFailedError
 from sagaloop.engine import history as h
+from sagaloop.engine.crashpoints import CrashPointRaised
 from sagaloop.engine.history import Event
 from sagaloop.engine.messages import Envelope, engine_queue, step_queue
 from sagaloop.engine.ports import Delivery
@@ -51,12 +52,13 @@ FLAKY_ATTEMPTS = 3  # a flaky step fails at most FLAKY_ATTEMPTS - 1 times, then 
 # --- the ledger: side effects recorded outside the engine ------------------------------------
 
 
-class Killed(BaseException):
+class Killed(CrashPointRaised):
     """The process died: in a step body after its effect (before the attempt committed), or
     between a commit and the acknowledgement of the message.
 
-    A BaseException, so neither the step runner nor the consumers turn it into a step failure or
-    a retry: it escapes the harness as a SIGKILL would end the process."""
+    A CrashPointRaised (a BaseException that sagaloop lets through, unlike any other raised by
+    step code), so neither the step runner nor the consumers turn it into a step failure or a
+    retry: it escapes the harness as a SIGKILL would end the process."""
 
 
 @dataclasses.dataclass
@@ -442,7 +444,8 @@ class Plan:
         if n in self.restart:
             env.restart()
         if n in self.duplicate:
-            env.broker.publish([(_queue(role), delivery.body)])
+            # a relay or broker repeat: sagaloop's own message, trusted like the original
+            env.broker.publish_raw(_queue(role), delivery.body, trusted=True)  # type: ignore[attr-defined]
         if n in self.ack_kill:
             setattr(delivery, "ack", _die_before_ack)  # noqa: B010
         if n in self.crash:
