@@ -18,9 +18,14 @@ import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from sagaloop.engine.ports import Outgoing, QueuedMessage
+from sagaloop.store import payloads
 from sagaloop.store import tables as t
 
 c = t.outbox.c
+RAW_PREFIX = "raw:"
+"""Starts the ``message_id`` column of rows put by ``enqueue_raw``: bodies nobody checked, so
+not trusted as internal messages. (Rows of ``enqueue`` carry their envelope's id; sagaloop's
+internal ids start with their kind, ``step:``, ``result:``, ``timer:``.)"""
 
 
 def enqueue(
@@ -30,11 +35,15 @@ def enqueue(
     claim: tuple[str, datetime] | None = None,
 ) -> list[QueuedMessage]:
     """Insert the messages. With ``claim`` (a token and a deadline), the rows available now are
-    inserted already claimed with it, and returned, so that their writer can publish them."""
+    inserted already claimed with it, and returned, so that their writer can publish them.
+    Large payload values go to the payload table (see ``payloads.py``)."""
+    offload = payloads.Offloader()
+    bodies = [offload.message(m.envelope) for m in messages]
     rows = [
-        _row(m.queue, m.envelope.message_id, m.envelope.to_bytes(), m.available_at or now, now)
-        for m in messages
+        _row(m.queue, m.envelope.message_id, body, m.available_at or now, now)
+        for m, body in zip(messages, bodies, strict=True)
     ]
+    offload.flush(conn, now)
     if claim is None:
         if rows:
             conn.execute(t.outbox.insert(), rows)
@@ -57,10 +66,13 @@ def enqueue(
 _INSERT_CLAIMED = t.outbox.insert().returning(c.id, sort_by_parameter_order=True)
 
 
-def enqueue_raw(conn: Connection, batch: Sequence[tuple[str, bytes]], now: datetime) -> None:
+def enqueue_raw(
+    conn: Connection, batch: Sequence[tuple[str, bytes]], now: datetime, *, trusted: bool = False
+) -> None:
     if not batch:
         return
-    rows = [_row(queue, f"raw:{uuid.uuid4().hex}", body, now, now) for queue, body in batch]
+    prefix = "" if trusted else RAW_PREFIX
+    rows = [_row(queue, prefix + uuid.uuid4().hex, body, now, now) for queue, body in batch]
     conn.execute(t.outbox.insert(), rows)
 
 
@@ -84,7 +96,7 @@ def claim(
     lease: timedelta,
 ) -> list[QueuedMessage]:
     q = (
-        sa.select(c.id, c.queue, c.body, c.deliveries)
+        sa.select(c.id, c.queue, c.body, c.deliveries, c.message_id)
         .where(
             c.available_at <= now,
             sa.or_(c.claimed_until.is_(None), c.claimed_until < now),
@@ -105,7 +117,15 @@ def claim(
         .where(c.id.in_([r.id for r in rows]))
         .values(claimed_until=now + lease, claim_token=token, deliveries=c.deliveries + 1)
     )
-    return [QueuedMessage(r.id, r.queue, bytes(r.body), r.deliveries + 1, token) for r in rows]
+    return [
+        QueuedMessage(r.id, r.queue, bytes(r.body), r.deliveries + 1, token, _trusted(r))
+        for r in rows
+    ]
+
+
+def _trusted(row: Any) -> bool:
+    """Whether sagaloop's store wrote the row (``enqueue``), not ``enqueue_raw``."""
+    return not str(row.message_id).startswith(RAW_PREFIX)
 
 
 def delete_claimed(conn: Connection, ids: Sequence[int], claim_token: str) -> int:

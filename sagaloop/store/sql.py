@@ -10,10 +10,11 @@ or, when worth retrying, :class:`~sagaloop.errors.TransientStoreError` (see ``co
 
 from __future__ import annotations
 
+import secrets
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 import sqlalchemy as sa
@@ -25,14 +26,18 @@ from sqlalchemy.engine import Engine as SAEngine
 from sqlalchemy.pool import StaticPool
 
 from sagaloop.engine.history import Event, NewEvent, number
+from sagaloop.engine.messages import Envelope
 from sagaloop.engine.ports import Handoff, Outgoing, QueuedMessage, RunRecord, Timer
-from sagaloop.store import migrations, queue
+from sagaloop.store import migrations, payloads, queue
+from sagaloop.store import processes as registry
 from sagaloop.store import tables as t
 from sagaloop.store.connect import create_sa_engine, mask_url, translate
 
 __all__ = ["SqlStore", "create_sa_engine"]
 
 FINISHED = ("completed", "failed", "compensated", "cancelled")
+SIGNING_KEY = "message-signing-key"
+"""The name of the signing key in ``sagaloop_secrets``."""
 _DB_ERRORS = (sa_exc.DBAPIError, sa_exc.TimeoutError)
 
 
@@ -59,6 +64,9 @@ class _Statements:
         self.get_run = sa.select(t.runs).where(runs.run_id == b("key"))
         self.lock_run = self.get_run.with_for_update() if dialect == "postgresql" else self.get_run
         self.save_run = t.runs.update().where(runs.run_id == b("key"))  # SET: the values given
+        self.save_run_if = self.save_run.where(
+            runs.last_seq == b("expected_seq")
+        ).execution_options(preserve_rowcount=True)
         self.load_history = (
             sa.select(t.history)
             .where(history.run_id == b("key"), history.seq > b("after_seq"))
@@ -73,7 +81,7 @@ class _Statements:
             .on_conflict_do_nothing()
             # without preserve_rowcount, SQLAlchemy reports -1 for an INSERT through psycopg
             .execution_options(preserve_rowcount=True)
-            for table in (t.runs, t.inbox)
+            for table in (t.runs, t.inbox, t.secrets)
             if insert is not None
         }
 
@@ -253,41 +261,50 @@ class SqlStore:
     def create_run(self, tx: Any, run: RunRecord) -> bool:
         """Insert the run; False when a run with that id exists (even one not yet committed
         by a concurrent transaction: this one then waits for it)."""
+        offload = payloads.Offloader()
         values = {
             "run_id": run.run_id,
             "app": run.app,
             "saga": run.saga,
             "status": run.status,
-            "input": run.input,
+            "input": offload.value(run.run_id, run.input),
             "last_seq": run.last_seq,
             "processed_seq": run.processed_seq,
             "created_at": run.created_at,
             "updated_at": run.updated_at,
         }
+        offload.flush(_conn(tx), run.created_at)
         return self._insert_ignore(_conn(tx), t.runs, values)
 
     def lock_run(self, tx: Any, run_id: str) -> RunRecord | None:
         """The run, locked until ``tx`` ends (SQLite: the transaction holds the write lock)."""
         row = _conn(tx).execute(self._sql.lock_run, {"key": run_id}).mappings().first()
-        return _run(row) if row else None
+        return payloads.resolve_runs(_conn(tx), [_run(row)])[0] if row else None
 
     def get_run(self, run_id: str) -> RunRecord | None:
         with self._read() as conn:
             row = conn.execute(self._sql.get_run, {"key": run_id}).mappings().first()
-        return _run(row) if row else None
+            return payloads.resolve_runs(conn, [_run(row)])[0] if row else None
 
-    def save_run(self, tx: Any, run: RunRecord) -> None:
+    def save_run(self, tx: Any, run: RunRecord, *, if_last_seq: int | None = None) -> bool:
+        """Update the run; with ``if_last_seq``, only if its ``last_seq`` is still that (the
+        row lock it takes serializes two engines activating the run). False: not updated."""
+        offload = payloads.Offloader()
         values = {
             "key": run.run_id,
             "status": run.status,
-            "output": run.output,
+            "output": offload.value(run.run_id, run.output),
             "error": run.error,
             "reason": run.reason,
             "last_seq": run.last_seq,
             "processed_seq": run.processed_seq,
             "updated_at": run.updated_at,
         }
-        _conn(tx).execute(self._sql.save_run, values)
+        offload.flush(_conn(tx), run.updated_at)
+        if if_last_seq is None:
+            return _conn(tx).execute(self._sql.save_run, values).rowcount == 1
+        values["expected_seq"] = if_last_seq
+        return _conn(tx).execute(self._sql.save_run_if, values).rowcount == 1
 
     def list_runs(
         self, *, status: str | None = None, saga: str | None = None, limit: int = 100
@@ -298,7 +315,7 @@ class SqlStore:
         if saga:
             q = q.where(t.runs.c.saga == saga)
         with self._read() as conn:
-            return [_run(r) for r in conn.execute(q).mappings()]
+            return payloads.resolve_runs(conn, [_run(r) for r in conn.execute(q).mappings()])
 
     def count_runs(self, *, saga: str | None = None) -> dict[str, int]:
         q = sa.select(t.runs.c.status, sa.func.count()).group_by(t.runs.c.status)
@@ -312,13 +329,9 @@ class SqlStore:
     def load_history(self, tx: Any, run_id: str, after_seq: int = 0) -> list[Event]:
         q, params = self._sql.load_history, {"key": run_id, "after_seq": after_seq}
         if tx is not None:
-            rows = list(_conn(tx).execute(q, params).mappings())
-        else:
-            with self._read() as conn:
-                rows = list(conn.execute(q, params).mappings())
-        return [
-            Event(r["seq"], r["kind"], r["at"], r["pos"], r["name"], r["data"] or {}) for r in rows
-        ]
+            return _events(_conn(tx), run_id, _conn(tx).execute(q, params).mappings())
+        with self._read() as conn:
+            return _events(conn, run_id, conn.execute(q, params).mappings())
 
     def append_events(
         self, tx: Any, run_id: str, after_seq: int, events: Sequence[NewEvent], at: datetime
@@ -327,31 +340,34 @@ class SqlStore:
         key, which fails the whole transaction (two activations raced)."""
         out = number(after_seq, events, at)
         if out:
-            _conn(tx).execute(
-                t.history.insert(),
-                [
-                    {
-                        "run_id": run_id,
-                        "seq": e.seq,
-                        "kind": e.kind,
-                        "pos": e.pos,
-                        "name": e.name,
-                        "data": e.data,
-                        "at": e.at,
-                    }
-                    for e in out
-                ],
-            )
+            offload = payloads.Offloader()
+            rows = [
+                {
+                    "run_id": run_id,
+                    "seq": e.seq,
+                    "kind": e.kind,
+                    "pos": e.pos,
+                    "name": e.name,
+                    "data": offload.data(run_id, e.data),
+                    "at": e.at,
+                }
+                for e in out
+            ]
+            offload.flush(_conn(tx), at)
+            _conn(tx).execute(t.history.insert(), rows)
         return out
 
     # --- timers ------------------------------------------------------------------------------
 
     def add_timer(self, tx: Any, timer: Timer) -> None:
-        """Set the timer, replacing one with the same (run, pos, kind)."""
+        """Set the timer, replacing one with the same (run, pos, kind). Its app is its run's
+        (read in the same statement): an engine takes only its own app's timers."""
         conn = _conn(tx)
         conn.execute(t.timers.delete().where(_timer_key(timer)))
+        run_app = sa.select(t.runs.c.app).where(t.runs.c.run_id == timer.run_id)
         conn.execute(
             t.timers.insert().values(
+                app=sa.func.coalesce(run_app.scalar_subquery(), ""),
                 run_id=timer.run_id,
                 pos=timer.pos,
                 kind=timer.kind,
@@ -363,42 +379,68 @@ class SqlStore:
     def delete_timers(self, tx: Any, run_id: str) -> None:
         _conn(tx).execute(t.timers.delete().where(t.timers.c.run_id == run_id))
 
-    def take_due_timers(self, tx: Any, now: datetime, limit: int) -> list[Timer]:
-        """Remove and return up to ``limit`` timers due at ``now``, earliest first. Timers that
-        a concurrent transaction is taking are skipped (PostgreSQL) or waited for (SQLite)."""
+    def take_due_timers(
+        self, tx: Any, now: datetime, limit: int, *, app: str | None = None
+    ) -> list[Timer]:
+        """Remove and return up to ``limit`` timers of ``app``'s runs (None: of every app)
+        due at ``now``, earliest first. Timers that a concurrent transaction is taking are
+        skipped (PostgreSQL) or waited for (SQLite)."""
         conn = _conn(tx)
         q = sa.select(t.timers).where(t.timers.c.fire_at <= now).order_by(t.timers.c.fire_at)
+        if app is not None:
+            q = q.where(t.timers.c.app == app)
         q = q.limit(limit)
         if self.dialect == "postgresql":
             q = q.with_for_update(skip_locked=True)
         due = [
-            Timer(r["run_id"], r["pos"], r["kind"], r["fire_at"], r["attempt"])
+            Timer(r["run_id"], r["pos"], r["kind"], r["fire_at"], r["attempt"], r["app"])
             for r in conn.execute(q).mappings()
         ]
         for timer in due:
             conn.execute(t.timers.delete().where(_timer_key(timer)))
         return due
 
-    def next_timer_at(self) -> datetime | None:
+    def next_timer_at(self, *, app: str | None = None) -> datetime | None:
+        q = sa.select(sa.func.min(t.timers.c.fire_at))
+        if app is not None:
+            q = q.where(t.timers.c.app == app)
         with self._read() as conn:
-            value = conn.execute(sa.select(sa.func.min(t.timers.c.fire_at))).scalar()
+            value = conn.execute(q).scalar()
         if value is None:
             return None
         return t.UTCDateTime().process_result_value(value, self.engine.dialect)
+
+    # --- secrets -----------------------------------------------------------------------------
+
+    def signing_key(self) -> bytes:
+        """The key that signs sagaloop's internal messages on a broker outside the database:
+        32 random bytes, created by the first process that asks (race-free: insert if absent,
+        then read what won), the same for every process of this database."""
+        now = datetime.now(UTC)
+        with self.transaction() as tx:
+            values = {"name": SIGNING_KEY, "value": secrets.token_bytes(32), "created_at": now}
+            self._insert_ignore(tx.conn, t.secrets, values)
+            q = sa.select(t.secrets.c.value).where(t.secrets.c.name == SIGNING_KEY)
+            return bytes(tx.conn.execute(q).scalar_one())
 
     # --- inbox -------------------------------------------------------------------------------
 
     def inbox_get(self, tx: Any, consumer: str, message_id: str) -> tuple[bool, Any]:
         q = self._sql.inbox_get
         params = {"key_consumer": consumer, "key_message_id": message_id}
+        owner = payloads.inbox_owner(consumer, message_id)
         if tx is not None:
-            row = _conn(tx).execute(q, params).first()
-        else:
-            with self._read() as conn:
-                row = conn.execute(q, params).first()
-        return (True, row[0]) if row else (False, None)
+            conn = _conn(tx)
+            row = conn.execute(q, params).first()
+            return (True, payloads.resolve_value(conn, owner, row[0])) if row else (False, None)
+        with self._read() as conn:
+            row = conn.execute(q, params).first()
+            return (True, payloads.resolve_value(conn, owner, row[0])) if row else (False, None)
 
     def inbox_put(self, tx: Any, consumer: str, message_id: str, result: Any, at: datetime) -> bool:
+        offload = payloads.Offloader()
+        result = offload.value(payloads.inbox_owner(consumer, message_id), result)
+        offload.flush(_conn(tx), at)
         values = {"consumer": consumer, "message_id": message_id, "result": result, "at": at}
         return self._insert_ignore(_conn(tx), t.inbox, values)
 
@@ -412,12 +454,26 @@ class SqlStore:
         tx.handed.extend(queue.enqueue(_conn(tx), messages, now, claim))
         tx.enqueued = True
 
-    def enqueue_raw(self, batch: Sequence[tuple[str, bytes]], now: datetime) -> None:
-        """Put bodies on database queues as they are (the database broker's publish)."""
+    def resolve(self, tx: Any, env: Envelope) -> Envelope:
+        """``env`` with the values that :meth:`enqueue` moved to the payload table back in
+        place (``env`` itself, without a query, when it holds none). MessageError if one is
+        missing or a reference is malformed."""
+        if not payloads.marked_fields(env.payload):
+            return env
+        if tx is not None:
+            return payloads.resolve_message(_conn(tx), env)
+        with self._read() as conn:
+            return payloads.resolve_message(conn, env)
+
+    def enqueue_raw(
+        self, batch: Sequence[tuple[str, bytes]], now: datetime, *, trusted: bool = False
+    ) -> None:
+        """Put bodies on database queues as they are (the database broker's publish): not
+        trusted as internal messages unless ``trusted``."""
         if not batch:
             return
         with self.transaction() as tx:
-            queue.enqueue_raw(tx.conn, batch, now)
+            queue.enqueue_raw(tx.conn, batch, now, trusted=trusted)
             tx.enqueued = True
 
     def claim(
@@ -480,6 +536,7 @@ class SqlStore:
             if keys:
                 key = sa.tuple_(t.inbox.c.consumer, t.inbox.c.message_id)
                 conn.execute(t.inbox.delete().where(key.in_(keys)))
+                payloads.delete(conn, [payloads.inbox_owner(*k) for k in keys])
             ids = list(
                 conn.execute(
                     sa.select(t.runs.c.run_id)
@@ -491,7 +548,45 @@ class SqlStore:
                 conn.execute(t.history.delete().where(t.history.c.run_id.in_(ids)))
                 conn.execute(t.timers.delete().where(t.timers.c.run_id.in_(ids)))
                 conn.execute(t.runs.delete().where(t.runs.c.run_id.in_(ids)))
+                payloads.delete(conn, ids)
         return len(keys) + len(ids)
+
+    # --- process registry (read by `sagaloop health`; SQL in processes.py) --------------------
+
+    def process_started(self, name: str, app: str, role: str, now: datetime) -> None:
+        """Register process ``name`` (``role@host:pid``) as running since ``now``."""
+        with self.transaction() as tx:
+            registry.started(tx.conn, name, app, role, now)
+
+    def process_seen(self, name: str, now: datetime, problem: str | None) -> bool:
+        """Refresh the process's row with its current problem (None: healthy); False when it
+        has no row."""
+        with self.transaction() as tx:
+            return registry.seen(tx.conn, name, now, problem)
+
+    def process_stopped(self, name: str, now: datetime, problem: str | None) -> None:
+        """Mark the process as exited, with the problem it exits because of (None: cleanly)."""
+        with self.transaction() as tx:
+            registry.stopped(tx.conn, name, now, problem)
+
+    def prune_processes(self, before: datetime) -> int:
+        """Delete the rows of processes last seen before ``before``; return how many."""
+        with self.transaction() as tx:
+            return registry.prune(tx.conn, before)
+
+    def processes(self) -> list[registry.ProcessRecord]:
+        """Every registered process, oldest first."""
+        with self._read() as conn:
+            return registry.rows(conn)
+
+
+def _events(conn: Connection, run_id: str, rows: Iterable[Any]) -> list[Event]:
+    rows = list(rows)
+    datas = payloads.resolve_datas(conn, run_id, [r["data"] or {} for r in rows])
+    return [
+        Event(r["seq"], r["kind"], r["at"], r["pos"], r["name"], data)
+        for r, data in zip(rows, datas, strict=True)
+    ]
 
 
 def _timer_key(timer: Timer) -> Any:

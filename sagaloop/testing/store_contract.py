@@ -43,9 +43,9 @@ from typing import Any, TypeVar
 import pytest
 
 from sagaloop.engine.history import NewEvent
-from sagaloop.engine.messages import Envelope
+from sagaloop.engine.messages import MAX_MESSAGE_BYTES, Envelope
 from sagaloop.engine.ports import Outgoing, QueuedMessage, RunRecord, Store, Timer
-from sagaloop.errors import StoreError, TransientStoreError
+from sagaloop.errors import MessageError, StoreError, TransientStoreError
 
 __all__ = ["StoreContract"]
 
@@ -109,8 +109,9 @@ class StoreContract:
         status: str = "running",
         at: datetime = T0,
         run_id: str | None = None,
+        app: str = "app",
     ) -> RunRecord:
-        run = RunRecord(run_id or _id("run"), "app", saga, status, {"n": 1}, at, at)
+        run = RunRecord(run_id or _id("run"), app, saga, status, {"n": 1}, at, at)
         with store.transaction() as tx:
             assert store.create_run(tx, run), "create_run of a new id must return True"
         return run
@@ -383,6 +384,29 @@ class StoreContract:
         assert [x.pos for x in self.drain_timers(store)] == [3], "a rolled back take keeps it"
         assert store.next_timer_at() is None
 
+    def test_timers_belong_to_the_app_of_their_run(self, store: Store) -> None:
+        a, b = self.new_run(store, app="app-a"), self.new_run(store, app="app-b")
+        with store.transaction() as tx:
+            store.add_timer(tx, Timer(a.run_id, 1, "sleep", T0 + timedelta(minutes=1)))
+            store.add_timer(tx, Timer(b.run_id, 1, "sleep", T0))
+            store.add_timer(tx, Timer(b.run_id, 2, "wait", T0 + timedelta(minutes=2)))
+        assert store.next_timer_at(app="app-a") == T0 + timedelta(minutes=1)
+        assert store.next_timer_at(app="app-b") == T0
+        assert store.next_timer_at(app="app-c") is None
+        assert store.next_timer_at() == T0, "without an app: every app's"
+        with store.transaction() as tx:
+            mine = store.take_due_timers(tx, FAR, 10, app="app-a")
+        assert [(x.run_id, x.pos, x.app) for x in mine] == [(a.run_id, 1, "app-a")], (
+            "an app takes only the timers of its own runs"
+        )
+        with store.transaction() as tx:
+            theirs = store.take_due_timers(tx, FAR, 10, app="app-b")
+        assert [(x.run_id, x.pos, x.app) for x in theirs] == [
+            (b.run_id, 1, "app-b"),
+            (b.run_id, 2, "app-b"),
+        ]
+        assert self.drain_timers(store) == []
+
     def test_delete_timers_of_a_run(self, store: Store) -> None:
         keep, drop = self.new_run(store), self.new_run(store)
         with store.transaction() as tx:
@@ -601,3 +625,83 @@ class StoreContract:
         with store.transaction() as tx:
             assert store.inbox_get(tx, "engine", "old") == (False, None), "old inbox row kept"
             assert store.inbox_get(tx, "engine", "recent") == (True, None)
+
+    # --- large payloads ----------------------------------------------------------------------
+
+    @staticmethod
+    def large_text() -> str:
+        """Over the message limit: a store must keep it out of message bodies and rows."""
+        line = "assistant: voilà le reçu de la commande 7 ✓\n"
+        return (line * (MAX_MESSAGE_BYTES // len(line) + 1000))[: MAX_MESSAGE_BYTES + 4096]
+
+    def test_large_values_round_trip_and_travel_by_reference(self, store: Store) -> None:
+        big = self.large_text()
+        run = RunRecord(_id("run"), "app", _id("saga"), "running", {"prompt": big}, T0, T0)
+        reply = {"outcome": "completed", "result": big}
+        env = Envelope(type="step_result", run_id=run.run_id, payload=reply)
+        events = [
+            NewEvent("step_completed", 1, "s", {"result": big, "reconciled": False}),
+            NewEvent("saga_finished", data={"output": [big]}),
+        ]
+        with store.transaction() as tx:
+            assert store.create_run(tx, run)
+            store.append_events(tx, run.run_id, 0, events, T0)
+            locked = store.lock_run(tx, run.run_id)
+            assert locked is not None and locked.input == {"prompt": big}, "input not loaded"
+            locked.status, locked.output = "completed", [big]
+            store.save_run(tx, locked)
+            assert store.inbox_put(tx, "worker", "big-reply", reply, T0)
+            store.enqueue(tx, [Outgoing("payloads", env)], T0)
+        got = store.get_run(run.run_id)
+        assert got is not None and (got.input, got.output) == ({"prompt": big}, [big])
+        assert [r.output for r in store.list_runs(saga=run.saga)] == [[big]]
+        assert [e.data for e in store.load_history(None, run.run_id)] == [e.data for e in events]
+        assert store.inbox_get(None, "worker", "big-reply") == (True, reply)
+        [row] = store.claim(["payloads"], 10, T0, LEASE)
+        assert len(row.body) < MAX_MESSAGE_BYTES // 8, (
+            f"a body of {len(row.body)} bytes: large values must travel by reference"
+        )
+        resolved = store.resolve(None, Envelope.from_bytes(row.body))
+        assert (resolved.message_id, resolved.payload) == (env.message_id, reply)
+
+    def test_values_shaped_like_references_round_trip_unchanged(self, store: Store) -> None:
+        shaped = {"$sagaloop": "payload", "sha256": "0" * 64, "size": 1}
+        escaped = {"$sagaloop": "literal", "value": 1}
+        run = RunRecord(_id("run"), "app", "contract", "running", shaped, T0, T0)
+        payload = {"result": shaped, "args": escaped, "name": "x"}
+        with store.transaction() as tx:
+            assert store.create_run(tx, run)
+            store.append_events(tx, run.run_id, 0, [NewEvent("e", 1, "s", payload)], T0)
+            store.inbox_put(tx, "worker", "shaped", escaped, T0)
+            env = Envelope(type="step", run_id=run.run_id, payload=payload)
+            store.enqueue(tx, [Outgoing("payloads", env)], T0)
+        got = store.get_run(run.run_id)
+        assert got is not None and got.input == shaped, "a user value taken for a reference"
+        assert store.load_history(None, run.run_id)[0].data == payload
+        assert store.inbox_get(None, "worker", "shaped") == (True, escaped)
+        [row] = store.claim(["payloads"], 10, T0, LEASE)
+        assert store.resolve(None, Envelope.from_bytes(row.body)).payload == payload
+
+    def test_resolve_refuses_a_reference_that_does_not_resolve(self, store: Store) -> None:
+        small = Envelope(type="event", run_id=_id("run"), payload={"name": "x", "data": [1]})
+        assert store.resolve(None, small) == small
+        for data in ({"$sagaloop": "payload", "sha256": "0" * 64, "size": 1}, {"$sagaloop": 7}):
+            forged = Envelope(
+                type="event", run_id=small.run_id, payload={"name": "x", "data": data}
+            )
+            with pytest.raises(MessageError):  # published raw: its consumer dead-letters it
+                store.resolve(None, forged)
+
+    def test_prune_deletes_the_payloads_of_pruned_runs(self, store: Store) -> None:
+        old = T0 - timedelta(days=2)
+        run = self.new_run(store, status="completed", at=old)
+        env = Envelope(type="step", run_id=run.run_id, payload={"args": {"t": self.large_text()}})
+        with store.transaction() as tx:
+            store.enqueue(tx, [Outgoing("payloads", env)], old)
+        [row] = store.claim(["payloads"], 1, T0, LEASE)
+        assert store.resolve(None, Envelope.from_bytes(row.body)).payload == env.payload
+        while store.prune(before=T0 - timedelta(days=1)):
+            pass
+        assert store.get_run(run.run_id) is None
+        with pytest.raises(MessageError, match="pruned"):
+            store.resolve(None, Envelope.from_bytes(row.body))
