@@ -59,7 +59,7 @@ def count(steps: int) -> dict[str, dict[str, float]]:
             return ping(dbapi_conn)
 
         store.engine.dialect.do_ping = counted_ping  # type: ignore[method-assign]
-        broker = RabbitBroker(amqp, namespace=ns)
+        broker = RabbitBroker(amqp, namespace=ns, signing_key=store.signing_key())
         runtime = Runtime(benchapp.app, store, broker, concurrency=2, poll=0.05).start()
         client = Client(store, benchapp.app)
         try:

@@ -7,31 +7,15 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import pika
 
+from sagaloop._secrets import mask_url as mask_url  # the one masking function, re-exported
+
 REASON_HEADER = "x-sagaloop-reason"
 QUEUE_HEADER = "x-sagaloop-queue"
-
-
-def mask_url(url: str) -> str:
-    """The URL with its password replaced by ``***``, fit for logs and error messages."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        if parts.password is None:
-            return url
-        host = parts.hostname or ""
-        if ":" in host:
-            host = f"[{host}]"
-        if parts.port is not None:
-            host = f"{host}:{parts.port}"
-        netloc = f"{parts.username or ''}:***@{host}"
-        return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-    except ValueError:
-        return "<unparsable AMQP URL>"
 
 
 def queue_arguments(
@@ -59,7 +43,19 @@ class Topology:
 
     @property
     def exchange(self) -> str:
+        """The public exchange: routes only to engine queues (start, event, cancel, retry)."""
         return self.namespace
+
+    @property
+    def internal_exchange(self) -> str:
+        """The exchange sagaloop's own processes publish to: routes to every queue."""
+        return f"{self.namespace}.internal"
+
+    @staticmethod
+    def public(queue: str) -> bool:
+        """Whether ``queue`` is an engine queue (``<app>.engine``), which the public exchange
+        routes to; a step queue (``<app>.steps.<queue>``) is not."""
+        return queue.endswith(".engine") and ".steps." not in queue
 
     @property
     def dead_letter_exchange(self) -> str:
@@ -82,6 +78,7 @@ class Topology:
             channel.close()
 
         channel.exchange_declare(self.exchange, "topic", durable=True)
+        channel.exchange_declare(self.internal_exchange, "topic", durable=True)
         channel.exchange_declare(self.dead_letter_exchange, "fanout", durable=True)
         # Classic: peeking requeues, which a quorum queue would count towards a delivery limit.
         dead_args = {"x-queue-type": "classic"}
@@ -89,7 +86,11 @@ class Topology:
         args = queue_arguments(self.queue_type, self.delivery_limit, self.dead_letter_exchange)
         for q in queues:
             channel.queue_declare(self.queue(q), durable=True, arguments=args)
-            channel.queue_bind(self.queue(q), self.exchange, routing_key=q)
+            channel.queue_bind(self.queue(q), self.internal_exchange, routing_key=q)
+            if self.public(q):
+                channel.queue_bind(self.queue(q), self.exchange, routing_key=q)
+            else:  # earlier versions bound it: take that away (a no-op when absent)
+                channel.queue_unbind(self.queue(q), self.exchange, routing_key=q)
         channel.queue_bind(self.dead_letter_queue, self.dead_letter_exchange, callback=done)
 
     def peek(self, limit: int, channel: Any, call: Call) -> None:
@@ -278,6 +279,7 @@ class Message:
     content_type: str | None
     deliveries: int
     tag: int  # valid on the consumer's connection only
+    trusted: bool = False  # signed by a sagaloop process (see signing.py)
     until: float = 0.0  # on the clock: end of the lease, or of the retry delay while parked
     holder: object = None  # the delivery handed out for it, while its lease holds
 

@@ -4,6 +4,9 @@ A consumer claims rows with a lease and a claim token; it deletes the row in the
 transaction that records the processing, so a message is gone exactly when its effects are
 committed. A consumer killed mid-message leaves its lease to expire, and the row becomes
 visible again with a higher delivery count. Durable across SIGKILL.
+
+Only rows that sagaloop's store wrote (``Store.enqueue``) are trusted deliveries; bodies put
+with :meth:`DatabaseBroker.publish` are not.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class DatabaseDelivery:
         self.body = row.body
         self.deliveries = row.deliveries
         self.queue = row.queue
+        self.trusted = row.trusted
 
     def settle(self, tx: Tx) -> None:
         if self._broker.store.delete_claimed(tx, [self._row.id], self._row.claim_token) != 1:
@@ -80,10 +84,15 @@ class DatabaseBroker:
         pass  # rows name their queue; nothing to declare
 
     def publish(self, batch: Sequence[tuple[str, bytes]]) -> None:
+        """Put raw bodies on the queues. Nothing of sagaloop's own goes this way (its rows are
+        written by the store in the transaction that decided them), so their deliveries are
+        not trusted: a step, step result or timer put here is refused."""
         self.store.enqueue_raw(batch, self.clock.now())
 
-    def publish_raw(self, queue: str, body: bytes) -> None:
-        self.publish([(queue, body)])
+    def publish_raw(self, queue: str, body: bytes, *, trusted: bool = False) -> None:
+        """Put one raw body on ``queue`` (for tests); ``trusted`` makes it pass for a message
+        sagaloop wrote, as anyone with write access to the database can."""
+        self.store.enqueue_raw([(queue, body)], self.clock.now(), trusted=trusted)
 
     def receive(self, queues: Sequence[str], max_messages: int, timeout: float) -> list[Delivery]:
         deadline = time.monotonic() + timeout

@@ -1,6 +1,10 @@
 """An in-memory broker for unit tests. It passes the same contract suite as the real ones:
 at-least-once delivery, manual acks, a lease after which an unacked message is redelivered,
-and a dead-letter list with reasons."""
+and a dead-letter list with reasons.
+
+Trust: it lives in one process, so what :meth:`MemoryBroker.publish` sends (the relay, the
+Broker protocol) is trusted; what a test injects with :meth:`MemoryBroker.publish_raw` is not,
+unless it says ``trusted=True``."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ class _Message:
     queue: str
     body: bytes
     content_type: str | None
+    trusted: bool = False
     deliveries: int = 0
     not_before: float = 0.0
 
@@ -34,6 +39,7 @@ class MemoryDelivery:
         self.body = message.body
         self.content_type = message.content_type
         self.deliveries = message.deliveries
+        self.trusted = message.trusted
 
     def settle(self, tx: Tx) -> None:
         pass  # memory queues take no part in database transactions
@@ -82,10 +88,18 @@ class MemoryBroker:
 
     def publish(self, batch: Sequence[tuple[str, bytes]]) -> None:
         for queue, body in batch:
-            self.publish_raw(queue, body)
+            self.publish_raw(queue, body, trusted=True)
 
-    def publish_raw(self, queue: str, body: bytes, content_type: str | None = CONTENT_TYPE) -> None:
-        self._put(_Message(next(self._ids), queue, body, content_type))
+    def publish_raw(
+        self,
+        queue: str,
+        body: bytes,
+        content_type: str | None = CONTENT_TYPE,
+        *,
+        trusted: bool = False,
+    ) -> None:
+        """Put a message on ``queue`` as any publisher would (not trusted, by default)."""
+        self._put(_Message(next(self._ids), queue, body, content_type, trusted))
 
     def _put(self, message: _Message) -> None:
         with self._cond:

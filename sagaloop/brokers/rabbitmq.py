@@ -1,10 +1,17 @@
 """RabbitMQ, the production broker (pika's asynchronous ``SelectConnection``).
 
-Topology, declared on connect and again on every reconnect: a durable topic exchange named
-after the namespace; per queue ``Q`` a durable queue ``{namespace}.{Q}`` bound with routing key
-``Q`` (quorum by default, with a delivery limit); a fanout dead-letter exchange
-``{namespace}.dlx`` feeding the durable queue ``{namespace}.dead``. So any AMQP client starts a
-run by publishing JSON to exchange ``sagaloop`` with routing key ``<app>.engine``.
+Topology, declared on connect and again on every reconnect: two durable topic exchanges, the
+public one named after the namespace and ``{namespace}.internal``; per queue ``Q`` a durable
+queue ``{namespace}.{Q}`` (quorum by default, with a delivery limit) bound with routing key
+``Q`` to the internal exchange and, for an engine queue only, to the public one; a fanout
+dead-letter exchange ``{namespace}.dlx`` feeding the durable queue ``{namespace}.dead``. So any
+AMQP client starts a run by publishing JSON to exchange ``sagaloop`` with routing key
+``<app>.engine``, and can reach no step queue; RabbitMQ permissions can fence the internal
+exchange (docs/operations.md).
+
+Trust: with ``signing_key``, every message this broker publishes carries a signature header
+(HMAC-SHA256 of its queue and body, ``signing.py``), and a delivery is ``trusted`` only when its
+signature verifies. Consumers refuse internal messages (step, step result, timer) that are not.
 
 Threads: one I/O thread per broker runs the connection's ioloop and makes every pika call
 (pika is not thread-safe); other threads hand it work with ``add_callback_threadsafe``. Steps
@@ -49,6 +56,7 @@ from sagaloop.brokers._amqp import (
     delivery_count,
     mask_url,
 )
+from sagaloop.brokers.signing import SIGNATURE_HEADER, sign, verify
 from sagaloop.engine.messages import CONTENT_TYPE, MAX_MESSAGE_BYTES
 from sagaloop.engine.ports import Clock, Delivery, SystemClock, Tx
 from sagaloop.errors import BrokerError, UndeliverableError
@@ -78,6 +86,7 @@ class RabbitDelivery:
         self.content_type = message.content_type
         self.deliveries = message.deliveries
         self.queue = message.consumer.queue
+        self.trusted = message.trusted
 
     def settle(self, tx: Tx) -> None:
         pass
@@ -106,6 +115,8 @@ class RabbitBroker:
     ``clock``, is how long a delivery may stay unacked; ``confirm_timeout`` bounds every wait
     for the server (connecting, declaring, publisher confirms). The constructor connects and
     raises :class:`BrokerError` when it cannot; later losses are reconnected in the background.
+    ``signing_key`` (``SqlStore.signing_key()``) signs what it publishes and verifies what it
+    receives; without it nothing it receives is trusted.
     """
 
     uses_outbox = False
@@ -124,6 +135,7 @@ class RabbitBroker:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         connection_name: str = "sagaloop",
         connect_timeout: timedelta | None = None,
+        signing_key: bytes | None = None,
     ) -> None:
         if queue_type not in ("quorum", "classic"):
             raise ValueError(f"queue_type must be 'quorum' or 'classic', not {queue_type!r}")
@@ -134,6 +146,7 @@ class RabbitBroker:
         self.lease = lease.total_seconds()
         self.clock = clock or SystemClock()
         self.max_message_bytes = max_message_bytes
+        self._signing_key = signing_key
         self._params = pika.URLParameters(url)
         self._params.client_properties = {"connection_name": connection_name}
 
@@ -199,8 +212,18 @@ class RabbitBroker:
                     f"a message of {len(body)} bytes to {queue!r} exceeds max_message_bytes "
                     f"({self.max_message_bytes}): keep large payloads out of messages"
                 )
-        props = pika.BasicProperties(content_type=CONTENT_TYPE, delivery_mode=2)
-        self._publish([(self.topology.exchange, queue, body, props) for queue, body in batch])
+        self._publish(
+            [
+                (self.topology.internal_exchange, q, body, self._properties(q, body))
+                for q, body in batch
+            ]
+        )
+
+    def _properties(self, queue: str, body: bytes) -> Any:
+        headers = None
+        if self._signing_key is not None:
+            headers = {SIGNATURE_HEADER: sign(self._signing_key, queue, body)}
+        return pika.BasicProperties(content_type=CONTENT_TYPE, delivery_mode=2, headers=headers)
 
     def receive(self, queues: Sequence[str], max_messages: int, timeout: float) -> list[Delivery]:
         names = list(dict.fromkeys(queues))
@@ -530,7 +553,9 @@ class RabbitBroker:
         self, consumer: Consumer, _channel: Any, method: Any, props: Any, body: bytes
     ) -> None:
         count = delivery_count(props.headers, method.redelivered)
-        message = Message(consumer, body, props.content_type, count, method.delivery_tag)
+        signature = (props.headers or {}).get(SIGNATURE_HEADER)
+        trusted = verify(self._signing_key, consumer.queue, body, signature)
+        message = Message(consumer, body, props.content_type, count, method.delivery_tag, trusted)
         with self._cond:
             self._held.delivered(message)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -10,11 +11,11 @@ from typing import Any
 
 import click
 
-from sagaloop.cli.settings import Settings, load_app, mask_url
+from sagaloop._secrets import mask_url, password_of, scrub
+from sagaloop.cli.settings import Settings, load_app
 from sagaloop.engine.ports import Broker
 from sagaloop.errors import SagaloopError
 from sagaloop.sagas.app import App
-from sagaloop.store.connect import scrub
 from sagaloop.store.sql import SqlStore
 
 
@@ -26,12 +27,18 @@ class Obj:
         if database_url:
             self.settings.database_url = database_url
 
+    def scrub(self, text: str) -> str:
+        """``text`` fit to print: without the configured database and broker passwords, nor any
+        piece of them (see sagaloop._secrets)."""
+        settings = self.settings
+        return scrub(text, password_of(settings.database_url), password_of(settings.broker_url))
+
     def store(self, *, upgrade: bool = False, verify: bool = True) -> SqlStore:
         try:
             store = SqlStore(self.settings.database_url)
         except Exception as e:
             raise click.ClickException(
-                f"cannot use database {mask_url(self.settings.database_url)}: {e}"
+                self.scrub(f"cannot use database {mask_url(self.settings.database_url)}: {e}")
             ) from e
         if upgrade:
             store.upgrade()
@@ -66,10 +73,12 @@ class Obj:
                     queue_type=self.settings.queue_type,
                     lease=lease,
                     connect_timeout=timedelta(seconds=connect_timeout) if connect_timeout else None,
+                    # Shared through the database: signs and verifies internal messages.
+                    signing_key=store.signing_key(),
                 )
             except ValueError as e:  # pika cannot parse the URL (a bad port, say)
                 raise click.ClickException(
-                    f"invalid SAGALOOP_BROKER_URL {mask_url(url)!r}: {scrub(str(e))}"
+                    self.scrub(f"invalid SAGALOOP_BROKER_URL {mask_url(url)!r}: {e}")
                 ) from e
         raise click.ClickException(
             f"unsupported SAGALOOP_BROKER_URL {mask_url(url)!r}: use database, memory or amqp://"
@@ -86,14 +95,34 @@ def errors() -> Iterator[None]:
 
 
 def json_arg(value: str | None, what: str) -> Any:
+    """The JSON text of an option, parsed as the engine parses messages: ``NaN`` and
+    ``Infinity`` (which Python's json accepts) and numbers too large for a float are refused."""
     if value is None:
         return None
+
+    def refuse(constant: str) -> Any:
+        raise click.BadParameter(
+            f"{constant} is not JSON: JSON has no NaN or Infinity (send null or a string)",
+            param_hint=what,
+        )
+
+    def number(text: str) -> float:
+        parsed = float(text)
+        if math.isinf(parsed):
+            raise click.BadParameter(
+                f"{text} is too large for a float (it would be Infinity, which JSON has not)",
+                param_hint=what,
+            )
+        return parsed
+
     try:
-        return json.loads(value)
+        return json.loads(value, parse_constant=refuse, parse_float=number)
     except json.JSONDecodeError as e:
         raise click.BadParameter(
             f"not valid JSON: {e.msg} at position {e.pos}", param_hint=what
         ) from None
+    except (ValueError, RecursionError) as e:  # an integer of over 4300 digits, deep nesting
+        raise click.BadParameter(f"not JSON sagaloop accepts: {e}", param_hint=what) from None
 
 
 app_option = click.option("--app", "app_spec", help="The app: MODULE or MODULE:ATTRIBUTE.")

@@ -21,6 +21,10 @@ MAX_DEPTH = 128
 CONTENT_TYPE = "application/json"
 
 MessageType = Literal["start", "event", "cancel", "retry", "step", "step_result", "timer"]
+PUBLIC_TYPES = frozenset({"start", "event", "cancel", "retry"})
+"""What anyone allowed to publish to the public exchange may send."""
+INTERNAL_TYPES = frozenset({"step", "step_result", "timer"})
+"""What only sagaloop's own processes send (a compensation is a ``step`` with direction undo)."""
 
 
 class Envelope(BaseModel):
@@ -94,13 +98,22 @@ def _check_values(data: Any) -> None:
 
 def derived_id(*parts: object) -> str:
     """The message id ``part:part:...`` of a message whose id derives from others (so that every
-    producer of the same message derives the same id). One over 200 characters, which a long
-    run id makes, keeps its start and ends with a hash of the whole."""
-    text = ":".join(map(str, parts))
+    producer of the same message derives the same id). Each part has its ``%`` and ``:``
+    escaped (``%25``, ``%3A``), so different parts never join to the same id (``acct:7`` +
+    ``reply`` is not ``acct`` + ``7:reply``). One over 200 characters, which a long run id
+    makes, keeps its start and ends with a hash of the whole."""
+    text = ":".join(str(p).replace("%", "%25").replace(":", "%3A") for p in parts)
     if len(text) <= 200:
         return text
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
     return f"{text[:135]}~{digest}"
+
+
+def inbox_key(app: str, env: Envelope) -> str:
+    """The id under which a consumer's inbox records ``env`` as processed: scoped by app,
+    message type and run, so that no id a publisher chooses can collide with another app's,
+    another run's or another kind of message's (``derived_id`` keeps it unambiguous)."""
+    return derived_id(app, env.type, env.run_id, env.message_id)
 
 
 def _no_nul(value: str | None) -> str | None:

@@ -59,6 +59,8 @@ class Timer:
     kind: str
     fire_at: datetime
     attempt: int = 0
+    app: str = ""
+    """The app of the run (the store sets it from the run: ``add_timer`` ignores this)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -70,6 +72,8 @@ class QueuedMessage:
     body: bytes
     deliveries: int
     claim_token: str
+    trusted: bool = True
+    """Written by sagaloop's store (``enqueue``), not put there raw (``enqueue_raw``)."""
 
 
 class Tx(Protocol):
@@ -100,7 +104,7 @@ class Store(Protocol):
     def create_run(self, tx: Tx, run: RunRecord) -> bool: ...
     def lock_run(self, tx: Tx, run_id: str) -> RunRecord | None: ...
     def get_run(self, run_id: str) -> RunRecord | None: ...
-    def save_run(self, tx: Tx, run: RunRecord) -> None: ...
+    def save_run(self, tx: Tx, run: RunRecord, *, if_last_seq: int | None = None) -> bool: ...
     def list_runs(
         self, *, status: str | None = None, saga: str | None = None, limit: int = 100
     ) -> list[RunRecord]: ...
@@ -113,10 +117,18 @@ class Store(Protocol):
     ) -> list[Event]: ...
 
     # timers
-    def add_timer(self, tx: Tx, timer: Timer) -> None: ...
+    def add_timer(self, tx: Tx, timer: Timer) -> None:
+        """Set the timer, for the app of its run."""
+        ...
+
     def delete_timers(self, tx: Tx, run_id: str) -> None: ...
-    def take_due_timers(self, tx: Tx, now: datetime, limit: int) -> list[Timer]: ...
-    def next_timer_at(self) -> datetime | None: ...
+    def take_due_timers(
+        self, tx: Tx, now: datetime, limit: int, *, app: str | None = None
+    ) -> list[Timer]:
+        """Remove and return the due timers of ``app``'s runs (None: of every app)."""
+        ...
+
+    def next_timer_at(self, *, app: str | None = None) -> datetime | None: ...
 
     # inbox
     def inbox_get(self, tx: Tx | None, consumer: str, message_id: str) -> tuple[bool, Any]:
@@ -129,7 +141,16 @@ class Store(Protocol):
         ...
 
     # outbox (and, for the database broker, the queue itself)
-    def enqueue(self, tx: Tx, messages: Sequence[Outgoing], now: datetime) -> None: ...
+    def enqueue(self, tx: Tx, messages: Sequence[Outgoing], now: datetime) -> None:
+        """Queue the messages; their large payload values go by reference (see resolve)."""
+        ...
+
+    def resolve(self, tx: Tx | None, env: Envelope) -> Envelope:
+        """``env`` as it was enqueued: the large values that :meth:`enqueue` replaced by
+        references loaded back (``env`` itself when it holds none). MessageError when a
+        reference does not resolve."""
+        ...
+
     def hand_over_to(self, handoff: Handoff | None) -> None:
         """From now on, give the rows that this process's transactions enqueue to ``handoff``
         after each commit (None: stop). Rows written in an attached transaction are not
@@ -167,6 +188,9 @@ class Delivery(Protocol):
     content_type: str | None
     deliveries: int
     """1 on the first delivery; more means an earlier consumer may have processed it."""
+    trusted: bool
+    """Whether sagaloop's own processes sent it (a verified signature, or a row its store
+    wrote): only then may it be an internal message (step, step result, timer)."""
 
     def settle(self, tx: Tx) -> None: ...
     def ack(self) -> None: ...

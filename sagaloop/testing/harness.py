@@ -153,7 +153,7 @@ class Harness:
                 continue
             if not skip_time:
                 return done
-            next_at = self.store.next_timer_at()
+            next_at = self.store.next_timer_at(app=self.app.name)
             if self._messages_in_hand():
                 # Claimed by a simulated crash, or delayed by retry_later: skip past the lease.
                 idle_skips += 1

@@ -128,6 +128,7 @@ class System:
             ch.queue_delete(f"{self.namespace}.dead")
             ch.exchange_delete(self.namespace)
             ch.exchange_delete(f"{self.namespace}.dlx")
+            ch.exchange_delete(f"{self.namespace}.internal")
         finally:
             conn.close()
 

@@ -413,10 +413,11 @@ def h() -> Iterator[Harness]:
         h.close()
 
 
-def publish_and_drain(h: Harness, queue: str, body: bytes) -> str | None:
-    """Publish one message, process everything; the reason if it was dead-lettered."""
+def publish_and_drain(h: Harness, queue: str, body: bytes, *, trusted: bool = False) -> str | None:
+    """Publish one message, process everything; the reason if it was dead-lettered.
+    ``trusted``: as if sagaloop wrote it (an internal message that is not is refused first)."""
     count = len(dead(h))
-    h.broker.publish_raw(queue, body)  # type: ignore[attr-defined]
+    h.broker.publish_raw(queue, body, trusted=trusted)  # type: ignore[attr-defined]
     drain(h)
     letters = dead(h)[count:]
     assert len(letters) <= 1, letters
@@ -471,7 +472,7 @@ def test_a_bad_engine_message_is_dead_lettered_with_a_reason(
 ) -> None:
     finished = snapshot(h, FINISHED)
     with errors_logged() as errors:
-        reason = publish_and_drain(h, EQ, body)
+        reason = publish_and_drain(h, EQ, body, trusted=True)
     assert reason is not None, "not dead-lettered"
     for word in words:
         assert word in reason, reason
@@ -491,10 +492,37 @@ def test_a_bad_engine_message_is_dead_lettered_with_a_reason(
 def test_a_bad_step_message_is_dead_lettered_with_a_reason(
     h: Harness, body: bytes, words: list[str]
 ) -> None:
-    reason = publish_and_drain(h, SQ, body)
+    reason = publish_and_drain(h, SQ, body, trusted=True)
     assert reason is not None
     for word in words:
         assert word in reason, reason
+
+
+@pytest.mark.parametrize(
+    ("queue", "body"),
+    [
+        (EQ, contract(type="step_result", run_id=FINISHED, position=2, attempt=1, payload={})),
+        (EQ, contract(type="timer", run_id=FINISHED, position=1, payload={"kind": "wait"})),
+        (EQ, contract(type="step", run_id=FINISHED)),
+        (SQ, contract(type="step", run_id="r", payload={"step": "charge", "args": {}})),
+        (SQ, contract(type="step", run_id="r", payload={"step": "charge", "direction": "undo"})),
+    ],
+)
+def test_an_internal_message_sagaloop_did_not_send_is_refused_before_its_inbox(
+    h: Harness, queue: str, body: bytes
+) -> None:
+    """Issue 10, defect 4: a step, step result or timer from outside sagaloop's processes
+    (see tests/integration/test_forgery.py for the same through plain pika on RabbitMQ)."""
+    finished, inbox = snapshot(h, FINISHED), inbox_rows(h)
+    reason = publish_and_drain(h, queue, body)
+    assert reason is not None and "not signed by sagaloop" in reason, reason
+    assert snapshot(h, FINISHED) == finished
+    assert inbox_rows(h) == inbox, "a refused message must not occupy an inbox id"
+
+
+def inbox_rows(h: Harness) -> int:
+    with h.store.engine.connect() as conn:
+        return int(conn.exec_driver_sql("SELECT count(*) FROM sagaloop_inbox").scalar_one())
 
 
 def test_a_malformed_step_result_for_a_step_in_flight_is_dead_lettered(h: Harness) -> None:
@@ -513,7 +541,7 @@ def test_a_malformed_step_result_for_a_step_in_flight_is_dead_lettered(h: Harnes
             type="step_result", run_id=run_id, position=pos, attempt=1, payload=payload
         )
         with errors_logged() as errors:
-            h.broker.publish_raw(EQ, forged)  # type: ignore[attr-defined]
+            h.broker.publish_raw(EQ, forged, trusted=True)  # type: ignore[attr-defined]
             for delivery in h.broker.receive([EQ], 1, 0):
                 h._engine_consumer.process(delivery)
         assert not errors
@@ -566,13 +594,17 @@ def test_a_saga_input_of_the_wrong_shape_is_dead_lettered_naming_the_field(h: Ha
     assert reason is not None and "cents" in reason and "pay" in reason
     reason = publish_and_drain(h, EQ, valid_start("bad", value={"id": "1"}))
     assert reason is not None and "cents" in reason
-    assert h.store.get_run("bad") is None
+    run = h.store.get_run("bad")  # the run says why it never started, instead of hanging
+    assert run is not None and run.status == "failed" and run.error is not None
+    assert "cents" in run.error["message"] and "lots" not in str(run.input)
 
 
 def test_a_start_for_an_unknown_saga_is_dead_lettered(h: Harness) -> None:
     reason = publish_and_drain(h, EQ, valid_start("who", saga="nope"))
     assert reason is not None and "unknown saga 'nope'" in reason
-    assert h.store.get_run("who") is None
+    run = h.store.get_run("who")
+    assert run is not None and run.status == "failed" and run.error is not None
+    assert "unknown saga 'nope'" in run.error["message"]
 
 
 def test_an_event_for_an_unknown_run_is_dead_lettered(h: Harness) -> None:
@@ -592,7 +624,7 @@ def test_stale_messages_for_a_finished_run_are_ignored(h: Harness) -> None:
     ]
     with errors_logged() as errors:
         for body in stale:
-            assert publish_and_drain(h, EQ, body) is None
+            assert publish_and_drain(h, EQ, body, trusted=True) is None
     assert not errors
     assert snapshot(h, FINISHED) == finished
 
@@ -719,10 +751,10 @@ LONG = "x" * 300
         (["send-event", "RUN", ""], ["event name must be 1 to 200 characters"]),
         (["send-event", "RUN", "go", "--data", "[1,"], ["not valid JSON"]),
         (["send-event", "RUN", "go", "--data", json.dumps("x" * MAX_MESSAGE_BYTES)], ["limit"]),
-        (["send-event", LONG, "go"], ["no run with id"]),
-        (["status", LONG], ["no run with id"]),
-        (["cancel", LONG], ["no run with id"]),
-        (["retry", LONG], ["no run with id"]),
+        (["send-event", LONG, "go"], ["run_id must be 1 to 200 characters"]),
+        (["status", LONG], ["run_id must be 1 to 200 characters"]),
+        (["cancel", LONG], ["run_id must be 1 to 200 characters"]),
+        (["retry", LONG], ["run_id must be 1 to 200 characters"]),
         (["start", "s", "--input", "1", "--run-id", LONG, "--app", "hostile_cli"], ["run_id"]),
         (["start", "s", "--input", '"one"', "--app", "hostile_cli"], ["input", "int"]),
         (
