@@ -20,9 +20,38 @@ from sagaloop.sagas.app import App
 from sagaloop.store.sql import SqlStore
 
 F = TypeVar("F", bound=Callable[..., Any])
+LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
 
-@click.group()
+class _Cli(click.Group):
+    """The ``sagaloop`` group: every error a command reports leaves through ``Obj.scrub``, so it
+    holds no configured password nor any piece of one, whichever driver phrased it."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as e:
+            text = e.format_message()
+            scrubbed = ctx.obj.scrub(text) if isinstance(ctx.obj, Obj) else text
+            if scrubbed == text:
+                raise
+            kind = click.UsageError if isinstance(e, click.UsageError) else click.ClickException
+            raise kind(scrubbed) from None
+
+
+class _ScrubbingFormatter(logging.Formatter):
+    """Log lines (tracebacks included) without the configured passwords: the last net under the
+    masking that every message quoting a URL or a driver's error already does."""
+
+    def __init__(self, scrub: Callable[[str], str]) -> None:
+        super().__init__(LOG_FORMAT)
+        self._scrub = scrub
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self._scrub(super().format(record))
+
+
+@click.group(cls=_Cli)
 @click.option(
     "--database-url",
     default=None,
@@ -33,12 +62,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 @click.pass_context
 def cli(ctx: click.Context, database_url: str | None, verbose: bool) -> None:
     """sagaloop: durable AI-agent loops as sagas."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    ctx.obj = Obj(database_url)
+    ctx.obj = obj = Obj(database_url)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_ScrubbingFormatter(obj.scrub))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
 
 
 def _client(obj: Obj, app: App | None = None) -> Client:
@@ -100,9 +127,9 @@ def status(obj: Obj, run_id: str, as_json: bool) -> None:
 def list_runs(obj: Obj, status_: str | None, saga: str | None, limit: int, as_json: bool) -> None:
     """List runs, newest first, with counts by status."""
     with errors():
-        store = obj.store()
-        runs = store.list_runs(status=status_, saga=saga, limit=limit)
-        counts = store.count_runs(saga=saga)
+        client = _client(obj)
+        runs = client.list(status=status_, saga=saga, limit=limit)
+        counts = client.store.count_runs(saga=saga)
     if as_json:
         rows = [
             {

@@ -35,19 +35,6 @@ class Settings(BaseSettings):
     """The app to load, as ``module`` or ``module:attribute``."""
 
 
-def mask_url(url: str) -> str:
-    """The URL with its password hidden (also a ``password=`` query parameter), for logs and
-    errors."""
-    from sqlalchemy.engine import make_url
-
-    from sagaloop.store.connect import scrub
-
-    try:
-        return scrub(make_url(url).render_as_string(hide_password=True))
-    except Exception:
-        return scrub(url.split("@")[-1] if "@" in url else url)
-
-
 def load_app(spec: str) -> App:
     """Import ``module`` or ``module:attribute`` and return the App it names."""
     if os.getcwd() not in sys.path:

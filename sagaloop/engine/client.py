@@ -4,19 +4,29 @@ written)."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any
 
+import pydantic
+import pydantic_core
+from pydantic import BaseModel
+
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.history import Event, NewEvent
-from sagaloop.engine.messages import MAX_MESSAGE_BYTES, Envelope, derived_id, engine_queue
+from sagaloop.engine.messages import (
+    MAX_MESSAGE_BYTES,
+    Envelope,
+    EventPayload,
+    derived_id,
+    engine_queue,
+)
 from sagaloop.engine.ports import Clock, Outgoing, RunRecord, Store, SystemClock
 from sagaloop.engine.timeline import Timeline, timeline
 from sagaloop.errors import ErrorInfo as _ErrorInfo
 from sagaloop.errors import (
+    MessageError,
     RunFinishedError,
     RunNotFoundError,
     RunStateError,
@@ -24,24 +34,65 @@ from sagaloop.errors import (
     ValidationError,
 )
 from sagaloop.sagas.app import App, SagaDef
+from sagaloop.sagas.convert import ANY, Converter, encode_value
+
+# The client refuses, before anything is written, what the engine would refuse after: it
+# checks with the engine's own rules (the Envelope's fields, Envelope.from_bytes and the
+# converters' encode_value), so a run is never written whose start the engine dead-letters.
 
 
-def _json(value: Any, what: str) -> Any:
+def _check_text(
+    value: str, what: str, model: type[BaseModel] = Envelope, field: str = "run_id"
+) -> str:
+    """``value`` if the engine's ``model.field`` accepts it (for ids and names: 1 to 200
+    characters of text that UTF-8 can encode, without NUL), else one ValidationError line."""
     try:
-        return json.loads(json.dumps(value))
-    except (TypeError, ValueError) as e:
-        raise ValidationError(f"{what} is not JSON-compatible: {e}") from e
-
-
-def _check_size(env: Envelope) -> None:
-    """Refuse, before anything is written, a message that consumers would dead-letter."""
-    size = len(env.to_bytes())
-    if size > MAX_MESSAGE_BYTES:
+        model.__pydantic_validator__.validate_assignment(model.model_construct(), field, value)
+    except pydantic.ValidationError as e:
+        shown = repr(value)
+        shown = shown if len(shown) <= 50 else shown[:45] + "...'"
+        error = e.errors()[0]
+        reason = (
+            "it holds invalid UTF-8 or a lone surrogate"
+            if error["type"] == "string_unicode"
+            else error["msg"].removeprefix("Value error, ")
+        )
         raise ValidationError(
-            f"the {env.type} message of run {env.run_id!r} would be {size} bytes, over the "
+            f"{what} must be 1 to 200 characters of valid UTF-8 text, without NUL: "
+            f"{shown} is refused ({reason})"
+        ) from e
+    return value
+
+
+def _to_json(value: Any, converter: Converter, what: str) -> Any:
+    """``value`` as the JSON that is stored and sent: valid for ``converter``'s type and
+    storable. NaN and Infinity are refused even where pydantic would quietly write null."""
+    try:
+        plain = pydantic_core.to_jsonable_python(value, inf_nan_mode="constants")
+    except (pydantic_core.PydanticSerializationError, ValueError):
+        pass  # not JSON-like at all: the converter says why
+    else:
+        encode_value(plain, what=what)
+    return converter.to_json(value, what=what)
+
+
+def _check_message(env: Envelope) -> None:
+    """Refuse, before anything is written, a message that consumers would dead-letter: its bytes
+    are read back as the engine reads them."""
+    try:
+        body = env.to_bytes()
+    except pydantic_core.PydanticSerializationError as e:
+        raise ValidationError(f"the {env.type} message of run {env.run_id!r}: {e}") from e
+    if len(body) > MAX_MESSAGE_BYTES:
+        raise ValidationError(
+            f"the {env.type} message of run {env.run_id!r} would be {len(body)} bytes, over the "
             f"limit of {MAX_MESSAGE_BYTES}: keep large payloads out of messages (store them "
             "and pass a reference)"
         )
+    try:
+        Envelope.from_bytes(body)
+    except MessageError as e:
+        raise ValidationError(f"the engine would refuse the {env.type} message: {e}") from e
 
 
 class Client:
@@ -59,8 +110,11 @@ class Client:
         self, saga: SagaDef[Any, Any] | str, input: Any = None, *, run_id: str | None = None
     ) -> str:
         """Start a run and return its id. Idempotent per ``run_id``: starting an existing run
-        id returns it without starting another."""
+        id returns it without starting another. Refuses, before anything is written, what the
+        engine would refuse (an invalid or empty id or name, NaN or Infinity, a lone surrogate,
+        a message over the size limit), and a run id that a run of another app holds."""
         if isinstance(saga, str):
+            _check_text(saga, "saga name")
             definition = self.app.get_saga(saga) if self.app is not None else None
             if self.app is not None and definition is None:
                 from sagaloop.errors import UnknownSagaError
@@ -71,13 +125,9 @@ class Client:
         name = definition.name if definition is not None else str(saga)
         if not self.app_name:
             raise ValidationError("Client(store, app) needs the app to start runs")
-        if definition is not None:
-            input_json = definition.input.to_json(input, what=f"input of saga {name!r}")
-        else:
-            input_json = _json(input, f"input of saga {name!r}")
-        run_id = run_id or uuid.uuid4().hex
-        if not run_id or len(run_id) > 200 or "\x00" in run_id:
-            raise ValidationError("run_id must be 1 to 200 characters, without NUL")
+        run_id = _check_text(uuid.uuid4().hex if run_id is None else run_id, "run_id")
+        converter = definition.input if definition is not None else ANY
+        input_json = _to_json(input, converter, f"input of saga {name!r}")
         now = self.clock.now()
         env = Envelope(
             type="start",
@@ -87,11 +137,16 @@ class Client:
             payload={"input": input_json},
             created_at=now,
         )
-        _check_size(env)
+        _check_message(env)
         with self.store.transaction() as tx:
             record = RunRecord(run_id, self.app_name, name, s.RUNNING, input_json, now, now, 1)
             if not self.store.create_run(tx, record):
                 existing = self.store.lock_run(tx, run_id)
+                if existing is not None and existing.app != self.app_name:
+                    raise RunStateError(
+                        f"run id {run_id!r} is taken by a run of app {existing.app!r} (apps "
+                        "sharing a database share their run ids): choose another run id"
+                    )
                 if existing is not None and existing.saga != name:
                     raise RunStateError(
                         f"run {run_id!r} already exists as a run of saga {existing.saga!r}"
@@ -122,7 +177,7 @@ class Client:
             created_at=now,
             message_id=message_id or uuid.uuid4().hex,
         )
-        _check_size(env)
+        _check_message(env)
         with self.store.transaction() as tx:
             self.store.enqueue(tx, [Outgoing(engine_queue(run.app), env)], now)
 
@@ -131,10 +186,12 @@ class Client:
     ) -> None:
         """Deliver an event to a run; kept until the run waits for it if it arrives early.
         Sends with the same ``event_id`` are delivered once (safe to retry)."""
-        if not name or len(name) > 200 or "\x00" in name:
-            raise ValidationError("event name must be 1 to 200 characters, without NUL")
-        payload = {"name": name, "data": _json(data, "event data")}
-        message_id = derived_id("event", run_id, event_id) if event_id else None
+        _check_text(run_id, "run_id")
+        _check_text(name, "event name", EventPayload, "name")
+        if event_id is not None:
+            _check_text(event_id, "event_id")
+        payload = {"name": name, "data": _to_json(data, ANY, "event data")}
+        message_id = derived_id("event", run_id, event_id) if event_id is not None else None
         self._send(run_id, "event", payload, live=True, message_id=message_id)
 
     def cancel(self, run_id: str, reason: str | None = None) -> None:
@@ -151,7 +208,7 @@ class Client:
     # --- reading -----------------------------------------------------------------------------
 
     def get(self, run_id: str) -> RunRecord:
-        run = self.store.get_run(run_id)
+        run = self.store.get_run(_check_text(run_id, "run_id"))
         if run is None:
             raise RunNotFoundError(run_id)
         return run
@@ -167,6 +224,8 @@ class Client:
     def list(
         self, *, status: str | None = None, saga: str | None = None, limit: int = 100
     ) -> list[RunRecord]:
+        if saga is not None:
+            _check_text(saga, "saga name")
         return self.store.list_runs(status=status, saga=saga, limit=limit)
 
     def result(self, run_id: str, *, timeout: float | None = None, poll: float = 0.05) -> Any:

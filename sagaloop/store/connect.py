@@ -6,7 +6,6 @@ here: engine and pool options, and which failures are worth retrying.
 
 from __future__ import annotations
 
-import re
 import select
 import time
 from typing import Any
@@ -17,6 +16,9 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine as SAEngine
 from sqlalchemy.pool import StaticPool
 
+from sagaloop._secrets import mask_url as mask_url  # re-exported: one masking function
+from sagaloop._secrets import password_of
+from sagaloop._secrets import scrub as scrub
 from sagaloop.errors import StoreError, TransientStoreError
 
 # PostgreSQL SQLSTATEs worth retrying: the transaction lost a race, or the server is going away
@@ -33,9 +35,6 @@ TRANSIENT_SQLSTATES = frozenset(
     }
 )
 _SQLITE_TRANSIENT = frozenset({5, 6})  # SQLITE_BUSY ("database is locked"), SQLITE_LOCKED
-
-_URL_PASSWORD = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)[^@\s]*@")
-_CONNINFO_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 
 
 def create_sa_engine(
@@ -153,22 +152,6 @@ def _sqlite_engine(
 # --- errors --------------------------------------------------------------------------------
 
 
-def mask_url(url: str | sa.URL) -> str:
-    """The URL with its password replaced by ``***`` (also a ``password=`` query parameter)."""
-    try:
-        return scrub(sa.make_url(url).render_as_string(hide_password=True))
-    except sa_exc.ArgumentError:
-        return scrub(str(url))
-
-
-def scrub(text: str, password: str | None = None) -> str:
-    """``text`` without passwords: in URLs, in ``password=`` pairs, and ``password`` itself."""
-    if password:
-        text = text.replace(password, "***")
-    text = _URL_PASSWORD.sub(r"\1***@", text)
-    return _CONNINFO_PASSWORD.sub(r"\1***", text)
-
-
 def error_code(e: BaseException) -> str | None:
     """The SQLSTATE (PostgreSQL) or SQLite error name of a driver error, if it has one."""
     orig = e.orig if isinstance(e, sa_exc.DBAPIError) else e
@@ -209,7 +192,9 @@ def translate(e: BaseException, url: sa.URL, what: str = "database operation") -
     detail = " ".join(str(orig).split())
     if len(detail) > 500:
         detail = detail[:500] + "..."
-    detail = scrub(detail, url.password if isinstance(url.password, str) else None)
+    # The driver may quote a piece of a password that the URL parser cut short (at an ``@``).
+    full = password_of(url.render_as_string(hide_password=False))
+    detail = scrub(detail, url.password if isinstance(url.password, str) else None, full)
     kind = type(orig).__name__ + (f" [{code}]" if code else "")
     where = mask_url(url)
     if is_transient(e):

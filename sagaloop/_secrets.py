@@ -1,0 +1,84 @@
+"""Masking secrets: the one place that hides passwords from logs, errors and command output.
+
+Every message that quotes a URL or a driver's error text goes through :func:`mask_url` or
+:func:`scrub`. Drivers parse a URL whose password holds ``/``, ``#``, ``?``, ``@`` or ``:``
+their own way and may quote a piece of the password (pika: ``Port could not be cast to integer
+value as 'MqS3cr'``), so a text derived from a URL is scrubbed of that URL's password *and of
+every piece of it*, not only of the ``user:password@`` part that a pattern can find.
+
+Standard library only: the store, the brokers and the command line all import it.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+
+MASK = "***"
+MIN_FRAGMENT = 3
+"""Pieces of a known password shorter than this are not masked on their own: they give away
+little, and masking every ``a`` or ``1`` of a message would make it unreadable."""
+
+_SEPARATORS = re.compile(r"[/#?:@%&=;\s]+")
+"""Where a URL parser may cut a password that was not percent-encoded."""
+_URL_USERINFO = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s'\"]*:)\S*@")
+"""``scheme://user:`` and everything up to the last ``@`` of the same word: a password may hold
+``/``, ``#``, ``?``, ``@`` and ``:``, so the password ends at the last ``@``, not the first."""
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&;]password=)[^&#\s'\"]*", re.IGNORECASE)
+_CONNINFO_PASSWORD = re.compile(
+    r"(?P<head>(?<![?&;])\bpassword\s*=\s*)(?:'(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE
+)
+
+
+def password_of(url: str | None) -> str | None:
+    """The password in ``url``'s ``user:password@`` part, as written (percent-encoded or not),
+    or None. The password runs to the *last* ``@`` of the URL, so one holding ``/``, ``#``,
+    ``?``, ``@`` or ``:`` is found whole."""
+    if not url:
+        return None
+    scheme, sep, rest = url.partition("://")
+    if not sep or not scheme or "@" not in rest:
+        return None
+    userinfo = rest[: rest.rfind("@")]
+    _user, colon, password = userinfo.partition(":")
+    return password if colon and password else None
+
+
+def mask_url(url: object) -> str:
+    """``url`` fit for logs and errors: the password of its ``user:password@`` part (however it
+    is written) and a ``password=`` parameter replaced by ``***``. Takes a string or a
+    SQLAlchemy URL (whose ``str`` would hide the password but not a ``password=`` parameter)."""
+    render = getattr(url, "render_as_string", None)
+    text = render(hide_password=False) if callable(render) else str(url)
+    password = password_of(text)
+    if password is not None:
+        scheme, _, rest = text.partition("://")
+        at = rest.rfind("@")
+        user = rest[:at].partition(":")[0]
+        text = f"{scheme}://{user}:{MASK}@{rest[at + 1 :]}"
+    return scrub(text, password)
+
+
+def scrub(text: str, *passwords: str | None) -> str:
+    """``text`` fit for logs and errors: the password of every URL in it, every ``password=``
+    value, and each known password of ``passwords`` masked, the latter also percent-decoded and
+    cut into the pieces a parser may have quoted (split at ``/ # ? : @ %``)."""
+    for secret in _known(passwords):
+        text = text.replace(secret, MASK)
+    text = _URL_USERINFO.sub(rf"\g<head>{MASK}@", text)
+    text = _QUERY_PASSWORD.sub(rf"\g<head>{MASK}", text)
+    return _CONNINFO_PASSWORD.sub(rf"\g<head>{MASK}", text)
+
+
+def _known(passwords: tuple[str | None, ...]) -> list[str]:
+    """Every form of the passwords worth masking, longest first (so a whole password is masked
+    before its pieces)."""
+    forms: set[str] = set()
+    for password in passwords:
+        if not password:
+            continue
+        whole = {password, urllib.parse.unquote(password), urllib.parse.quote(password, safe="")}
+        forms.update(whole)
+        for form in whole:
+            forms.update(_SEPARATORS.split(form))
+    return sorted((f for f in forms if len(f) >= MIN_FRAGMENT), key=len, reverse=True)
