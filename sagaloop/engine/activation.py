@@ -1,9 +1,12 @@
 """The engine: one activation per message addressed to a run.
 
-An activation, inside the caller's transaction: lock the run, bring its state up to date (from
-the cache or by replaying the history), append the events the message causes, let the saga code
-react, append the commands it issued, and write every resulting message to the outbox and every
-timer to the timers table. Nothing of the run stays in memory but a bounded cache.
+An activation has two halves. :meth:`Engine.prepare`, outside any transaction: read the run,
+bring its state up to date (from the cache or by replaying the history), append the events the
+message causes and let the saga code react, under the activation deadline. :meth:`Engine.apply`,
+inside the caller's write transaction: record the message in the inbox, update the run only if
+nobody else did since it was read (its ``last_seq``; else :class:`ActivationConflict`), and
+write the events, timers and outgoing messages. Saga code never runs while a write lock is
+held, and nothing of the run stays in memory but a bounded cache of committed state.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,6 +27,7 @@ from sagaloop.engine.messages import (
     EventPayload,
     StartPayload,
     engine_queue,
+    inbox_key,
     parse_payload,
     step_queue,
 )
@@ -31,13 +35,26 @@ from sagaloop.engine.ports import Clock, Outgoing, RunRecord, Store, SystemClock
 from sagaloop.engine.replay import Replayer
 from sagaloop.engine.state import RunState
 from sagaloop.engine.steps import DO, UNDO, StepRunner, idempotency_key, task_message_id
-from sagaloop.errors import ErrorInfo, MessageError, NonDeterminismError, ValidationError
+from sagaloop.engine.watchdog import Watchdog
+from sagaloop.errors import (
+    ActivationDeadlineError,
+    ErrorInfo,
+    MessageError,
+    NonDeterminismError,
+    TransientStoreError,
+    ValidationError,
+)
 from sagaloop.sagas.app import App
 
 logger = logging.getLogger(__name__)
 
 ENGINE_CONSUMER = "engine"
 Triggers = Callable[[RunState], list[NewEvent]]
+
+
+class ActivationConflict(TransientStoreError):
+    """The run changed (another engine activated it) between prepare and apply: prepare
+    again."""
 
 
 @dataclasses.dataclass
@@ -47,12 +64,13 @@ class _Live:
     state: RunState
     code: Replayer | None
     divergence: dict[str, Any] | None = None
-    """A non-determinism found while catching up, not yet recorded as ``run_parked``."""
+    """A reason to park found while catching up (non-determinism, the deadline), not yet
+    recorded as ``run_parked``."""
 
 
 @dataclasses.dataclass
 class _Effects:
-    """What an activation writes, all at once when it ends (``Engine._save``)."""
+    """What an activation writes, all at once in :meth:`Engine.apply`."""
 
     at: datetime
     """When the activation happened: the time of all its events."""
@@ -62,6 +80,22 @@ class _Effects:
     messages: list[Outgoing] = dataclasses.field(default_factory=list)
     timers: list[Timer] = dataclasses.field(default_factory=list)
     clear_timers: bool = False
+
+
+@dataclasses.dataclass
+class Plan:
+    """What :meth:`Engine.prepare` decided for one message; :meth:`Engine.apply` writes it."""
+
+    env: Envelope
+    run: RunRecord | None = None
+    """The run as it will be saved (None: the message changes no run)."""
+    base_seq: int = 0
+    """The run's ``last_seq`` when it was read: the update applies only if it is unchanged."""
+    effects: _Effects | None = None
+    create: bool = False
+    """The run does not exist yet: insert it (a start published without a client)."""
+    rejected: str | None = None
+    """The message was refused (the run records why); dead-letter it after the commit."""
 
 
 class Engine:
@@ -76,56 +110,149 @@ class Engine:
         clock: Clock | None = None,
         cache_size: int = 1024,
         runner: StepRunner | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.app = app
         self.store = store
         self.clock = clock or SystemClock()
         self.cache_size = cache_size
+        self.watchdog = watchdog or Watchdog()
         self._cache: collections.OrderedDict[str, _Live] = collections.OrderedDict()
         self._staged: dict[str, _Live] = {}
+        self._staged_runs: dict[str, RunRecord] = {}
         self._runner = runner or StepRunner(app, threads=1, worker="engine")
         self.queue = engine_queue(app.name)
 
     # --- messages ----------------------------------------------------------------------------
 
-    def handle(self, tx: Tx, env: Envelope) -> None:
-        """Process one engine message in ``tx``. Raises MessageError for a message that can
-        never be processed (the consumer dead-letters it); a duplicate is a no-op.
+    def prepare(self, env: Envelope) -> Plan:
+        """Decide what ``env`` does, outside any transaction: the saga code runs here. Raises
+        MessageError for a message that can never be processed (the consumer dead-letters it).
 
-        Call :meth:`committed` after ``tx`` commits, so that the cache only ever holds
-        committed state (anything else is dropped and replayed from the history)."""
-        if not self.store.inbox_put(tx, ENGINE_CONSUMER, env.message_id, None, self.clock.now()):
-            logger.debug("duplicate message %s ignored", env.message_id)
-            return
-        handler = _HANDLERS.get(env.type)
-        if handler is None:
+        Call :meth:`committed` or :meth:`rolled_back` once the plan's transaction ended, so that
+        the cache only ever holds committed state."""
+        if env.type == "start":
+            return self._on_start(env)
+        triggers = _TRIGGERS.get(env.type)
+        if triggers is None:
             raise MessageError(f"message type {env.type!r} is not for the engine")
-        handler(self, tx, env)
+        run = self._read_run(env.run_id)
+        return self._activate(env, run, triggers(self, env, run))
 
-    def _on_start(self, tx: Tx, env: Envelope) -> None:
-        payload: StartPayload = parse_payload(StartPayload, env)
-        saga = self.app.get_saga(env.saga or "")
-        if saga is None:
-            raise MessageError(f"unknown saga {env.saga!r} in app {self.app.name!r}")
+    def apply(self, tx: Tx, plan: Plan) -> None:
+        """Write the plan in ``tx``. A duplicate message writes nothing; a run changed since
+        :meth:`prepare` read it raises ActivationConflict (roll back and prepare again)."""
+        now = self.clock.now()
+        key = inbox_key(self.app.name, plan.env)
+        if not self.store.inbox_put(tx, ENGINE_CONSUMER, key, None, now):
+            logger.debug("duplicate message %s ignored", plan.env.message_id)
+            run_id = plan.env.run_id  # what prepare staged for it did not happen
+            self._staged.pop(run_id, None)
+            self._staged_runs.pop(run_id, None)
+            return
+        run, effects = plan.run, plan.effects
+        if run is None or effects is None:
+            return
+        if plan.create and not self.store.create_run(tx, dataclasses.replace(run, last_seq=0)):
+            raise ActivationConflict(f"run {run.run_id!r} was created meanwhile")
+        if not self.store.save_run(tx, run, if_last_seq=plan.base_seq):
+            raise ActivationConflict(f"run {run.run_id!r} changed meanwhile")
+        if effects.events:
+            self.store.append_events(tx, run.run_id, effects.after_seq, effects.events, effects.at)
+        if effects.clear_timers:
+            self.store.delete_timers(tx, run.run_id)
+        for timer in effects.timers:
+            self.store.add_timer(tx, timer)
+        self.store.enqueue(tx, effects.messages, now)
+
+    def park(self, env: Envelope, error: ErrorInfo, failures: int) -> Plan:
+        """A plan that parks the run of ``env`` in ``needs_attention`` without running saga
+        code: ``env`` failed ``failures`` times. The message is kept with the run, and
+        ``sagaloop retry`` processes it again."""
+        run = self._read_run(env.run_id)
+        reason = (
+            f"the engine failed {failures} times on a {env.type} message of this run: "
+            f"{error.type}: {error.message}"
+        )
+        data = {
+            "reason": reason,
+            "error": error.to_json(),
+            "message": env.model_dump(mode="json", exclude_none=True),
+        }
+
+        def triggers(st: RunState) -> list[NewEvent]:
+            return [] if st.finished else [NewEvent(h.RUN_PARKED, data=data)]
+
+        self._cache.pop(run.run_id, None)  # its state may be what failed: start afresh
+        self._staged.pop(run.run_id, None)
+        return self._activate(env, run, [triggers], run_code=False)
+
+    def _read_run(self, run_id: str) -> RunRecord:
+        run = self._staged_runs.get(run_id) or self.store.get_run(run_id)
+        if run is None:
+            raise MessageError(f"no run with id {run_id!r}")
+        if run.app != self.app.name:
+            raise MessageError(
+                f"run {run_id!r} belongs to app {run.app!r}, not {self.app.name!r}: a message "
+                "for it reached the wrong engine queue"
+            )
+        return run
+
+    def _on_start(self, env: Envelope) -> Plan:
+        existing = self.store.get_run(env.run_id) if env.run_id not in self._staged_runs else None
+        run = self._staged_runs.get(env.run_id) or existing
         try:
-            value = saga.input.from_json(payload.input, what=f"input of saga {saga.name!r}")
-            input_json = saga.input.to_json(value, what=f"input of saga {saga.name!r}")
-        except ValidationError as e:
-            raise MessageError(str(e)) from e
+            payload: StartPayload = parse_payload(StartPayload, env)
+            saga = self.app.get_saga(env.saga or "")
+            if saga is None:
+                raise MessageError(f"unknown saga {env.saga!r} in app {self.app.name!r}")
+            what = f"input of saga {saga.name!r}"
+            try:
+                value = saga.input.from_json(payload.input, what=what)
+                input_json = saga.input.to_json(value, what=what)
+            except ValidationError as e:
+                raise MessageError(str(e)) from e
+        except MessageError as e:
+            return self._reject_start(env, run, e.reason)
+        if run is not None:  # a duplicate start, or one whose run a Client already created
+            return self._activate(env, self._read_run(env.run_id), [lambda st: []])
         now = self.clock.now()
         record = RunRecord(env.run_id, self.app.name, saga.name, s.RUNNING, input_json, now, now)
-        if self.store.create_run(tx, record):
-            started = NewEvent(h.RUN_STARTED, name=saga.name, data={"input": input_json})
-            self._activate(tx, env.run_id, lambda st: [started])
-        else:  # a duplicate start, or one whose run a Client already created: activate it
-            self._activate(tx, env.run_id, lambda st: [])
+        started = NewEvent(h.RUN_STARTED, name=saga.name, data={"input": input_json})
+        plan = self._activate(env, record, [lambda st: [started]])
+        plan.create = True
+        return plan
 
-    def _on_event(self, tx: Tx, env: Envelope) -> None:
+    def _reject_start(self, env: Envelope, run: RunRecord | None, reason: str) -> Plan:
+        """A start the engine refuses fails its run with the reason (creating it if no client
+        did), unless the run already went further: then it is someone else's run, left alone.
+        Either way the message is dead-lettered."""
+        if run is not None and (run.processed_seq > 0 or run.app != self.app.name):
+            raise MessageError(reason)
+        error = ErrorInfo("RejectedStart", f"the engine refused the start: {reason}").to_json()
+        finish = [
+            NewEvent(h.SAGA_FINISHED, data={"error": error}),
+            NewEvent(h.RUN_FINISHED, data={"status": s.FAILED}),
+        ]
+        if run is None:
+            now = self.clock.now()
+            saga = (env.saga or "?")[:200]
+            run = RunRecord(env.run_id, self.app.name, saga, s.RUNNING, None, now, now)
+            started = NewEvent(h.RUN_STARTED, name=saga, data={"input": None})
+            plan = self._activate(env, run, [lambda st: [started, *finish]], run_code=False)
+            plan.create = True
+        else:
+            plan = self._activate(env, run, [lambda st: finish], run_code=False)
+        plan.rejected = reason
+        logger.warning("run %s failed: the engine refused its start: %s", env.run_id, reason)
+        return plan
+
+    def _on_event(self, env: Envelope, run: RunRecord) -> list[Triggers]:
         payload: EventPayload = parse_payload(EventPayload, env)
         event = NewEvent(h.EVENT_ARRIVED, name=payload.name, data={"data": payload.data})
-        self._activate(tx, env.run_id, lambda st: [event])
+        return [lambda st: [event]]
 
-    def _on_cancel(self, tx: Tx, env: Envelope) -> None:
+    def _on_cancel(self, env: Envelope, run: RunRecord) -> list[Triggers]:
         payload: CancelPayload = parse_payload(CancelPayload, env)
 
         def triggers(st: RunState) -> list[NewEvent]:
@@ -133,18 +260,28 @@ class Engine:
                 return []
             return [NewEvent(h.CANCEL_REQUESTED, data={"reason": payload.reason or "cancelled"})]
 
-        self._activate(tx, env.run_id, triggers)
+        return [triggers]
 
-    def _on_retry(self, tx: Tx, env: Envelope) -> None:
+    def _on_retry(self, env: Envelope, run: RunRecord) -> list[Triggers]:
+        kept: list[Triggers] = []
+
         def triggers(st: RunState) -> list[NewEvent]:
             if st.parked is None:
                 logger.info("retry of run %s ignored: it does not need attention", env.run_id)
                 return []
+            message = st.parked.get("message")
+            if message is not None:  # the message the run was parked on: process it again
+                again = Envelope.model_validate(message)
+                if again.type != "start":
+                    kept.extend(_TRIGGERS[again.type](self, again, run))
             return [NewEvent(h.RUN_RESUMED, data={"reason": st.parked.get("reason")})]
 
-        self._activate(tx, env.run_id, triggers)
+        def then(st: RunState) -> list[NewEvent]:
+            return [event for trigger in kept for event in trigger(st)]
 
-    def _on_step_result(self, tx: Tx, env: Envelope) -> None:
+        return [triggers, then]
+
+    def _on_step_result(self, env: Envelope, run: RunRecord) -> list[Triggers]:
         pos, attempt, reply = env.position, env.attempt, env.payload
         if pos is None or attempt is None:
             raise MessageError("step_result needs position and attempt")
@@ -153,9 +290,9 @@ class Engine:
             reply.get("outcome") == "halted" and not isinstance(error, dict)
         ):
             raise MessageError("invalid step_result payload: error must be an object")
-        self._activate(tx, env.run_id, lambda st: self._result_events(st, pos, attempt, reply))
+        return [lambda st: self._result_events(st, pos, attempt, reply)]
 
-    def _on_timer(self, tx: Tx, env: Envelope) -> None:
+    def _on_timer(self, env: Envelope, run: RunRecord) -> list[Triggers]:
         pos, kind = env.position, env.payload.get("kind")
         if pos is None:
             raise MessageError("timer needs position")
@@ -186,7 +323,7 @@ class Engine:
                 return [NewEvent(h.COMPENSATION_SCHEDULED, pos, step.name, data)]
             return []  # stale: what the timer was for has already happened
 
-        self._activate(tx, env.run_id, triggers)
+        return [triggers]
 
     def committed(self) -> None:
         """Keep the runs activated in the transaction that just committed in the cache."""
@@ -194,45 +331,70 @@ class Engine:
             self._cache[run_id] = live
             self._cache.move_to_end(run_id)
         self._staged.clear()
+        self._staged_runs.clear()
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
     def rolled_back(self) -> None:
-        """Forget what the failed transaction did to in-memory state."""
+        """Forget what the failed transaction's plans did to in-memory state."""
         self._staged.clear()
+        self._staged_runs.clear()
 
     # --- activation --------------------------------------------------------------------------
 
-    def _activate(self, tx: Tx, run_id: str, triggers: Triggers) -> None:
-        run = self.store.lock_run(tx, run_id)
-        if run is None:
-            raise MessageError(f"no run with id {run_id!r}")
+    def _activate(
+        self, env: Envelope, run: RunRecord, triggers: Sequence[Triggers], *, run_code: bool = True
+    ) -> Plan:
+        run_id = run.run_id
+        plan = Plan(env, base_seq=run.last_seq)
         try:
-            live = self._load(tx, run)
-            if live.state.finished:
-                return
-            effects = _Effects(self.clock.now(), live.state.last_seq)
-            pending = triggers(live.state)
-            if pending or run.processed_seq < run.last_seq or live.divergence is not None:
-                self._react(tx, run, live, pending, effects)
-                self._save(tx, run, live, effects)
+            live = self._load(run, run_code=run_code)
+            if not live.state.finished:
+                effects = _Effects(self.clock.now(), live.state.last_seq)
+                reacted = False
+                for trigger in triggers:
+                    pending = trigger(live.state)
+                    if pending or run.processed_seq < run.last_seq or live.divergence is not None:
+                        self._react(live, pending, effects)
+                        reacted = True
+                if reacted:
+                    plan.run = self._updated(run, live.state)
+                    plan.effects = effects
         except BaseException:
             self._staged.pop(run_id, None)
+            self._staged_runs.pop(run_id, None)
             raise
         self._staged[run_id] = live
+        if plan.run is not None:
+            self._staged_runs[run_id] = plan.run
+        return plan
 
-    def _load(self, tx: Tx, run: RunRecord) -> _Live:
+    def _updated(self, run: RunRecord, st: RunState) -> RunRecord:
+        return dataclasses.replace(
+            run,
+            status=st.status(),
+            last_seq=st.last_seq,
+            processed_seq=st.last_seq,
+            updated_at=self.clock.now(),
+            output=st.saga_output,
+            error=st.saga_error,
+            reason=(st.parked or {}).get("reason"),
+        )
+
+    def _load(self, run: RunRecord, *, run_code: bool = True) -> _Live:
         live = self._staged.get(run.run_id) or self._cache.pop(run.run_id, None)
         if live is not None and live.state.last_seq <= run.last_seq:
             if live.state.last_seq < run.last_seq:  # another engine appended since
-                newer = self.store.load_history(tx, run.run_id, after_seq=live.state.last_seq)
+                newer = self.store.load_history(None, run.run_id, after_seq=live.state.last_seq)
+                newer = [e for e in newer if e.seq <= run.last_seq]  # as of the run row read
                 self._catch_up(live, newer, run.processed_seq)
             return live
-        events = self.store.load_history(tx, run.run_id)
+        events = self.store.load_history(None, run.run_id)
+        events = [e for e in events if e.seq <= run.last_seq]  # as of the run row read
         live = _Live(RunState(run.run_id), None)
         for ev in events:
             live.state.apply(ev)
-        if not live.state.finished and not (live.state.parked or {}).get("nondeterminism"):
+        if run_code and not live.state.finished and not _code_stopped(live.state.parked):
             live.code = self._new_code(live, run.saga)
             self._catch_up(live, events, run.processed_seq, fold=False)
         return live
@@ -241,7 +403,7 @@ class Engine:
         saga = self.app.get_saga(saga_name)
         if saga is None:
             return None
-        return Replayer(self.app, saga, live.state.run_id)
+        return Replayer(self.app, saga, live.state.run_id, watchdog=self.watchdog)
 
     def _catch_up(
         self, live: _Live, events: list[Event], processed_seq: int, *, fold: bool = True
@@ -255,13 +417,12 @@ class Engine:
             replayed = [e for e in events if e.seq <= processed_seq]
             live.code.feed(replayed, replaying=True)
             live.code.feed([e for e in events if e.seq > processed_seq], replaying=False)
-        except NonDeterminismError as e:
+            live.code.take_rejections()  # recorded when they happened
+        except (NonDeterminismError, ActivationDeadlineError) as e:
             live.code = None
-            live.divergence = {"reason": str(e), "nondeterminism": True}
+            live.divergence = _park_data(e)
 
-    def _react(
-        self, tx: Tx, run: RunRecord, live: _Live, pending: list[NewEvent], effects: _Effects
-    ) -> None:
+    def _react(self, live: _Live, pending: list[NewEvent], effects: _Effects) -> None:
         st = live.state
         if live.divergence is not None:  # found on load: record it first
             pending = [NewEvent(h.RUN_PARKED, data=live.divergence), *pending]
@@ -276,38 +437,15 @@ class Engine:
                     if live.code is not None:
                         try:
                             live.code.feed([ev], replaying=False)
-                        except NonDeterminismError as e:
+                        except (NonDeterminismError, ActivationDeadlineError) as e:
                             live.code = None
-                            data = {"reason": str(e), "nondeterminism": True}
-                            pending.append(NewEvent(h.RUN_PARKED, data=data))
-                    pending.extend(self._effects_of(tx, ev, live, effects))
+                            pending.append(NewEvent(h.RUN_PARKED, data=_park_data(e)))
+                        else:
+                            pending.extend(live.code.take_rejections())
+                    pending.extend(self._effects_of(ev, live, effects))
             pending.extend(self._decide(live))
             if not pending:
                 return
-
-    def _save(self, tx: Tx, run: RunRecord, live: _Live, effects: _Effects) -> None:
-        st = live.state
-        now = self.clock.now()
-        self._write_events(tx, run.run_id, effects)
-        if effects.clear_timers:
-            self.store.delete_timers(tx, run.run_id)
-        for timer in effects.timers:
-            self.store.add_timer(tx, timer)
-        self.store.enqueue(tx, effects.messages, now)
-        run.status = st.status()
-        run.last_seq = run.processed_seq = st.last_seq
-        run.updated_at = now
-        run.output = st.saga_output
-        run.error = st.saga_error
-        run.reason = (st.parked or {}).get("reason")
-        self.store.save_run(tx, run)
-
-    def _write_events(self, tx: Tx, run_id: str, effects: _Effects) -> None:
-        """Append the events this activation decided so far (in one statement)."""
-        if effects.events:
-            self.store.append_events(tx, run_id, effects.after_seq, effects.events, effects.at)
-            effects.after_seq += len(effects.events)
-            effects.events = []
 
     # --- what the engine does next ------------------------------------------------------------
 
@@ -345,7 +483,7 @@ class Engine:
             status = s.FAILED
         return [NewEvent(h.RUN_FINISHED, data={"status": status})]
 
-    def _effects_of(self, tx: Tx, ev: Event, live: _Live, effects: _Effects) -> list[NewEvent]:
+    def _effects_of(self, ev: Event, live: _Live, effects: _Effects) -> list[NewEvent]:
         st = live.state
         kind = ev.kind
         if kind in (h.STEP_SCHEDULED, h.STEP_DISPATCHED, h.COMPENSATION_SCHEDULED):
@@ -372,21 +510,26 @@ class Engine:
                 fire_at = step_state.comp_retry_at
             assert fire_at is not None
             effects.timers.append(Timer(st.run_id, ev.pos, timer_kind, fire_at, attempt))
+        elif kind == h.EVENT_REJECTED:  # the wait goes on: so does its timeout
+            rejected = st.waits.get(ev.pos) if ev.pos is not None else None
+            if rejected is not None and rejected.until is not None and not rejected.resolved:
+                effects.timers.append(Timer(st.run_id, rejected.pos, "wait", rejected.until))
         elif kind == h.RUN_FINISHED:
             effects.clear_timers = True
         elif kind == h.RUN_RESUMED:
-            self._write_events(tx, st.run_id, effects)  # _resume reads the whole history
-            return self._resume(tx, live)
+            return self._resume(live, effects)
         return []
 
-    def _resume(self, tx: Tx, live: _Live) -> list[NewEvent]:
+    def _resume(self, live: _Live, effects: _Effects) -> list[NewEvent]:
         st = live.state
         if live.code is None and not st.saga_done and not st.failing:
             # Replay from the start with the code now deployed; it may park the run again.
             code = self._new_code(live, st.saga)
             live.code = code
             if code is not None:
-                history = self.store.load_history(tx, st.run_id)
+                stored = self.store.load_history(None, st.run_id)
+                history = [e for e in stored if e.seq <= effects.after_seq]
+                history += h.number(effects.after_seq, effects.events, effects.at)
                 self._catch_up(live, history, st.last_seq, fold=False)
                 if live.divergence is not None:
                     parked, live.divergence = live.divergence, None
@@ -470,6 +613,12 @@ class Engine:
                 return []
             if outcome == "completed":
                 return [NewEvent(h.COMPENSATION_COMPLETED, pos, name, {**worker})]
+            if outcome == "halted":  # the worker gave up on the message: `retry` undoes again
+                reason = f"compensation of step {name!r}: {reply['error'].get('message')}"
+                return [
+                    NewEvent(h.COMPENSATION_FAILED, pos, name, {"error": reply["error"], **worker}),
+                    NewEvent(h.RUN_PARKED, pos, name, {"reason": reason}),
+                ]
         error = ErrorInfo.from_json(reply.get("error") or {"type": "Error", "message": "?"})
         return self._failure_events(step_state, direction, attempt, error, worker)
 
@@ -525,8 +674,19 @@ class Engine:
         return [NewEvent(h.STEP_FAILED, pos, name, data)]
 
 
-_HANDLERS: dict[str, Callable[[Engine, Tx, Envelope], None]] = {
-    "start": Engine._on_start,
+def _park_data(e: NonDeterminismError | ActivationDeadlineError) -> dict[str, Any]:
+    """The ``run_parked`` data for saga code that cannot go on: it is not run again (until a
+    retry replays it with the code then deployed)."""
+    if isinstance(e, ActivationDeadlineError):
+        return {"reason": str(e), "deadline": True, "stack": e.stack}
+    return {"reason": str(e), "nondeterminism": True}
+
+
+def _code_stopped(parked: dict[str, Any] | None) -> bool:
+    return bool(parked and (parked.get("nondeterminism") or parked.get("deadline")))
+
+
+_TRIGGERS: dict[str, Callable[[Engine, Envelope, RunRecord], list[Triggers]]] = {
     "event": Engine._on_event,
     "cancel": Engine._on_cancel,
     "retry": Engine._on_retry,

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import contextvars
+import threading
 from asyncio import events
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, NoReturn, TypeVar
@@ -110,17 +112,45 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
     # --- driving -----------------------------------------------------------------------------
 
     def run_until_blocked(self) -> None:
-        """Run ready callbacks until every task waits on a future that nothing here resolves."""
+        """Run ready callbacks until every task waits on a future that nothing here resolves.
+
+        KeyboardInterrupt and SystemExit raised by saga code are failures of its task like any
+        other exception (asyncio sets them on the task, then re-raises them: they are absorbed
+        here). A real signal never lands here: services handle signals on the main thread."""
         previous = events._get_running_loop()
         events._set_running_loop(self)
         self._running = True
+        _in_saga.active = True
         try:
             while self._ready:
                 handle = self._ready.popleft()
                 if not handle.cancelled():
-                    handle._run()
+                    # set on the task that raised it, which is now done
+                    with contextlib.suppress(KeyboardInterrupt, SystemExit):
+                        handle._run()
                 if self._errors:
                     raise self._errors.pop(0)
         finally:
+            _in_saga.active = False
             self._running = False
             events._set_running_loop(previous)
+
+
+class _InSaga(threading.local):
+    active = False
+
+
+_in_saga = _InSaga()
+_thread_start = threading.Thread.start
+
+
+def _guarded_start(self: threading.Thread) -> None:
+    if _in_saga.active:
+        raise SagaDeterminismViolation(f"starting a thread is not allowed in saga code: {_ADVICE}")
+    _thread_start(self)
+
+
+def refuse_threads_in_saga_code() -> None:
+    """Make ``threading.Thread.start`` refuse to run from saga code (idempotent). Installed
+    when the first saga runs, never at import; other threads are not affected."""
+    threading.Thread.start = _guarded_start  # type: ignore[method-assign]

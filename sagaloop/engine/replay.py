@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import hashlib
 import logging
 import random as _random
@@ -20,7 +21,8 @@ from typing import Any
 
 from sagaloop.engine import history as h
 from sagaloop.engine.history import Event, NewEvent
-from sagaloop.engine.loop import DeterministicLoop
+from sagaloop.engine.loop import DeterministicLoop, refuse_threads_in_saga_code
+from sagaloop.engine.watchdog import Watchdog
 from sagaloop.errors import (
     ErrorInfo,
     EventTimeoutError,
@@ -67,8 +69,17 @@ class _Pending:
 class Replayer:
     """One saga coroutine, driven by history events."""
 
-    def __init__(self, app: App, saga: SagaDef[Any, Any], run_id: str) -> None:
+    def __init__(
+        self,
+        app: App,
+        saga: SagaDef[Any, Any],
+        run_id: str,
+        *,
+        watchdog: Watchdog | None = None,
+    ) -> None:
+        refuse_threads_in_saga_code()
         self.app = app
+        self.watchdog = watchdog
         self.saga = saga
         self.run_id = run_id
         self.loop = DeterministicLoop()  # type: ignore[abstract]
@@ -85,6 +96,8 @@ class Replayer:
         self.main: asyncio.Task[Any] | None = None
         self.outcome: dict[str, Any] | None = None  # {"output": ...} or {"error": ...}
         self.nondeterminism: NonDeterminismError | None = None
+        self.rejections: list[NewEvent] = []
+        """Events refused by the wait they reached (bad data), for the engine to record."""
         self.rng = _random.Random(seed_for(run_id))
         self.ctx = _Context(self)
 
@@ -133,15 +146,15 @@ class Replayer:
             name = str(ev.name)
             data = ev.data.get("data")
             waiting = self.waiters.get(name)
-            if waiting:
-                self._resolve_wait(waiting.popleft(), data)
-            else:
+            while waiting and waiting[0] not in self.pending:
+                waiting.popleft()
+            if not (waiting and self._resolve_wait(waiting[0], data)):
                 self.buffered[name].append(data)
         else:
             assert ev.pos is not None
             pending = self.pending.pop(ev.pos, None)
-            if pending is None:
-                return  # stale: a timeout that fired after its event, a late duplicate
+            if pending is None or pending.future.done():
+                return  # stale: a timeout after its event, a late duplicate, a cancelled await
             if ev.kind == h.STEP_COMPLETED:
                 conv: Converter = pending.model
                 try:
@@ -154,26 +167,56 @@ class Replayer:
                 error = ErrorInfo.from_json(ev.data["error"])
                 pending.future.set_exception(StepFailedError(pending.name, error))
             elif pending.kind == h.EVENT_WAITING:  # the wait's timeout fired
-                self.waiters[pending.name].remove(ev.pos)
+                self._forget_waiter(pending.name, ev.pos)
                 pending.future.set_exception(EventTimeoutError(pending.name))
             else:
                 pending.future.set_result(None)
         self._run()
 
-    def _resolve_wait(self, pos: int, data: Any) -> None:
-        pending = self.pending.pop(pos)
-        try:
-            value = (
-                data
-                if pending.model is None
-                else Converter(pending.model).from_json(data, what=f"event {pending.name!r}")
-            )
-            pending.future.set_result(value)
-        except ValidationError as e:
-            pending.future.set_exception(e)
+    def _resolve_wait(self, pos: int, data: Any) -> bool:
+        """Give ``data`` to the wait at ``pos`` (the first of its name). Data that does not fit
+        the wait's model is refused (recorded as ``event_rejected``): the wait goes on. Returns
+        whether the event was consumed (given or refused)."""
+        pending = self.pending[pos]
+        if pending.model is not None:
+            try:
+                data = Converter(pending.model).from_json(data, what=f"event {pending.name!r}")
+            except ValidationError as e:
+                reason = str(e)[:2000]
+                if not self.replaying:
+                    self.rejections.append(
+                        NewEvent(h.EVENT_REJECTED, pos, pending.name, {"reason": reason})
+                    )
+                self.ctx.logger.warning("event %r refused: %s", pending.name, reason)
+                return True
+        del self.pending[pos]
+        self._forget_waiter(pending.name, pos)
+        pending.future.set_result(data)
+        return True
+
+    def _forget_waiter(self, name: str, pos: int) -> None:
+        waiting = self.waiters.get(name)
+        if waiting is not None and pos in waiting:
+            waiting.remove(pos)
+
+    def _on_done(self, pos: int, future: asyncio.Future[Any]) -> None:
+        """An await that saga code cancelled (it lost a race in ``asyncio.wait``, say) stops
+        waiting: its later result, timer or event goes elsewhere or nowhere."""
+        if future.cancelled():
+            pending = self.pending.pop(pos, None)
+            if pending is not None:
+                self._forget_waiter(pending.name, pos)
+
+    def take_rejections(self) -> list[NewEvent]:
+        rejections, self.rejections = self.rejections, []
+        return rejections
 
     def _run(self) -> None:
-        self.loop.run_until_blocked()
+        if self.watchdog is None:
+            self.loop.run_until_blocked()
+        else:
+            with self.watchdog.guard(f"saga {self.saga.name!r} (run {self.run_id!r})"):
+                self.loop.run_until_blocked()
         if self.main is not None and self.main.done() and self.outcome is None:
             self._finish(self.main)
 
@@ -228,6 +271,7 @@ class Replayer:
             self.new_commands.append(issued)
         if kind != h.MARKER:
             self.pending[pos] = _Pending(kind, name, future, model)
+            future.add_done_callback(functools.partial(self._on_done, pos))
         return pos, future
 
     def _same_name(self, kind: str, recorded: str | None, issued: str) -> bool:
@@ -286,11 +330,10 @@ class _Context(SagaContext):
             data["timeout_at"] = (self.now() + timeout).isoformat()
         pos, future = self._r.command(h.EVENT_WAITING, name, data, model)
         if pos in self._r.pending:
+            self._r.waiters[name].append(pos)
             buffered = self._r.buffered.get(name)
-            if buffered:
+            while buffered and pos in self._r.pending:
                 self._r._resolve_wait(pos, buffered.popleft())
-            else:
-                self._r.waiters[name].append(pos)
         return await future
 
     def now(self) -> datetime:

@@ -8,25 +8,47 @@ delivered again, and what was committed is never applied twice (inbox).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
+from typing import Any
 
-from sagaloop.engine.activation import Engine
+from sagaloop.engine.activation import ActivationConflict, Engine, Plan
 from sagaloop.engine.crashpoints import crash_point
-from sagaloop.engine.messages import CONTENT_TYPE, Envelope, derived_id, engine_queue, step_result
+from sagaloop.engine.messages import (
+    CONTENT_TYPE,
+    INTERNAL_TYPES,
+    Envelope,
+    derived_id,
+    engine_queue,
+    inbox_key,
+    step_result,
+)
 from sagaloop.engine.ports import Clock, Delivery, Outgoing, Store
-from sagaloop.engine.steps import StepRunner
-from sagaloop.errors import BrokerError, MessageError, TransientStoreError, UnknownStepError
+from sagaloop.engine.steps import UNENCODABLE_RESULT, StepRunner
+from sagaloop.errors import (
+    BrokerError,
+    ErrorInfo,
+    MessageError,
+    StoreError,
+    TransientStoreError,
+    UnencodableError,
+    UnknownStepError,
+)
 from sagaloop.sagas.app import App
+from sagaloop.sagas.convert import encode_value
 
 logger = logging.getLogger(__name__)
 
 WORKER_CONSUMER = "worker"
 RETRY_DELAY = timedelta(seconds=1)
+MAX_FAILURES = 5
+"""How often a message may fail (other than for an outage) before its run is parked."""
+CONFLICT_RETRIES = 5
 
 
 def log_failure(what: str, exc: BaseException) -> None:
@@ -37,24 +59,56 @@ def log_failure(what: str, exc: BaseException) -> None:
         logger.error("%s; retrying", what, exc_info=exc)
 
 
-def decode(delivery: Delivery) -> Envelope | None:
-    """The delivery's envelope, or None after dead-lettering a message that is not one."""
+def decode(delivery: Delivery, store: Store | None = None) -> Envelope | None:
+    """The delivery's envelope, or None after dead-lettering a message that is not one, or
+    an internal message (step, step result, timer) that sagaloop's processes did not send.
+    With ``store``, its large payload values are loaded back from the payload table (None
+    after handing the message back if the database failed)."""
     content_type = delivery.content_type  # None: not set, which plain clients often do
     if content_type is not None and content_type.split(";")[0].strip().lower() != CONTENT_TYPE:
         delivery.dead_letter(f"content type {delivery.content_type!r} is not {CONTENT_TYPE}")
         return None
     try:
-        return Envelope.from_bytes(delivery.body)
+        env = Envelope.from_bytes(delivery.body)
     except MessageError as e:
         delivery.dead_letter(e.reason)
         return None
+    if env.type in INTERNAL_TYPES and not delivery.trusted:
+        # Before any inbox row: a forged message must never occupy a real one's id.
+        delivery.dead_letter(
+            f"{env.type} message {env.message_id!r} is not signed by sagaloop: only start, "
+            "event, cancel and retry messages may come from outside sagaloop's processes "
+            "(see docs/messages.md)"
+        )
+        return None
+    if store is None:
+        return env
+    try:
+        return store.resolve(None, env)
+    except MessageError as e:
+        delivery.dead_letter(e.reason)
+    except StoreError as e:
+        log_failure(f"could not load the payloads of message {env.message_id}", e)
+        delivery.retry_later(RETRY_DELAY)
+    return None
 
 
 class EngineConsumer:
-    def __init__(self, engine: Engine, store: Store) -> None:
+    """Runs activations: the saga code of a batch of messages outside any transaction
+    (:meth:`Engine.prepare`), then one transaction that writes them all (:meth:`Engine.apply`),
+    then the acks.
+
+    No message spins: one that fails the same way ``max_failures`` times (counting its
+    earlier deliveries) parks its run in ``needs_attention`` with the error, keeping the
+    message for ``sagaloop retry``, and is acknowledged. Only an unavailable database is
+    retried for ever."""
+
+    def __init__(self, engine: Engine, store: Store, *, max_failures: int = MAX_FAILURES) -> None:
         self.engine = engine
         self.store = store
         self.queue = engine.queue
+        self.max_failures = max_failures
+        self._troubles = _Troubles()
 
     def process_batch(self, deliveries: Sequence[Delivery]) -> None:
         """Process the messages in one transaction (one commit for the batch), then ack them.
@@ -63,55 +117,115 @@ class EngineConsumer:
         so that two engines lock the runs of their batches in the same order and never
         deadlock. If any of them fails, the whole transaction is rolled back and they are
         processed one at a time, so that a bad message costs only itself."""
-        batch = [(d, env) for d in deliveries if (env := decode(d)) is not None]
+        batch = [(d, env) for d in deliveries if (env := decode(d, self.store)) is not None]
         if len(batch) > 1:
             batch.sort(key=lambda pair: pair[1].run_id)
             try:
-                self._commit(batch)
+                plans = self._commit(batch)
             except Exception as e:
                 logger.debug("a batch of %d failed (%s); one message at a time", len(batch), e)
             else:
-                for delivery, _ in batch:
-                    delivery.ack()
+                for (delivery, _), plan in zip(batch, plans, strict=True):
+                    _finish(delivery, plan)
                 return
         for delivery, env in batch:
             self._process(delivery, env)
 
     def process(self, delivery: Delivery) -> None:
-        env = decode(delivery)
+        env = decode(delivery, self.store)
         if env is not None:
             self._process(delivery, env)
 
-    def _commit(self, batch: Sequence[tuple[Delivery, Envelope]]) -> None:
+    def _commit(self, batch: Sequence[tuple[Delivery, Envelope]]) -> list[Plan]:
         try:
+            plans = [self.engine.prepare(env) for _, env in batch]
             with self.store.transaction() as tx:
-                for delivery, env in batch:
-                    self.engine.handle(tx, env)
-                    delivery.settle(tx)
+                for (delivery, _), plan in zip(batch, plans, strict=True):
+                    self.engine.apply(tx, plan)
+                    if plan.rejected is None:
+                        delivery.settle(tx)
                 crash_point("engine.before_commit")
         except BaseException:
             self.engine.rolled_back()
             raise
         self.engine.committed()
         crash_point("engine.after_commit")
+        return plans
 
     def _process(self, delivery: Delivery, env: Envelope) -> None:
+        for _ in range(CONFLICT_RETRIES):
+            try:
+                plans = self._commit([(delivery, env)])
+            except ActivationConflict as e:
+                logger.debug("%s; preparing again", e)
+                continue
+            except MessageError as e:
+                delivery.dead_letter(e.reason)
+            except BrokerError as e:  # the lease was lost: another consumer owns the message now
+                logger.warning("%s", e)
+            except TransientStoreError as e:
+                self._troubles.transient(env.message_id)
+                log_failure(f"engine failed on message {env.message_id} (run {env.run_id})", e)
+                delivery.retry_later(RETRY_DELAY)
+            except Exception as e:
+                self._failed(delivery, env, e)
+            else:
+                self._troubles.forget(env.message_id)
+                _finish(delivery, plans[0])
+            return
+        delivery.retry_later(RETRY_DELAY)  # other engines kept changing the run
+
+    def _failed(self, delivery: Delivery, env: Envelope, exc: Exception) -> None:
+        """A failure that is no outage: retry it a few times, then park the run on it."""
+        failures = self._troubles.failed(env.message_id, delivery.deliveries)
+        what = f"engine failed on message {env.message_id} (run {env.run_id})"
+        if failures < self.max_failures:
+            log_failure(f"{what}, {failures} of {self.max_failures} times", exc)
+            delivery.retry_later(RETRY_DELAY)
+            return
+        logger.error("%s %d times: parking the run", what, failures, exc_info=exc)
         try:
-            self._commit([(delivery, env)])
+            error = ErrorInfo.from_exception(exc, with_traceback=True)
+            plan = self.engine.park(env, error, failures)
+            with self.store.transaction() as tx:
+                self.engine.apply(tx, plan)
+                delivery.settle(tx)
         except MessageError as e:
+            self.engine.rolled_back()
             delivery.dead_letter(e.reason)
-        except BrokerError as e:  # the lease was lost: another consumer owns the message now
+        except BrokerError as e:
+            self.engine.rolled_back()
             logger.warning("%s", e)
         except Exception as e:
-            log_failure(f"engine failed on message {env.message_id} (run {env.run_id})", e)
+            self.engine.rolled_back()
+            log_failure(f"could not park run {env.run_id}", e)
             delivery.retry_later(RETRY_DELAY)
         else:
+            self.engine.committed()
+            self._troubles.forget(env.message_id)
             delivery.ack()
+
+
+def _finish(delivery: Delivery, plan: Plan) -> None:
+    """After the commit: acknowledge, or dead-letter a message the run recorded as refused."""
+    if plan.rejected is None:
+        delivery.ack()
+    else:
+        delivery.dead_letter(plan.rejected)
 
 
 class WorkerConsumer:
     """Runs step attempts. The reply is stored in the inbox row, so a redelivered message whose
-    attempt was committed re-sends the stored reply and never runs the step again."""
+    attempt was committed re-sends the stored reply and never runs the step again.
+
+    Once a step's body ran, nothing about its outcome runs it again: a reply that cannot be
+    stored (the step runner already turned an unencodable result into a failed attempt) is
+    replaced by a failed reply; one that could not be stored because the database is down is
+    kept in memory, and stored when the message comes back. No message spins: one whose
+    processing fails ``max_failures`` times (an unavailable database aside, which is retried
+    for ever), or that was delivered ``2 * max_failures`` times without an answer (its worker
+    died each time: a crash loop), is answered ``halted``, which parks its run in
+    ``needs_attention`` until ``sagaloop retry``."""
 
     def __init__(
         self,
@@ -121,13 +235,16 @@ class WorkerConsumer:
         clock: Clock,
         *,
         heartbeat: float | None = None,
+        max_failures: int = MAX_FAILURES,
     ) -> None:
         self.app = app
         self.store = store
         self.runner = runner
         self.clock = clock
         self.reply_queue = engine_queue(app.name)
+        self.max_failures = max_failures
         self._keep_alive = _KeepAlive(heartbeat)
+        self._troubles = _Troubles()
 
     def process_batch(self, deliveries: Sequence[Delivery]) -> None:
         """One at a time: each attempt commits on its own (steps run for long)."""
@@ -135,40 +252,200 @@ class WorkerConsumer:
             self.process(delivery)
 
     def process(self, delivery: Delivery) -> None:
-        env = decode(delivery)
+        env = decode(delivery, self.store)
         if env is None:
             return
         if env.type != "step":
             delivery.dead_letter(f"message type {env.type!r} is not for a worker")
             return
+        key = inbox_key(self.app.name, env)
         try:
-            done, reply = self.store.inbox_get(None, WORKER_CONSUMER, env.message_id)
+            done, reply = self.store.inbox_get(None, WORKER_CONSUMER, key)
             if not done:
-                with self._keep_alive.hold(delivery):
-                    reply = self.runner.run(env, redelivered=delivery.deliveries > 1)
-            with self.store.transaction() as tx:
-                if not done and not self.store.inbox_put(
-                    tx, WORKER_CONSUMER, env.message_id, reply, self.clock.now()
-                ):
-                    _, reply = self.store.inbox_get(tx, WORKER_CONSUMER, env.message_id)
-                now = self.clock.now()
-                result = step_result(env, reply, now)
-                self.store.enqueue(tx, [Outgoing(self.reply_queue, result)], now)
-                delivery.settle(tx)
-                if env.payload.get("direction") == "undo":
-                    crash_point("worker.undo_before_commit")
-                else:
-                    crash_point("worker.before_commit")
-            crash_point("worker.after_commit")
+                reply = self._troubles.reply(key) or self._attempt(delivery, env, key)
+            self._commit(delivery, env, key, None if done else reply)
         except UnknownStepError as e:
             delivery.dead_letter(str(e))
         except BrokerError as e:
             logger.warning("%s", e)
-        except Exception as e:
+        except TransientStoreError as e:
+            self._troubles.transient(key)
             log_failure(f"worker failed on message {env.message_id}", e)
             delivery.retry_later(RETRY_DELAY)
+        except Exception as e:
+            self._failed(delivery, env, key, e)
         else:
+            self._troubles.forget(key)
             delivery.ack()
+
+    def _attempt(self, delivery: Delivery, env: Envelope, key: str) -> dict[str, Any]:
+        """Run the attempt (or answer ``halted`` to a message in a crash loop) and keep the
+        reply until it is stored."""
+        if self._troubles.unanswered(key, delivery.deliveries) >= 2 * self.max_failures:
+            reply = self._halted(
+                env,
+                ErrorInfo(
+                    "RepeatedFailure",
+                    f"step {env.payload.get('step')!r}: its message was delivered "
+                    f"{delivery.deliveries} times without being answered (did the worker die "
+                    "while running it? out of memory?), so it was not run again. Fix the "
+                    f"cause, then `sagaloop retry {env.run_id}`.",
+                ),
+            )
+        else:
+            with self._keep_alive.hold(delivery):
+                reply = self.runner.run(env, redelivered=delivery.deliveries > 1)
+            reply = _storable_reply(env, reply)
+        self._troubles.keep(key, reply)
+        return reply
+
+    def _commit(
+        self, delivery: Delivery, env: Envelope, key: str, reply: dict[str, Any] | None
+    ) -> None:
+        """Store ``reply`` (None: it is stored already) and queue it, settling the message. A
+        reply the database refuses (not an outage) is replaced by a failed reply."""
+        try:
+            self._store(delivery, env, key, reply)
+        except StoreError as e:
+            if reply is None or isinstance(e, TransientStoreError):
+                raise
+            logger.error("worker could not store the reply to %s", env.message_id, exc_info=e)
+            failed = ErrorInfo(
+                "UnstorableResult",
+                f"the outcome of step {env.payload.get('step')!r} could not be stored: "
+                f"{ErrorInfo.from_exception(e).message}",
+            )
+            reply = {**_base(reply), "outcome": "failed", "error": failed.to_json()}
+            self._troubles.keep(key, reply)
+            self._store(delivery, env, key, reply)
+
+    def _store(
+        self, delivery: Delivery, env: Envelope, key: str, reply: dict[str, Any] | None
+    ) -> None:
+        with self.store.transaction() as tx:
+            if reply is None or not self.store.inbox_put(
+                tx, WORKER_CONSUMER, key, reply, self.clock.now()
+            ):
+                _, reply = self.store.inbox_get(tx, WORKER_CONSUMER, key)
+            now = self.clock.now()
+            result = step_result(env, reply, now)
+            self.store.enqueue(tx, [Outgoing(self.reply_queue, result)], now)
+            delivery.settle(tx)
+            if env.payload.get("direction") == "undo":
+                crash_point("worker.undo_before_commit")
+            else:
+                crash_point("worker.before_commit")
+        crash_point("worker.after_commit")
+
+    def _failed(self, delivery: Delivery, env: Envelope, key: str, exc: Exception) -> None:
+        """A failure that is no outage: retry it a few times, then answer ``halted``."""
+        failures = self._troubles.failed(key, delivery.deliveries)
+        what = f"worker failed on message {env.message_id} (run {env.run_id})"
+        if failures < self.max_failures:
+            log_failure(f"{what}, {failures} of {self.max_failures} times", exc)
+            delivery.retry_later(RETRY_DELAY)
+            return
+        logger.error("%s %d times: answering halted", what, failures, exc_info=exc)
+        cause = ErrorInfo.from_exception(exc, with_traceback=True)
+        error = ErrorInfo(
+            "RepeatedFailure",
+            f"step {env.payload.get('step')!r}: processing its message failed {failures} times "
+            f"({cause.type}: {cause.message}). Fix the cause, then `sagaloop retry "
+            f"{env.run_id}`.",
+            traceback=cause.traceback,
+        )
+        reply = self._halted(env, error)
+        try:
+            self._store(delivery, env, key, reply)
+        except BrokerError as e:
+            logger.warning("%s", e)
+        except Exception as e:
+            log_failure(f"could not answer halted to {env.message_id}", e)
+            self._troubles.keep(key, reply)
+            delivery.retry_later(RETRY_DELAY)
+        else:
+            self._troubles.forget(key)
+            delivery.ack()
+
+    def _halted(self, env: Envelope, error: ErrorInfo) -> dict[str, Any]:
+        direction = env.payload.get("direction", "do")
+        return {
+            "direction": direction,
+            "worker": self.runner.worker,
+            "outcome": "halted",
+            "error": error.to_json(),
+        }
+
+
+def _base(reply: dict[str, Any]) -> dict[str, Any]:
+    return {k: reply[k] for k in ("direction", "worker") if k in reply}
+
+
+def _storable_reply(env: Envelope, reply: dict[str, Any]) -> dict[str, Any]:
+    """``reply``, or a failed reply if it cannot be stored or sent (the step runner checks
+    results already: this is the last line, for anything it did not foresee)."""
+    try:
+        encode_value(reply, what=f"the reply of step {env.payload.get('step')!r}")
+    except UnencodableError as e:
+        error = ErrorInfo(UNENCODABLE_RESULT, str(e))
+        return {**_base(reply), "outcome": "failed", "error": error.to_json()}
+    return reply
+
+
+class _Troubles:
+    """What a worker consumer remembers of the messages that failed: per inbox key, how often
+    they failed (not counting outages) and were retried for an outage, and the reply computed
+    for one that could not be stored yet. Bounded: the oldest are forgotten."""
+
+    MAX_KEYS = 10_000
+    MAX_REPLIES = 256
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: collections.OrderedDict[str, list[int]] = collections.OrderedDict()
+        self._replies: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+
+    def reply(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._replies.get(key)
+
+    def keep(self, key: str, reply: dict[str, Any]) -> None:
+        with self._lock:
+            self._replies[key] = reply
+            self._replies.move_to_end(key)
+            while len(self._replies) > self.MAX_REPLIES:
+                self._replies.popitem(last=False)
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._replies.pop(key, None)
+            self._counts.pop(key, None)
+
+    def transient(self, key: str) -> None:
+        with self._lock:
+            self._count(key)[1] += 1
+
+    def failed(self, key: str, deliveries: int) -> int:
+        """Count a failure; return how many there were, counting the earlier deliveries that
+        this process did not see retried for an outage."""
+        with self._lock:
+            counts = self._count(key)
+            counts[0] = max(counts[0], deliveries - 1 - counts[1]) + 1
+            return counts[0]
+
+    def unanswered(self, key: str, deliveries: int) -> int:
+        """Earlier deliveries of the message that this process did not see retried for an
+        outage (a worker that died while running it, as often as not)."""
+        with self._lock:
+            counts = self._counts.get(key)
+            return deliveries - 1 - (counts[1] if counts else 0)
+
+    def _count(self, key: str) -> list[int]:
+        counts = self._counts.setdefault(key, [0, 0])
+        self._counts.move_to_end(key)
+        while len(self._counts) > self.MAX_KEYS:
+            self._counts.popitem(last=False)
+        return counts
 
 
 class _KeepAlive:
@@ -223,15 +500,17 @@ class TimerScheduler:
     """Turns due timers into messages to the engine, in the transaction that deletes them."""
 
     def __init__(self, app: App, store: Store, clock: Clock, *, batch: int = 100) -> None:
+        self.app = app.name
         self.store = store
         self.clock = clock
         self.batch = batch
         self.queue = engine_queue(app.name)
 
     def fire_due(self) -> int:
+        """Fire the due timers of this app's runs (never another app's)."""
         now = self.clock.now()
         with self.store.transaction() as tx:
-            due = self.store.take_due_timers(tx, now, self.batch)
+            due = self.store.take_due_timers(tx, now, self.batch, app=self.app)
             messages = [
                 Outgoing(
                     self.queue,

@@ -85,6 +85,8 @@ class Wait:
     since: datetime
     until: datetime | None
     resolved: bool = False
+    rejected: list[str] = dataclasses.field(default_factory=list)
+    """Why events that reached this wait were refused (their data did not fit)."""
 
 
 @dataclasses.dataclass
@@ -171,6 +173,11 @@ class RunState:
                     break
             else:
                 self.buffered.append((ev.name, d.get("data")))
+        elif kind == h.EVENT_REJECTED:
+            wait = self.waits.get(ev.pos) if ev.pos is not None else None
+            if wait is not None:
+                wait.resolved = False
+                wait.rejected.append(str(d.get("reason", "")))
         elif kind == h.MARKER:
             self.markers.append(str(ev.name))
         elif kind == h.CANCEL_REQUESTED:

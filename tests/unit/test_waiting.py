@@ -95,16 +95,40 @@ def test_timeout_does_not_fire_early() -> None:
     assert env.get(run_id).output["outcome"] == "timeout"
 
 
-def test_invalid_event_data_fails_the_wait_with_validation_error() -> None:
+@pytest.mark.parametrize("early", [False, True], ids=["while-waiting", "before-the-wait"])
+def test_an_event_whose_data_does_not_fit_is_rejected_and_the_wait_goes_on(early: bool) -> None:
+    """A typo in one event (`send-event RUN reply --data '{"msg": "typo"}'`) must not fail the
+    run for good: it is recorded as rejected with the reason, the wait (and its timeout) goes
+    on, and a good event completes it; replayed from the history, the same happens."""
     app, ask = reply_app()
     env = Harness(app)
     run_id = env.start(ask, "refund?")
-    env.run_until_idle(skip_time=False)
+    if not early:
+        env.run_until_idle(skip_time=False)
     env.send_event(run_id, "reply", {"text": "no accepted field"})
-    env.run_until_idle()
+    env.run_until_idle(skip_time=False)
+    assert env.get(run_id).status == "waiting"
+    [rejected] = kinds(env, run_id, h.EVENT_REJECTED)
+    assert rejected.name == "reply" and "accepted" in rejected.data["reason"]
+    assert env.status(run_id).to_json()  # the timeline renders it
+
+    env.restart()  # from the history alone: the bad event is skipped again, not re-recorded
+    env.send_event(run_id, "reply", {"text": "yes", "accepted": True})
+    env.run_until_idle(skip_time=False)
     run = env.get(run_id)
-    assert run.status == "failed"
-    assert run.error is not None and run.error["type"] == "ValidationError"
+    assert run.status == "completed", run
+    assert run.output == {"outcome": "reply", "text": "yes", "accepted": True}
+    assert len(kinds(env, run_id, h.EVENT_REJECTED)) == 1
+
+
+def test_the_wait_after_a_rejected_event_still_times_out() -> None:
+    app, ask = reply_app()
+    env = Harness(app)
+    run_id = env.start(ask, "refund?")
+    env.send_event(run_id, "reply", {"text": "early and wrong"})  # consumed by the wait
+    env.run_until_idle()  # skips to the timeout
+    run = env.get(run_id)
+    assert run.status == "completed" and run.output["outcome"] == "timeout"
 
 
 def test_event_sent_before_the_wait_is_kept_and_returned_at_once() -> None:

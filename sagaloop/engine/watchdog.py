@@ -1,0 +1,152 @@
+"""The activation deadline: saga code that runs too long without yielding is interrupted.
+
+Saga code only decides what to do next; it must reach its next ``await`` quickly. A saga that
+loops without awaiting would hold its engine thread (and, on SQLite, everything behind it) for
+ever. :meth:`Watchdog.guard` wraps each stretch of saga code: past the deadline (2 s by default,
+as Temporal's Python SDK uses) a monitor thread records the stack of the saga code and raises
+:class:`SagaDeadlineExceeded` inside it (``PyThreadState_SetAsyncExc``); the guard turns that
+into :class:`~sagaloop.errors.ActivationDeadlineError`, which the engine records by parking the
+run in ``needs_attention`` with the stack. Code stuck inside one C call (a ``time.sleep`` in
+saga code, say) cannot be interrupted before the call returns: the watchdog reports it as
+stalled (see :meth:`Watchdog.stalled`), which ``sagaloop health`` shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+
+from sagaloop.errors import ActivationDeadlineError
+
+DEADLINE = 2.0
+"""Seconds saga code may run without yielding."""
+TICK = 0.05
+STALL_GRACE = 5.0
+"""Seconds after the interruption past which saga code that has not stopped is reported."""
+
+
+class SagaDeadlineExceeded(BaseException):
+    """Raised inside saga code that ran past the deadline. A BaseException, so that saga code's
+    ``except Exception`` does not swallow it."""
+
+
+@dataclasses.dataclass(eq=False)
+class _Guarded:
+    thread_id: int
+    what: str
+    started: float
+    deadline: float
+    fired_at: float | None = None
+    stack: str = ""
+    exited: bool = False
+
+
+class Watchdog:
+    """Interrupts guarded code that runs past ``deadline`` seconds. Thread-safe; one monitor
+    thread runs while something is guarded (and a little after)."""
+
+    def __init__(self, deadline: float = DEADLINE) -> None:
+        self.deadline = deadline
+        self._lock = threading.Lock()
+        self._active: dict[int, _Guarded] = {}
+        self._fired: list[_Guarded] = []
+        self._monitor: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def guard(self, what: str) -> Iterator[None]:
+        """Run the block under the deadline; raise ActivationDeadlineError if it was
+        interrupted (whatever the block raised then)."""
+        now = time.monotonic()
+        tid = threading.get_ident()
+        guarded = _Guarded(tid, what, now, now + self.deadline)
+        with self._lock:
+            self._active[tid] = guarded
+            if self._monitor is None:
+                self._monitor = threading.Thread(
+                    target=self._watch, name="saga-watchdog", daemon=True
+                )
+                self._monitor.start()
+        try:
+            try:
+                yield
+            finally:
+                with self._lock:
+                    self._active.pop(tid, None)
+                    guarded.exited = True
+                    fired = guarded.fired_at is not None
+                if fired:  # the exception may not have been raised yet: never let it out
+                    _set_async_exc(tid, None)
+        except SagaDeadlineExceeded:
+            fired = True
+        except BaseException:
+            if guarded.fired_at is None:
+                raise
+            fired = True
+        if fired:
+            raise ActivationDeadlineError(
+                f"{what} ran for more than {self.deadline:g} s without yielding (a loop "
+                "without await?): saga code must reach its next await quickly; do long work "
+                "in a step",
+                stack=guarded.stack,
+            )
+
+    def stalled(self) -> list[str]:
+        """Guarded code that was interrupted but has not stopped after a grace period (stuck
+        inside a C call): what it is, for how long, and where."""
+        now = time.monotonic()
+        with self._lock:
+            self._fired = [g for g in self._fired if not g.exited]
+            late = [g for g in self._fired if g.fired_at and now - g.fired_at > STALL_GRACE]
+        return [
+            f"{g.what} has run for {now - g.started:.0f} s without yielding and could not be "
+            f"interrupted; it is at:\n{g.stack}"
+            for g in late
+        ]
+
+    def _watch(self) -> None:
+        idle_since: float | None = None
+        while True:
+            time.sleep(TICK)
+            now = time.monotonic()
+            with self._lock:
+                due = [g for g in self._active.values() if g.deadline <= now]
+                for g in due:
+                    del self._active[g.thread_id]
+                    g.fired_at = now
+                    g.stack = _stack_of(g.thread_id)
+                    self._fired.append(g)
+                    _set_async_exc(g.thread_id, SagaDeadlineExceeded)
+                if self._active or any(not g.exited for g in self._fired):
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = now
+                elif now - idle_since > 1.0:
+                    self._monitor = None
+                    return
+
+
+def _stack_of(thread_id: int) -> str:
+    frame = sys._current_frames().get(thread_id)
+    if frame is None:
+        return "(no stack)"
+    frames = traceback.extract_stack(frame)
+    machinery = [i for i, f in enumerate(frames) if any(p in f.filename for p in _MACHINERY)]
+    own = frames[machinery[-1] + 1 :] if machinery else frames  # what the saga code called
+    return "".join(traceback.format_list((own or frames)[-12:]))[-4000:]
+
+
+_MACHINERY = (f"{os.sep}sagaloop{os.sep}", f"{os.sep}asyncio{os.sep}", f"{os.sep}threading.py")
+"""Frames of the engine and the event loop: the stack shown for saga code starts after them."""
+
+
+def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc is not None else None
+    )
