@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import socket
 import sys
 import threading
 from datetime import UTC, datetime, timedelta
@@ -12,9 +13,10 @@ from typing import Any
 
 import click
 
+from sagaloop._secrets import mask_url
+from sagaloop.cli import processes
 from sagaloop.cli.common import Obj, app_option, errors
-from sagaloop.cli.services import Runtime
-from sagaloop.cli.settings import mask_url
+from sagaloop.cli.services import EXIT_THREAD_DIED, Runtime
 from sagaloop.engine import crashpoints
 from sagaloop.engine.messages import EventMessage, StartMessage
 from sagaloop.engine.ports import Broker
@@ -79,7 +81,7 @@ def _serve(obj: Obj, app_spec: str | None, role: str, *, upgrade: bool, **roles:
             name=f"{role}@{_host()}",
             **roles,
         )
-    runtime.start()
+    runtime.start(registry=store, role=role, on_death=stop.set)
     logger.info(
         "%s: app %r, store %s, broker %s",
         role,
@@ -90,9 +92,23 @@ def _serve(obj: Obj, app_spec: str | None, role: str, *, upgrade: bool, **roles:
     stop.wait()
     logger.info("%s: stopping (finishing the messages in hand)", role)
     runtime.stop()
-    broker.close()
+    broker.close()  # what the process still held goes back to the queue
     store.close()
+    if runtime.deaths:
+        _exit_dead(role, runtime.deaths)
     logger.info("%s: stopped", role)
+
+
+def _exit_dead(role: str, deaths: dict[str, str]) -> None:
+    """Say on stderr which threads died and why, and exit with ``EXIT_THREAD_DIED``."""
+    why = "; ".join(f"thread {name!r} died: {what}" for name, what in deaths.items())
+    click.echo(
+        f"sagaloop {role}: stopped because a thread died ({why}). Its messages are delivered "
+        f"again; exiting with status {EXIT_THREAD_DIED} so that a supervisor restarts it (see "
+        "docs/troubleshooting.md, 'A service exits with status 70').",
+        err=True,
+    )
+    sys.exit(EXIT_THREAD_DIED)
 
 
 def _host() -> str:
@@ -183,10 +199,16 @@ def worker(obj: Obj, app_spec: str | None, queues: str, concurrency: int, poll: 
     type=click.FloatRange(0),
     help="Unhealthy when the oldest unsent message is older than this many seconds.",
 )
+@click.option(
+    "--local",
+    is_flag=True,
+    help="Judge only the service processes of this host (a liveness probe in a container).",
+)
 @click.pass_obj
-def health(obj: Obj, as_json: bool, max_outbox_age: float) -> None:
-    """Check the database, the schema and the broker; exit 1 when something is wrong. Usable as
-    an orchestrator's liveness or readiness probe."""
+def health(obj: Obj, as_json: bool, max_outbox_age: float, local: bool) -> None:
+    """Check the database, the schema, the broker and the service processes (engine, worker,
+    dev) of every app; exit 1 when something is wrong. Usable as an orchestrator's liveness or
+    readiness probe."""
     checks: dict[str, Any] = {}
     ok = True
     store = None
@@ -213,14 +235,36 @@ def health(obj: Obj, as_json: bool, max_outbox_age: float) -> None:
         except (SagaloopError, click.ClickException) as e:
             checks["broker"] = f"error: {e}"
             ok = False
+        ok = _check_processes(store, checks, local=local) and ok
         store.close()
     checks["healthy"] = ok
     if as_json:
         click.echo(json.dumps(checks, indent=2))
     else:
         for key, value in checks.items():
-            click.echo(f"{key:<24} {value}")
+            if key != "processes":
+                click.echo(f"{key:<24} {value}")
+                continue
+            click.echo(f"{key:<24} {len(value)} registered")
+            for p in value:
+                click.echo(f"  {p['name']} ({p['role']} of app {p['app']!r}): {p['state']}")
     sys.exit(0 if ok else 1)
+
+
+def _check_processes(store: SqlStore, checks: dict[str, Any], *, local: bool) -> bool:
+    """List the registered processes in ``checks``; False when one of them reports a problem
+    (see ``sagaloop.cli.processes.assess``)."""
+    try:
+        rows = store.processes()
+    except SagaloopError as e:
+        checks["services"] = f"error: cannot read the process registry: {e}"
+        return False
+    listed, problems = processes.assess(
+        rows, datetime.now(UTC), host=socket.gethostname() if local else None
+    )
+    checks["processes"] = listed
+    checks["services"] = "error: " + "; ".join(problems) if problems else "ok"
+    return not problems
 
 
 @click.command()

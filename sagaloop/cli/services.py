@@ -1,15 +1,23 @@
 """Services: the engine, workers, timers and relay run on threads until stopped.
-``sagaloop dev`` runs all of them in one process on the embedded default."""
+``sagaloop dev`` runs all of them in one process on the embedded default.
+
+Each loop absorbs what it can retry. Anything that escapes a thread (an exception its handlers
+did not absorb, or a BaseException: ``SystemExit``, ``KeyboardInterrupt``, ``CancelledError``)
+kills it, and a process with a dead thread must not go on: it would hold deliveries nobody
+processes. So the death is logged at CRITICAL, recorded as the process's problem (``sagaloop
+health`` fails), and the whole runtime stops; the services then exit with ``EXIT_THREAD_DIED``
+so that a supervisor starts them again."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
+from sagaloop.cli.processes import SEEN_EVERY, ProcessRegistry, Registration, describe
 from sagaloop.engine.activation import Engine
 from sagaloop.engine.messages import engine_queue, step_queue
 from sagaloop.engine.ports import Broker, Clock, Delivery, Store, SystemClock
@@ -23,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 MAX_BACKOFF = 3.0
 """The longest the relay waits between tries while the broker is down (seconds)."""
+EXIT_THREAD_DIED = 70
+"""The exit status of a service stopped because one of its threads died (``EX_SOFTWARE``)."""
 
 
 class Runtime:
@@ -53,13 +63,23 @@ class Runtime:
         self.clock = clock or SystemClock()
         self.poll = poll
         self.retention = retention
+        self.name = name
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
+        self.deaths: dict[str, str] = {}
+        """Threads that died, and why: each stopped the runtime."""
+        self.engine_problems: list[Callable[[], Iterable[str]]] = []
+        """Callables that return what is wrong now (one line each; say, a stalled activation):
+        :meth:`problems` reports them and ``sagaloop health`` fails while there are any."""
+        self._lock = threading.Lock()
+        self._on_death: Callable[[], None] | None = None
+        self._registration: Registration | None = None
         self.runner = StepRunner(app, threads=max(concurrency, 1) * 2, worker=name)
         step_queues = [step_queue(app.name, q) for q in (app.queues if queues is None else queues)]
         broker.declare([engine_queue(app.name), *[step_queue(app.name, q) for q in app.queues]])
         if engine:
             consumer = EngineConsumer(Engine(app, store, clock=self.clock), store)
+            self.engine_problems.append(consumer.engine.watchdog.stalled)
             self._spawn("engine", self._consume, [consumer.queue], consumer.process_batch, batch)
         if step_queues:
             worker = WorkerConsumer(app, store, self.runner, self.clock, heartbeat=heartbeat)
@@ -76,27 +96,95 @@ class Runtime:
             self._spawn("relay", self._relay, self.relay)
 
     def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
-        self.threads.append(threading.Thread(target=target, args=args, name=name, daemon=True))
+        args = (name, target, *args)
+        self.threads.append(threading.Thread(target=self._guard, args=args, name=name, daemon=True))
 
-    def start(self) -> Runtime:
+    def start(
+        self,
+        *,
+        registry: ProcessRegistry | None = None,
+        role: str = "",
+        on_death: Callable[[], None] | None = None,
+    ) -> Runtime:
+        """Start the threads. With ``registry``, keep this process's row there (as ``role``,
+        refreshed every ``SEEN_EVERY`` seconds with :meth:`problems`); ``on_death`` is called
+        when a thread dies, after the runtime began to stop."""
+        self._on_death = on_death
+        if registry is not None:
+            role = role or self.name.partition("@")[0]
+            self._registration = Registration(registry, self.name, self.app.name, role, self.clock)
+            self._registration.started()
+            self._spawn("registry", self._beat, self._registration)
         if self.relay is not None:
             self.store.hand_over_to(self.relay)
         for thread in self.threads:
             thread.start()
         return self
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Finish the messages in hand, then stop; unstarted messages stay queued."""
+    def problems(self) -> list[str]:
+        """What is wrong with this process now: its dead threads, then what each of
+        ``engine_problems`` reports."""
+        out = self._deaths()
+        for source in list(self.engine_problems):
+            try:
+                out.extend(source())
+            except Exception as e:
+                out.append(f"could not check {getattr(source, '__qualname__', source)}: {e!r}")
+        return out
+
+    def _deaths(self) -> list[str]:
+        with self._lock:
+            return [f"thread {name!r} died: {why}" for name, why in self.deaths.items()]
+
+    def _guard(self, name: str, target: Callable[..., None], *args: Any) -> None:
+        """Run a thread's loop; whatever escapes it kills the thread, which stops the runtime."""
+        try:
+            target(*args)
+        except BaseException as e:
+            self._died(name, describe(e), e)
+        else:
+            if not self.stopping.is_set():
+                self._died(name, "its loop returned while the process was running", None)
+
+    def _died(self, name: str, why: str, exc: BaseException | None) -> None:
+        with self._lock:
+            self.deaths[name] = why
+        logger.critical(
+            "thread %r died (%s); stopping this process: the messages in hand are finished or "
+            "redelivered, and a supervisor should start it again",
+            name,
+            why,
+            exc_info=exc,
+        )
+        self._halt()
+        if self._registration is not None:
+            self._registration.beat(self.problems())  # now: stopping may take a while
+        if self._on_death is not None:
+            self._on_death()
+
+    def _halt(self) -> None:
+        """Tell every thread to finish the message in hand and end."""
         self.stopping.set()
         nudge = getattr(self.store, "nudge", None)
         if nudge is not None:
             nudge()
+
+    def _beat(self, registration: Registration) -> None:
+        while not self.stopping.wait(SEEN_EVERY):
+            registration.beat(self.problems())
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Finish the messages in hand, then stop; unstarted messages stay queued. The
+        registry then says that this process exited (with the deaths it exits because of)."""
+        self._halt()
         for thread in self.threads:
             thread.join(timeout)
         if self.relay is not None:
             self.store.hand_over_to(None)
             self._flush(self.relay)
         self.runner.close()
+        if self._registration is not None:
+            self._registration.stopped(self._deaths())
 
     @staticmethod
     def _flush(relay: Relay) -> None:

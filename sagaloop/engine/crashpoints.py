@@ -2,7 +2,10 @@
 
 They are armed only by the services' start-up (``SAGALOOP_CRASH_AT``, read by the CLI) and cost
 one set look-up otherwise. ``name`` kills the process with SIGKILL the first time it passes
-there; ``name:N`` the N-th time. The names are listed in ``POINTS`` and in the docs.
+there; ``name:N`` the N-th time. ``name:raise`` (or ``name:N:raise``) instead raises
+:class:`CrashPointRaised`, a ``BaseException``, in the thread that passes there, once: what a
+consumer thread meets when something no handler absorbs escapes it. The names are listed in
+``POINTS`` and in the docs.
 """
 
 from __future__ import annotations
@@ -24,23 +27,35 @@ POINTS = {
 }
 
 _armed: dict[str, int] = {}
+_raising: set[str] = set()
 _lock = threading.Lock()
 
 
+class CrashPointRaised(BaseException):
+    """Raised by a crash point armed with ``:raise``; no handler of sagaloop absorbs it."""
+
+
 def arm(spec: str | Iterable[str]) -> None:
-    """Arm crash points from ``"a,b:3"`` or a list of such names."""
+    """Arm crash points from ``"a,b:3,c:2:raise"`` or a list of such names."""
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     for item in (i.strip() for i in items):
         if not item:
             continue
-        name, _, nth = item.partition(":")
+        name, *options = item.split(":")
         if name not in POINTS:
             raise ValueError(f"unknown crash point {name!r}; known: {', '.join(sorted(POINTS))}")
-        _armed[name] = int(nth) if nth else 1
+        raising = options[-1:] == ["raise"]
+        nth = options[:-1] if raising else options
+        if len(nth) > 1 or (nth and not nth[0].isdigit()):
+            raise ValueError(f"crash point {item!r}: use NAME, NAME:N, NAME:raise or NAME:N:raise")
+        _armed[name] = int(nth[0]) if nth else 1
+        if raising:
+            _raising.add(name)
 
 
 def disarm() -> None:
     _armed.clear()
+    _raising.clear()
 
 
 def crash_point(name: str) -> None:
@@ -50,4 +65,7 @@ def crash_point(name: str) -> None:
         _armed[name] -= 1
         if _armed[name] > 0:
             return
+        if name in _raising:  # once: the threads that finish their work must not die too
+            del _armed[name]
+            raise CrashPointRaised(f"crash point {name} (armed with :raise)")
     os.kill(os.getpid(), signal.SIGKILL)

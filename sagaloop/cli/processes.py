@@ -1,0 +1,164 @@
+"""The process registry: each service process (``engine``, ``worker``, ``dev``) keeps a row in
+``sagaloop_processes`` (written at start, refreshed every ``SEEN_EVERY`` seconds with its
+problems, closed at exit), and ``sagaloop health`` judges the fleet from those rows.
+
+A row not refreshed for ``LIVE_WITHIN`` seconds and never closed belongs to a process that was
+killed without a chance to say so (SIGKILL, out of memory, a lost host): health lists it as
+``not seen for N s`` but does not fail for it. Its messages are redelivered once their lease
+expires, and whether a replacement runs is the supervisor's business, not the probe's: failing
+every probe because one process vanished would restart the healthy ones too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from sagaloop.engine.ports import Clock
+from sagaloop.store.processes import ProcessRecord
+
+logger = logging.getLogger(__name__)
+
+SEEN_EVERY = 5.0
+"""Seconds between two refreshes of a running process's row."""
+LIVE_WITHIN = 3 * SEEN_EVERY
+"""A row refreshed within this many seconds belongs to a running process."""
+RECENT_PROBLEM = 60.0
+"""Health fails for a problem reported (or an exit because of one) within this many seconds, so
+that a crash-looping service shows between its restarts."""
+PRUNE_AFTER = timedelta(hours=1)
+"""Rows not refreshed for this long are deleted (by any running process)."""
+MAX_PROBLEM = 2000
+"""Characters of a problem kept in the registry."""
+
+
+class ProcessRegistry(Protocol):
+    """Where processes say that they run (``SqlStore`` is one)."""
+
+    def process_started(self, name: str, app: str, role: str, now: datetime) -> None: ...
+
+    def process_seen(self, name: str, now: datetime, problem: str | None) -> bool: ...
+
+    def process_stopped(self, name: str, now: datetime, problem: str | None) -> None: ...
+
+    def prune_processes(self, before: datetime) -> int: ...
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception, printable and storable even when its ``__str__``
+    raises or returns a lone surrogate."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<str() of the exception failed>"
+    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return line.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _storable(problems: Sequence[str]) -> str | None:
+    """The problems as one text any database stores: no NUL, no lone surrogate, bounded."""
+    if not problems:
+        return None
+    text = "; ".join(problems).replace("\x00", "\\x00")
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= MAX_PROBLEM else text[: MAX_PROBLEM - 3] + "..."
+
+
+class Registration:
+    """This process's row. Database errors are logged (once per outage) and retried at the next
+    refresh: the registry never stops a service."""
+
+    def __init__(
+        self, registry: ProcessRegistry, name: str, app: str, role: str, clock: Clock
+    ) -> None:
+        self.registry = registry
+        self.name = name
+        self.app = app
+        self.role = role
+        self.clock = clock
+        self._registered = False
+        self._failing = False
+        self._next_prune = 0.0
+
+    def started(self) -> None:
+        self._try("register", self._register)
+
+    def beat(self, problems: Sequence[str]) -> None:
+        """Refresh the row with the process's current problems; prune old rows now and then."""
+        self._try("refresh", lambda: self._beat(_storable(problems)))
+
+    def stopped(self, problems: Sequence[str]) -> None:
+        """Close the row, keeping the problems the process exits with."""
+        problem = _storable(problems)
+        self._try("close", lambda: self.registry.process_stopped(self.name, self._now(), problem))
+
+    def _now(self) -> datetime:
+        return self.clock.now()
+
+    def _register(self) -> None:
+        self.registry.process_started(self.name, self.app, self.role, self._now())
+        self._registered = True
+
+    def _beat(self, problem: str | None) -> None:
+        now = self._now()
+        if not self._registered or not self.registry.process_seen(self.name, now, problem):
+            self._register()  # not yet written, or pruned while this process was stuck
+            self.registry.process_seen(self.name, now, problem)
+        if now.timestamp() >= self._next_prune:
+            self.registry.prune_processes(now - PRUNE_AFTER)
+            self._next_prune = now.timestamp() + PRUNE_AFTER.total_seconds() / 12
+
+    def _try(self, what: str, write: Any) -> None:
+        try:
+            write()
+        except Exception as e:
+            if not self._failing:
+                logger.warning("could not %s this process in the registry (%s); retrying", what, e)
+            self._failing = True
+        else:
+            self._failing = False
+
+
+def _host(name: str) -> str:
+    """The host of a ``role@host:pid`` name."""
+    return name.partition("@")[2].rpartition(":")[0]
+
+
+def assess(
+    rows: Sequence[ProcessRecord], now: datetime, *, host: str | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The processes to list (those of ``host`` only, when given) and the problems for which
+    health fails: a process seen within ``RECENT_PROBLEM`` seconds that reports one, or one that
+    exited because of one within that time."""
+    listed: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for row in rows:
+        if host is not None and _host(row.name) != host:
+            continue
+        seen = (now - row.seen_at).total_seconds()
+        end = row.stopped_at or now
+        entry: dict[str, Any] = {
+            "name": row.name,
+            "role": row.role,
+            "app": row.app,
+            "up_s": round((end - row.started_at).total_seconds(), 1),
+            "seen_s_ago": round(seen, 1),
+            "problem": row.problem,
+        }
+        who = f"{row.name} ({row.role} of app {row.app})"
+        if row.stopped_at is not None:
+            ago = (now - row.stopped_at).total_seconds()
+            if row.problem:
+                entry["state"] = f"exited {ago:.0f} s ago because of a problem"
+                if ago <= RECENT_PROBLEM:
+                    problems.append(f"{who} exited {ago:.0f} s ago: {row.problem}")
+            else:
+                entry["state"] = f"stopped {ago:.0f} s ago"
+        else:
+            entry["state"] = "running" if seen <= LIVE_WITHIN else f"not seen for {seen:.0f} s"
+            if row.problem and seen <= RECENT_PROBLEM:
+                problems.append(f"{who}: {row.problem}")
+        listed.append(entry)
+    return listed, problems
