@@ -30,3 +30,29 @@ def test_python_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_readme_has_blocks() -> None:
     assert blocks(ROOT / "README.md")
+
+
+TEST_REF = re.compile(r"`(tests/[\w/]+\.py|[A-Z]\w*)?(?:::(\w+))?`")
+CONTRACTS = [ROOT / "sagaloop/testing/contracts.py", ROOT / "sagaloop/testing/store_contract.py"]
+
+
+def test_every_test_the_guarantees_page_names_exists() -> None:
+    """A guarantee is only as good as the test named as its proof: every `tests/...py::name`
+    (`::name`: a test of the file named just before it; `StoreContract::name`: of a contract
+    suite) on the page must exist."""
+    missing: list[str] = []
+    current: list[Path] = []
+    for match in TEST_REF.finditer((ROOT / "docs" / "guarantees.md").read_text()):
+        where, name = match.groups()
+        if where and where.startswith("tests/"):
+            current = [ROOT / where]
+            if not current[0].exists():
+                missing.append(where)
+                continue
+        elif where:
+            current = CONTRACTS
+        if name and current:
+            pattern = re.compile(rf"^\s*(async )?def {name}\b", re.M)
+            if not any(pattern.search(f.read_text()) for f in current if f.exists()):
+                missing.append(f"{current[0].relative_to(ROOT)}::{name}")
+    assert not missing, missing
