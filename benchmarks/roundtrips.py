@@ -1,8 +1,8 @@
 """Database round trips per step, counted: a sagaloop ``Runtime`` (engine, worker, relay and
 timers as threads of this process) runs a sequential saga on RabbitMQ + PostgreSQL while
 SQLAlchemy's events count, per thread role, the statements, the transactions (each one a
-``BEGIN`` and a ``COMMIT`` or ``ROLLBACK`` round trip; an autocommit read counts as one too,
-though it sends neither) and the pings of pooled connections (a round trip each). The floor
+``BEGIN`` and a ``COMMIT`` or ``ROLLBACK`` round trip; an autocommit read sends neither, so
+only its statement counts) and the pings of pooled connections (a round trip each). The floor
 needs 10 per step: two transactions of three inserts."""
 
 from __future__ import annotations
@@ -48,10 +48,19 @@ def count(steps: int) -> dict[str, dict[str, float]]:
 
             return listener
 
+        def hit_transaction(kind: str) -> Any:
+            def listener(conn: Any, *_: Any) -> None:
+                # An autocommit read sends no BEGIN and no ROLLBACK: its statement is its trip.
+                autocommit = conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+                if on.is_set() and not autocommit:
+                    counts[(_role(), kind)] += 1
+
+            return listener
+
         event.listen(store.engine, "before_cursor_execute", hit("statements"))
-        event.listen(store.engine, "begin", hit("begin"))
-        event.listen(store.engine, "commit", hit("commit"))
-        event.listen(store.engine, "rollback", hit("rollback"))
+        event.listen(store.engine, "begin", hit_transaction("begin"))
+        event.listen(store.engine, "commit", hit_transaction("commit"))
+        event.listen(store.engine, "rollback", hit_transaction("rollback"))
         ping, count_ping = store.engine.dialect.do_ping, hit("ping")
 
         def counted_ping(dbapi_conn: Any) -> bool:
