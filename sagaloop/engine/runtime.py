@@ -177,11 +177,9 @@ class EngineConsumer:
 
     def _failed(self, delivery: Delivery, env: Envelope, exc: Exception) -> None:
         """A failure that is no outage: retry it a few times, then park the run on it."""
-        failures = self._troubles.failed(env.message_id, delivery.deliveries)
         what = f"engine failed on message {env.message_id} (run {env.run_id})"
-        if failures < self.max_failures:
-            log_failure(f"{what}, {failures} of {self.max_failures} times", exc)
-            delivery.retry_later(RETRY_DELAY)
+        failures = self._troubles.give_up(env.message_id, delivery, what, exc, self.max_failures)
+        if failures is None:
             return
         logger.error("%s %d times: parking the run", what, failures, exc_info=exc)
         try:
@@ -339,11 +337,9 @@ class WorkerConsumer:
 
     def _failed(self, delivery: Delivery, env: Envelope, key: str, exc: Exception) -> None:
         """A failure that is no outage: retry it a few times, then answer ``halted``."""
-        failures = self._troubles.failed(key, delivery.deliveries)
         what = f"worker failed on message {env.message_id} (run {env.run_id})"
-        if failures < self.max_failures:
-            log_failure(f"{what}, {failures} of {self.max_failures} times", exc)
-            delivery.retry_later(RETRY_DELAY)
+        failures = self._troubles.give_up(key, delivery, what, exc, self.max_failures)
+        if failures is None:
             return
         logger.error("%s %d times: answering halted", what, failures, exc_info=exc)
         cause = ErrorInfo.from_exception(exc, with_traceback=True)
@@ -425,13 +421,21 @@ class _Troubles:
         with self._lock:
             self._count(key)[1] += 1
 
-    def failed(self, key: str, deliveries: int) -> int:
-        """Count a failure; return how many there were, counting the earlier deliveries that
-        this process did not see retried for an outage."""
+    def give_up(
+        self, key: str, delivery: Delivery, what: str, exc: Exception, limit: int
+    ) -> int | None:
+        """Count a failure (with the earlier deliveries that this process did not see retried
+        for an outage). Below ``limit``: log it, hand the message back, return None. At the
+        limit: return how many failures there were (the caller gives up on the message)."""
         with self._lock:
             counts = self._count(key)
-            counts[0] = max(counts[0], deliveries - 1 - counts[1]) + 1
-            return counts[0]
+            counts[0] = max(counts[0], delivery.deliveries - 1 - counts[1]) + 1
+            failures = counts[0]
+        if failures >= limit:
+            return failures
+        log_failure(f"{what}, {failures} of {limit} times", exc)
+        delivery.retry_later(RETRY_DELAY)
+        return None
 
     def unanswered(self, key: str, deliveries: int) -> int:
         """Earlier deliveries of the message that this process did not see retried for an

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_env import cli_database, run
+from click.testing import CliRunner
 from pydantic import BaseModel
 
 from sagaloop import App, Client, SagaContext
@@ -231,21 +232,8 @@ CLI_APP = textwrap.dedent(
 
 
 @pytest.fixture
-def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    (tmp_path / "hostile_client_cli.py").write_text(CLI_APP)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    for name in list(os.environ):
-        if name.startswith("SAGALOOP_"):
-            monkeypatch.delenv(name)
-    path = tmp_path / "cli.db"
-    monkeypatch.setenv("SAGALOOP_DATABASE_URL", f"sqlite:///{path}")
-    assert run("db", "upgrade").exit_code == 0
-    yield path
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return cli_database(tmp_path, monkeypatch, "hostile_client_cli", CLI_APP)
 
 
 def written(path: Path) -> tuple[int, int, int]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_env import cli_database, run
 from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -675,21 +676,8 @@ CLI_APP = textwrap.dedent(
 
 
 @pytest.fixture
-def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    (tmp_path / "hostile_cli.py").write_text(CLI_APP)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    for name in list(os.environ):
-        if name.startswith("SAGALOOP_"):
-            monkeypatch.delenv(name)
-    path = tmp_path / "cli.db"
-    monkeypatch.setenv("SAGALOOP_DATABASE_URL", f"sqlite:///{path}")
-    assert run("db", "upgrade").exit_code == 0
-    yield path
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return cli_database(tmp_path, monkeypatch, "hostile_cli", CLI_APP)
 
 
 def written(path: Path) -> tuple[int, int, int]:
