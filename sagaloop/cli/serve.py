@@ -78,6 +78,7 @@ def _serve(obj: Obj, app_spec: str | None, role: str, *, upgrade: bool, **roles:
             heartbeat=obj.settings.lease / 3,
             relay_lease=timedelta(seconds=obj.settings.lease),
             retention=timedelta(days=obj.settings.retention_days) if role != "worker" else None,
+            activation_deadline=obj.settings.activation_deadline,
             name=f"{role}@{_host()}",
             **roles,
         )

@@ -23,6 +23,7 @@ from sagaloop.engine.messages import engine_queue, step_queue
 from sagaloop.engine.ports import Broker, Clock, Delivery, Store, SystemClock
 from sagaloop.engine.runtime import EngineConsumer, TimerScheduler, WorkerConsumer, log_failure
 from sagaloop.engine.steps import StepRunner
+from sagaloop.engine.watchdog import DEADLINE, Watchdog
 from sagaloop.errors import BrokerError
 from sagaloop.outbox.relay import Relay
 from sagaloop.sagas.app import App
@@ -56,6 +57,7 @@ class Runtime:
         retention: timedelta | None = None,
         batch: int = 16,
         name: str = "sagaloop",
+        activation_deadline: float = DEADLINE,
     ) -> None:
         self.app = app
         self.store = store
@@ -78,8 +80,11 @@ class Runtime:
         step_queues = [step_queue(app.name, q) for q in (app.queues if queues is None else queues)]
         broker.declare([engine_queue(app.name), *[step_queue(app.name, q) for q in app.queues]])
         if engine:
-            consumer = EngineConsumer(Engine(app, store, clock=self.clock), store)
-            self.engine_problems.append(consumer.engine.watchdog.stalled)
+            watchdog = Watchdog(activation_deadline)
+            consumer = EngineConsumer(
+                Engine(app, store, clock=self.clock, watchdog=watchdog), store
+            )
+            self.engine_problems.append(watchdog.stalled)
             self._spawn("engine", self._consume, [consumer.queue], consumer.process_batch, batch)
         if step_queues:
             worker = WorkerConsumer(app, store, self.runner, self.clock, heartbeat=heartbeat)

@@ -28,6 +28,8 @@ class Settings(BaseSettings):
     """RabbitMQ: the exchange, and the prefix of every queue name."""
     queue_type: Literal["quorum", "classic"] = "quorum"
     retention_days: float = Field(default=7.0, gt=0)
+    activation_deadline: float = Field(default=2.0, gt=0, le=3600)
+    """CPU seconds saga code may run without reaching an ``await`` before its run is parked."""
     """Finished runs and inbox rows older than this are deleted by the engine."""
     crash_at: str = ""
     """Test only: crash points to arm (see sagaloop.engine.crashpoints)."""

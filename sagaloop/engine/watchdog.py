@@ -6,9 +6,14 @@ ever. :meth:`Watchdog.guard` wraps each stretch of saga code: past the deadline 
 as Temporal's Python SDK uses) a monitor thread records the stack of the saga code and raises
 :class:`SagaDeadlineExceeded` inside it (``PyThreadState_SetAsyncExc``); the guard turns that
 into :class:`~sagaloop.errors.ActivationDeadlineError`, which the engine records by parking the
-run in ``needs_attention`` with the stack. Code stuck inside one C call (a ``time.sleep`` in
-saga code, say) cannot be interrupted before the call returns: the watchdog reports it as
-stalled (see :meth:`Watchdog.stalled`), which ``sagaloop health`` shows.
+run in ``needs_attention`` with the stack.
+
+The deadline counts the CPU time of the thread running the saga code (where the platform has
+per-thread CPU clocks, as Linux does), not the wall clock: a process stopped or starved of the
+CPU (SIGSTOP, a paused VM, a loaded machine) must not park healthy runs. Code stuck inside one C
+call (a ``time.sleep`` in saga code, say) uses no CPU and cannot be interrupted before the call
+returns: past ``STALL_AFTER`` seconds of wall time the watchdog reports it as stalled (see
+:meth:`Watchdog.stalled`), which ``sagaloop health`` shows.
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ from sagaloop.errors import ActivationDeadlineError
 DEADLINE = 2.0
 """Seconds saga code may run without yielding."""
 TICK = 0.05
-STALL_GRACE = 5.0
-"""Seconds after the interruption past which saga code that has not stopped is reported."""
+STALL_AFTER = 30.0
+"""Seconds of wall time after which guarded code that has not finished is reported stalled."""
 
 
 class SagaDeadlineExceeded(BaseException):
@@ -42,7 +47,10 @@ class _Guarded:
     thread_id: int
     what: str
     started: float
-    deadline: float
+    """Wall clock (``time.monotonic``)."""
+    cpu_clock: int | None
+    """The thread's CPU-time clock, or None (the wall clock counts, then)."""
+    cpu_started: float
     fired_at: float | None = None
     stack: str = ""
     exited: bool = False
@@ -63,9 +71,10 @@ class Watchdog:
     def guard(self, what: str) -> Iterator[None]:
         """Run the block under the deadline; raise ActivationDeadlineError if it was
         interrupted (whatever the block raised then)."""
-        now = time.monotonic()
         tid = threading.get_ident()
-        guarded = _Guarded(tid, what, now, now + self.deadline)
+        cpu_clock = _cpu_clock(tid)
+        cpu = time.clock_gettime(cpu_clock) if cpu_clock is not None else 0.0
+        guarded = _Guarded(tid, what, time.monotonic(), cpu_clock, cpu)
         with self._lock:
             self._active[tid] = guarded
             if self._monitor is None:
@@ -98,17 +107,28 @@ class Watchdog:
             )
 
     def stalled(self) -> list[str]:
-        """Guarded code that was interrupted but has not stopped after a grace period (stuck
-        inside a C call): what it is, for how long, and where."""
+        """Guarded code that has run for more than STALL_AFTER seconds (stuck inside a C call,
+        or not stopping when interrupted): what it is, for how long, and where."""
         now = time.monotonic()
         with self._lock:
             self._fired = [g for g in self._fired if not g.exited]
-            late = [g for g in self._fired if g.fired_at and now - g.fired_at > STALL_GRACE]
+            late = [
+                g for g in [*self._active.values(), *self._fired] if now - g.started > STALL_AFTER
+            ]
         return [
-            f"{g.what} has run for {now - g.started:.0f} s without yielding and could not be "
-            f"interrupted; it is at:\n{g.stack}"
+            f"{g.what} has run for {now - g.started:.0f} s without yielding; it is at:\n"
+            f"{g.stack or _stack_of(g.thread_id)}"
             for g in late
         ]
+
+    def _spent(self, g: _Guarded, now: float) -> float:
+        """Seconds the guarded code has run: CPU time of its thread where measurable."""
+        if g.cpu_clock is None:
+            return now - g.started
+        try:
+            return time.clock_gettime(g.cpu_clock) - g.cpu_started
+        except OSError:  # the thread is gone
+            return 0.0
 
     def _watch(self) -> None:
         idle_since: float | None = None
@@ -116,7 +136,7 @@ class Watchdog:
             time.sleep(TICK)
             now = time.monotonic()
             with self._lock:
-                due = [g for g in self._active.values() if g.deadline <= now]
+                due = [g for g in self._active.values() if self._spent(g, now) >= self.deadline]
                 for g in due:
                     del self._active[g.thread_id]
                     g.fired_at = now
@@ -130,6 +150,13 @@ class Watchdog:
                 elif now - idle_since > 1.0:
                     self._monitor = None
                     return
+
+
+def _cpu_clock(thread_id: int) -> int | None:
+    try:
+        return time.pthread_getcpuclockid(thread_id)
+    except (AttributeError, OSError):  # not on this platform
+        return None
 
 
 def _stack_of(thread_id: int) -> str:
