@@ -188,7 +188,10 @@ class Engine:
         return self._activate(env, run, [triggers], run_code=False)
 
     def _read_run(self, run_id: str) -> RunRecord:
-        run = self._staged_runs.get(run_id) or self.store.get_run(run_id)
+        return self._own(run_id, self._staged_runs.get(run_id) or self.store.get_run(run_id))
+
+    def _own(self, run_id: str, run: RunRecord | None) -> RunRecord:
+        """``run``, if it exists and belongs to this engine's app; else MessageError."""
         if run is None:
             raise MessageError(f"no run with id {run_id!r}")
         if run.app != self.app.name:
@@ -199,8 +202,7 @@ class Engine:
         return run
 
     def _on_start(self, env: Envelope) -> Plan:
-        existing = self.store.get_run(env.run_id) if env.run_id not in self._staged_runs else None
-        run = self._staged_runs.get(env.run_id) or existing
+        run = self._staged_runs.get(env.run_id) or self.store.get_run(env.run_id)
         try:
             payload: StartPayload = parse_payload(StartPayload, env)
             saga = self.app.get_saga(env.saga or "")
@@ -215,7 +217,7 @@ class Engine:
         except MessageError as e:
             return self._reject_start(env, run, e.reason)
         if run is not None:  # a duplicate start, or one whose run a Client already created
-            return self._activate(env, self._read_run(env.run_id), [lambda st: []])
+            return self._activate(env, self._own(env.run_id, run), [lambda st: []])
         now = self.clock.now()
         record = RunRecord(env.run_id, self.app.name, saga.name, s.RUNNING, input_json, now, now)
         started = NewEvent(h.RUN_STARTED, name=saga.name, data={"input": input_json})
