@@ -12,7 +12,8 @@ The deadline counts the CPU time of the thread running the saga code (where the 
 per-thread CPU clocks, as Linux does), not the wall clock: a process stopped or starved of the
 CPU (SIGSTOP, a paused VM, a loaded machine) must not park healthy runs. Code stuck inside one C
 call (a ``time.sleep`` in saga code, say) uses no CPU and cannot be interrupted before the call
-returns: past ``STALL_AFTER`` seconds of wall time the watchdog reports it as stalled (see
+returns: past ``STALL_FACTOR`` times the deadline in wall time (30 s for the default 2 s), the
+watchdog reports it as stalled (see
 :meth:`Watchdog.stalled`), which ``sagaloop health`` shows.
 """
 
@@ -33,8 +34,8 @@ from sagaloop.errors import ActivationDeadlineError
 DEADLINE = 2.0
 """Seconds saga code may run without yielding."""
 TICK = 0.05
-STALL_AFTER = 30.0
-"""Seconds of wall time after which guarded code that has not finished is reported stalled."""
+STALL_FACTOR = 15
+"""Guarded code that has not finished after this many deadlines of wall time is stalled."""
 
 
 class SagaDeadlineExceeded(BaseException):
@@ -62,6 +63,7 @@ class Watchdog:
 
     def __init__(self, deadline: float = DEADLINE) -> None:
         self.deadline = deadline
+        self.stall_after = deadline * STALL_FACTOR
         self._lock = threading.Lock()
         self._active: dict[int, _Guarded] = {}
         self._fired: list[_Guarded] = []
@@ -107,13 +109,15 @@ class Watchdog:
             )
 
     def stalled(self) -> list[str]:
-        """Guarded code that has run for more than STALL_AFTER seconds (stuck inside a C call,
+        """Guarded code that has run for more than ``stall_after`` seconds (stuck inside a C call,
         or not stopping when interrupted): what it is, for how long, and where."""
         now = time.monotonic()
         with self._lock:
             self._fired = [g for g in self._fired if not g.exited]
             late = [
-                g for g in [*self._active.values(), *self._fired] if now - g.started > STALL_AFTER
+                g
+                for g in [*self._active.values(), *self._fired]
+                if now - g.started > self.stall_after
             ]
         return [
             f"{g.what} has run for {now - g.started:.0f} s without yielding; it is at:\n"

@@ -45,3 +45,11 @@ async def spin(ctx: SagaContext, name: str) -> str:
 async def interrupt(ctx: SagaContext, name: str) -> str:
     await ctx.call(effect, name)
     raise KeyboardInterrupt("from saga code")
+
+
+@app.saga(name="stuck")
+async def stuck(ctx: SagaContext, seconds: float) -> str:
+    import time
+
+    time.sleep(seconds)  # one C call: cannot be interrupted, uses no CPU
+    return "woke up"

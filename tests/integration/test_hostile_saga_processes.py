@@ -22,10 +22,11 @@ pytestmark = pytest.mark.integration
 class Dev:
     """A real `sagaloop dev` process on a SQLite file."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, **settings: str) -> None:
         self.ledger = tmp / "ledger.db"
         self.env = {
             **os.environ,
+            **settings,
             "SAGALOOP_DATABASE_URL": f"sqlite:///{tmp / 'sagaloop.db'}",
             "LEDGER_PATH": str(self.ledger),
             "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)]),
@@ -108,6 +109,36 @@ def test_embedded_keyboard_interrupt_in_saga_code_fails_the_run_not_the_engine(
         eventually(lambda: dev.status(other)["status"] == "completed", what="the next run")
         assert dev.proc.poll() is None, dev.log.read_text()
         assert sorted(dev.effects()) == ["after", "undo x", "x"]
+    finally:
+        dev.close()
+
+
+def test_embedded_saga_code_stuck_in_a_c_call_makes_health_fail_naming_it(
+    tmp_path: Path,
+) -> None:
+    """A `time.sleep` in saga code cannot be interrupted: the process reports the stalled
+    activation, and `sagaloop health` fails naming it, until the call returns."""
+    dev = Dev(tmp_path, SAGALOOP_ACTIVATION_DEADLINE="0.2")  # stalled after 15 x 0.2 s
+    try:
+        eventually(lambda: "dev: app" in dev.log.read_text(), what="dev to start")
+        stuck = dev.cli("start", "stuck", "--input", "12", "--app", "sagaapp")
+
+        def health() -> subprocess.CompletedProcess[bytes]:
+            return subprocess.run(
+                [sys.executable, "-m", "sagaloop", "health"],
+                env=dev.env,
+                capture_output=True,
+                timeout=30,
+            )
+
+        report = eventually(
+            lambda: (out := health()).returncode == 1 and b"without yielding" in out.stdout and out,
+            timeout=25,
+            what="health to report the stalled activation",
+        )
+        assert b"stuck" in report.stdout, report.stdout.decode()
+        eventually(lambda: dev.status(stuck)["status"] == "completed", timeout=30, what="it")
+        eventually(lambda: health().returncode == 0, timeout=20, what="health again")
     finally:
         dev.close()
 
