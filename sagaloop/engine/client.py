@@ -4,6 +4,7 @@ written)."""
 
 from __future__ import annotations
 
+import importlib
 import time
 import uuid
 from typing import Any
@@ -23,6 +24,7 @@ from sagaloop.engine.messages import (
     engine_queue,
 )
 from sagaloop.engine.ports import Clock, Outgoing, RunRecord, Store, SystemClock
+from sagaloop.engine.state import RunState
 from sagaloop.engine.timeline import Timeline, timeline
 from sagaloop.errors import ErrorInfo as _ErrorInfo
 from sagaloop.errors import (
@@ -191,8 +193,28 @@ class Client:
         if event_id is not None:
             _check_text(event_id, "event_id")
         payload = {"name": name, "data": _to_json(data, ANY, "event data")}
+        self._check_fits_wait(run_id, name, payload["data"])
         message_id = derived_id("event", run_id, event_id) if event_id is not None else None
         self._send(run_id, "event", payload, live=True, message_id=message_id)
+
+    def _check_fits_wait(self, run_id: str, name: str, data: Any) -> None:
+        """Refuse an event that the run's wait for it would refuse, when this process can
+        import the wait's model (else the engine checks it, and records a misfit as
+        rejected)."""
+        state = RunState(run_id)
+        for event in self.store.load_history(None, run_id):
+            state.apply(event)
+        waits = sorted(state.waits.values(), key=lambda w: w.pos)
+        wait = next((w for w in waits if w.name == name and not w.resolved), None)
+        model = _importable(wait.model) if wait is not None and wait.model else None
+        if model is not None:
+            try:
+                Converter(model).from_json(data, what=f"event {name!r}")
+            except ValidationError as e:
+                raise ValidationError(
+                    f"the event does not fit what run {run_id!r} waits for, so nothing was "
+                    f"sent: {e}"
+                ) from None
 
     def cancel(self, run_id: str, reason: str | None = None) -> None:
         """Stop the run at its next suspension point and compensate its completed steps."""
@@ -241,3 +263,15 @@ class Client:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"run {run_id!r} is still {run.status} after {timeout} s")
             time.sleep(poll)
+
+
+def _importable(path: str) -> Any:
+    """The object at ``module:qualname``, or None if this process cannot import it."""
+    module_name, _, qualname = path.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            target = getattr(target, part)
+    except Exception:
+        return None
+    return target

@@ -328,6 +328,9 @@ class _Context(SagaContext):
         data: dict[str, Any] = {}
         if timeout is not None:
             data["timeout_at"] = (self.now() + timeout).isoformat()
+        if isinstance(model, type) and "<locals>" not in model.__qualname__:
+            # where a client can find the model to check an event before sending it
+            data["model"] = f"{model.__module__}:{model.__qualname__}"
         pos, future = self._r.command(h.EVENT_WAITING, name, data, model)
         if pos in self._r.pending:
             self._r.waiters[name].append(pos)

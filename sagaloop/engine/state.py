@@ -85,6 +85,8 @@ class Wait:
     since: datetime
     until: datetime | None
     resolved: bool = False
+    model: str | None = None
+    """``module:qualname`` of the type the wait validates its event with, if importable."""
     rejected: list[str] = dataclasses.field(default_factory=list)
     """Why events that reached this wait were refused (their data did not fit)."""
 
@@ -159,6 +161,7 @@ class RunState:
             assert ev.pos is not None and ev.name is not None
             until = d.get("timeout_at")
             wait = Wait(ev.pos, ev.name, ev.at, datetime.fromisoformat(until) if until else None)
+            wait.model = d.get("model")
             self.waits[ev.pos] = wait
             for i, (name, _) in enumerate(self.buffered):
                 if name == wait.name:

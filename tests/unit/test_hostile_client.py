@@ -22,6 +22,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from sagaloop import App, Client, SagaContext
 from sagaloop._secrets import mask_url, password_of, scrub
 from sagaloop.cli.main import cli
 from sagaloop.errors import RunStateError, ValidationError
-from sagaloop.testing.harness import Harness
+from sagaloop.testing.harness import Harness, VirtualClock
 
 app = App("hostile_client")
 
@@ -211,6 +212,7 @@ def test_valid_unusual_text_still_works(h: Harness) -> None:
 CLI_APP = textwrap.dedent(
     """
     from typing import Any
+    from pydantic import BaseModel
     from sagaloop import App, SagaContext, StepContext
 
     app = App("hostile_client_cli")
@@ -227,6 +229,14 @@ CLI_APP = textwrap.dedent(
     @app.saga(name="f")
     async def f(ctx: SagaContext, x: float) -> float:
         return x
+
+    class Reply(BaseModel):
+        text: str
+        accepted: bool
+
+    @app.saga(name="ask")
+    async def ask(ctx: SagaContext) -> Any:
+        return (await ctx.wait_for_event("reply", model=Reply)).text
     """
 )
 
@@ -466,3 +476,26 @@ def test_services_print_no_piece_of_the_password(tmp_path: Path) -> None:
         text = path.read_text()
         assert "***" in text, f"{name} printed no masked URL:\n{text}"
         assert_no_piece(text)
+
+
+def test_cli_send_event_refuses_data_that_does_not_fit_the_wait(db: Path) -> None:
+    """`send-event RUN reply --data '{"msg":"typo"}'` against `wait_for_event("reply",
+    model=Reply)`: one line, a non-zero exit, nothing sent; a fitting event is sent."""
+    import hostile_client_cli as module  # the fixture's app, importable as the CLI's is
+
+    h = Harness(module.app, url=f"sqlite:///{db}", clock=VirtualClock(datetime.now(UTC)))
+    run_id = h.start(module.ask)
+    h.run_until_idle(skip_time=False)
+    before = written(db)
+    result = run("send-event", run_id, "reply", "--data", '{"msg": "typo"}')
+    assert result.exit_code != 0
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert "accepted" in result.output and "nothing was sent" in result.output
+    assert written(db) == before
+    assert (
+        run("send-event", run_id, "reply", "--data", '{"text": "yes", "accepted": true}').exit_code
+        == 0
+    )
+    h.clock.set(datetime.now(UTC))  # the CLI stamped its message with the real time
+    h.run_until_idle(skip_time=False)
+    assert h.result(run_id) == "yes"

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 import sagaloop
 from sagaloop import App, EventTimeoutError, SagaContext, StepContext
 from sagaloop.engine import history as h
+from sagaloop.engine.messages import Envelope, engine_queue
 from sagaloop.testing import Harness
 
 TWO_DAYS = timedelta(days=2)
@@ -105,7 +106,7 @@ def test_an_event_whose_data_does_not_fit_is_rejected_and_the_wait_goes_on(early
     run_id = env.start(ask, "refund?")
     if not early:
         env.run_until_idle(skip_time=False)
-    env.send_event(run_id, "reply", {"text": "no accepted field"})
+    publish_event(env, run_id, "reply", {"text": "no accepted field"})  # a plain publisher
     env.run_until_idle(skip_time=False)
     assert env.get(run_id).status == "waiting"
     [rejected] = kinds(env, run_id, h.EVENT_REJECTED)
@@ -121,11 +122,32 @@ def test_an_event_whose_data_does_not_fit_is_rejected_and_the_wait_goes_on(early
     assert len(kinds(env, run_id, h.EVENT_REJECTED)) == 1
 
 
+def publish_event(env: Harness, run_id: str, name: str, data: Any) -> None:
+    """As a publisher without the saga's code does (through the public message contract)."""
+    body = Envelope(type="event", run_id=run_id, payload={"name": name, "data": data})
+    env.broker.publish([(engine_queue(env.app.name), body.to_bytes())])
+
+
+def test_a_client_that_can_check_refuses_an_event_that_does_not_fit_its_wait() -> None:
+    app, ask = reply_app()
+    env = Harness(app)
+    run_id = env.start(ask, "refund?")
+    env.run_until_idle(skip_time=False)
+    with pytest.raises(sagaloop.ValidationError, match="accepted") as refused:
+        env.send_event(run_id, "reply", {"text": "typo"})
+    assert "nothing was sent" in str(refused.value)
+    env.run_until_idle(skip_time=False)
+    assert not kinds(env, run_id, h.EVENT_ARRIVED)
+    env.send_event(run_id, "reply", {"text": "ok", "accepted": True})
+    env.run_until_idle(skip_time=False)
+    assert env.result(run_id) == {"outcome": "reply", "text": "ok", "accepted": True}
+
+
 def test_the_wait_after_a_rejected_event_still_times_out() -> None:
     app, ask = reply_app()
     env = Harness(app)
     run_id = env.start(ask, "refund?")
-    env.send_event(run_id, "reply", {"text": "early and wrong"})  # consumed by the wait
+    publish_event(env, run_id, "reply", {"text": "early and wrong"})  # consumed by the wait
     env.run_until_idle()  # skips to the timeout
     run = env.get(run_id)
     assert run.status == "completed" and run.output["outcome"] == "timeout"
