@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from sagaloop.engine.ports import RunRecord
-from sagaloop.engine.timeline import Timeline
+from sagaloop.engine.timeline import Timeline, short_json
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -55,6 +55,11 @@ def timeline_text(tl: Timeline) -> str:
         parts.append("last errors:\n" + "\n".join(errors))
     if tl.waiting_for:
         parts.append("why it waits:\n" + "\n".join(f"  - {w}" for w in tl.waiting_for))
+    if tl.published:
+        values = [
+            f"  {key} = {short_json(value, 120)}" for key, value in sorted(tl.published.items())
+        ]
+        parts.append("published:\n" + "\n".join(values))
     if tl.status == "completed":
         parts.append("output: " + json.dumps(tl.output))
     elif tl.error:

@@ -239,6 +239,14 @@ class Client:
         self.get(run_id)
         return self.store.load_history(None, run_id)
 
+    def get_published(self, run_id: str, key: str, default: Any = None) -> Any:
+        """The latest value the run published under ``key`` (``ctx.publish``), or
+        ``default`` if it published none."""
+        state = RunState(run_id)
+        for event in self.history(run_id):
+            state.apply(event)
+        return state.published.get(key, default)
+
     def status(self, run_id: str) -> Timeline:
         run = self.get(run_id)
         return timeline(run, self.store.load_history(None, run_id), self.clock.now())

@@ -28,6 +28,8 @@ EVENT_ARRIVED: Final = "event_arrived"
 EVENT_REJECTED: Final = "event_rejected"
 """An event whose data did not fit the wait it reached: recorded, and the wait goes on."""
 MARKER: Final = "marker"
+PUBLISHED: Final = "published"
+"""A value saga code published (``ctx.publish``): readable from outside, the latest per key."""
 CANCEL_REQUESTED: Final = "cancel_requested"
 RUN_RESUMED: Final = "run_resumed"
 RUN_PARKED: Final = "run_parked"
@@ -38,13 +40,16 @@ COMPENSATION_COMPLETED: Final = "compensation_completed"
 COMPENSATION_FAILED: Final = "compensation_failed"
 RUN_FINISHED: Final = "run_finished"
 
-COMMAND_KINDS: Final = frozenset({STEP_SCHEDULED, TIMER_STARTED, EVENT_WAITING, MARKER})
+COMMAND_KINDS: Final = frozenset({STEP_SCHEDULED, TIMER_STARTED, EVENT_WAITING, MARKER, PUBLISHED})
 COMMAND_LABEL: Final = {
     STEP_SCHEDULED: "call",
     TIMER_STARTED: "sleep",
     EVENT_WAITING: "wait_for_event",
     MARKER: "patched",
+    PUBLISHED: "publish",
 }
+INSTANT_KINDS: Final = frozenset({MARKER, PUBLISHED})
+"""Commands that complete when issued: nothing resolves them later."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

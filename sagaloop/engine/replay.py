@@ -32,7 +32,7 @@ from sagaloop.errors import (
 )
 from sagaloop.sagas.app import App, SagaDef, StepDef
 from sagaloop.sagas.context import SagaContext
-from sagaloop.sagas.convert import Converter
+from sagaloop.sagas.convert import ANY, Converter
 
 logger = logging.getLogger("sagaloop.saga")
 
@@ -269,7 +269,7 @@ class Replayer:
                 return pos, future  # never resolves; the activation parks the run
         else:
             self.new_commands.append(issued)
-        if kind != h.MARKER:
+        if kind not in h.INSTANT_KINDS:
             self.pending[pos] = _Pending(kind, name, future, model)
             future.add_done_callback(functools.partial(self._on_done, pos))
         return pos, future
@@ -323,9 +323,16 @@ class _Context(SagaContext):
         await future
 
     async def wait_for_event(
-        self, name: str, *, timeout: timedelta | None = None, model: type[Any] | None = None
+        self,
+        name: str,
+        *,
+        timeout: timedelta | None = None,
+        model: type[Any] | None = None,
+        prompt: Any = None,
     ) -> Any:
         data: dict[str, Any] = {}
+        if prompt is not None:
+            data["prompt"] = ANY.to_json(prompt, what=f"the prompt of wait_for_event({name!r})")
         if timeout is not None:
             data["timeout_at"] = (self.now() + timeout).isoformat()
         if isinstance(model, type) and "<locals>" not in model.__qualname__:
@@ -338,6 +345,12 @@ class _Context(SagaContext):
             while buffered and pos in self._r.pending:
                 self._r._resolve_wait(pos, buffered.popleft())
         return await future
+
+    def publish(self, key: str, value: Any) -> None:
+        if not isinstance(key, str) or not key or len(key) > 200:
+            raise ValidationError("ctx.publish needs a key of 1 to 200 characters")
+        data = {"value": ANY.to_json(value, what=f"the value published as {key!r}")}
+        self._r.command(h.PUBLISHED, key, data)
 
     def now(self) -> datetime:
         return self._r.now()

@@ -87,6 +87,8 @@ class Wait:
     resolved: bool = False
     model: str | None = None
     """``module:qualname`` of the type the wait validates its event with, if importable."""
+    prompt: Any = None
+    """What the wait asks (``wait_for_event(..., prompt=...)``), shown while it waits."""
     rejected: list[str] = dataclasses.field(default_factory=list)
     """Why events that reached this wait were refused (their data did not fit)."""
 
@@ -102,6 +104,8 @@ class RunState:
     waits: dict[int, Wait] = dataclasses.field(default_factory=dict)
     buffered: list[tuple[str, Any]] = dataclasses.field(default_factory=list)
     markers: list[str] = dataclasses.field(default_factory=list)
+    published: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The latest value saga code published under each key."""
     cancel_reason: str | None = None
     saga_output: Any = None
     saga_error: dict[str, Any] | None = None
@@ -161,7 +165,7 @@ class RunState:
             assert ev.pos is not None and ev.name is not None
             until = d.get("timeout_at")
             wait = Wait(ev.pos, ev.name, ev.at, datetime.fromisoformat(until) if until else None)
-            wait.model = d.get("model")
+            wait.model, wait.prompt = d.get("model"), d.get("prompt")
             self.waits[ev.pos] = wait
             for i, (name, _) in enumerate(self.buffered):
                 if name == wait.name:
@@ -183,6 +187,8 @@ class RunState:
                 wait.rejected.append(str(d.get("reason", "")))
         elif kind == h.MARKER:
             self.markers.append(str(ev.name))
+        elif kind == h.PUBLISHED:
+            self.published[str(ev.name)] = d.get("value")
         elif kind == h.CANCEL_REQUESTED:
             self.cancel_reason = d.get("reason") or "cancelled"
             if not any(x.comp_status == GAVE_UP for x in self.steps.values()):

@@ -4,6 +4,7 @@ idempotency key; the compensations; and the answer to "why is this run not movin
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import datetime
 from typing import Any
 
@@ -43,6 +44,10 @@ class Timeline:
     error: dict[str, Any] | None
     reason: str | None
     events: int
+    published: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The latest value the saga published under each key (``ctx.publish``)."""
+    prompts: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """What each open wait asks, by event name (``wait_for_event(..., prompt=...)``)."""
 
     def to_json(self) -> dict[str, Any]:
         def conv(v: Any) -> Any:
@@ -115,6 +120,12 @@ def timeline(run: RunRecord, events: list[Event], now: datetime) -> Timeline:
         error=run.error,
         reason=run.reason,
         events=len(events),
+        published=dict(st.published),
+        prompts={
+            w.name: w.prompt
+            for w in sorted(st.waits.values(), key=lambda v: v.pos)
+            if not w.resolved and w.prompt is not None and run.status not in s.FINAL_STATUSES
+        },
     )
 
 
@@ -150,7 +161,14 @@ def _why(st: RunState, run: RunRecord, queues: dict[Any, Any], now: datetime) ->
     for w in sorted(st.waits.values(), key=lambda v: v.pos):
         if not w.resolved:
             until = f" until {w.until:%Y-%m-%d %H:%M:%S} UTC" if w.until else ""
-            why.append(f"waiting for event {w.name!r}{until}")
+            asks = f", asking {short_json(w.prompt)}" if w.prompt is not None else ""
+            why.append(f"waiting for event {w.name!r}{until}{asks}")
     for fire_at in st.sleeps.values():
         why.append(f"sleeping until {fire_at:%Y-%m-%d %H:%M:%S} UTC")
     return why
+
+
+def short_json(value: Any, limit: int = 200) -> str:
+    """``value`` as JSON, cut to ``limit`` characters for a line of status."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -54,20 +54,44 @@ class SagaContext(abc.ABC):
 
     @overload
     async def wait_for_event(
-        self, name: str, *, timeout: timedelta | None = None, model: None = None
+        self,
+        name: str,
+        *,
+        timeout: timedelta | None = None,
+        model: None = None,
+        prompt: Any = None,
     ) -> Any: ...
 
     @overload
     async def wait_for_event(
-        self, name: str, *, timeout: timedelta | None = None, model: type[T]
+        self,
+        name: str,
+        *,
+        timeout: timedelta | None = None,
+        model: type[T],
+        prompt: Any = None,
     ) -> T: ...
 
     @abc.abstractmethod
     async def wait_for_event(
-        self, name: str, *, timeout: timedelta | None = None, model: type[Any] | None = None
+        self,
+        name: str,
+        *,
+        timeout: timedelta | None = None,
+        model: type[Any] | None = None,
+        prompt: Any = None,
     ) -> Any:
         """Wait for an event addressed to this run; raise ``EventTimeoutError`` on timeout.
-        Events that arrived before the call are kept and returned at once, oldest first."""
+        Events that arrived before the call are kept and returned at once, oldest first.
+        ``prompt`` (JSON: the question asked of a person, say) is shown by ``sagaloop
+        status`` while the run waits. Data that does not fit ``model`` is recorded as
+        rejected, and the wait goes on."""
+
+    @abc.abstractmethod
+    def publish(self, key: str, value: Any) -> None:
+        """Record ``value`` (JSON) under ``key`` in the history, for readers outside the run:
+        ``Client.get_published(run_id, key)`` and ``sagaloop status`` show the latest value of
+        each key (a progress figure, a draft awaiting approval, an interim answer)."""
 
     @abc.abstractmethod
     def now(self) -> datetime:

@@ -49,7 +49,9 @@ def encode_value(data: JSON, *, what: str) -> bytes:
         raise UnencodableError(f"{what} cannot be stored: nested too deeply") from e
     except (TypeError, ValueError) as e:  # NaN/Infinity, an int over the digit limit
         reason = str(e)
-        if "integer string conversion" in reason:
+        if "Out of range float" in reason:
+            reason = "NaN and Infinity are not JSON; send null or a string instead"
+        elif "integer string conversion" in reason:
             reason = (
                 "an integer has more digits than Python converts to text "
                 f"({sys.get_int_max_str_digits()}); send it as a string"
