@@ -20,7 +20,15 @@ from sagaloop.errors import (
     StepFailedError,
     ValidationError,
 )
-from sagaloop.sagas import App, RetryPolicy, SagaContext, SagaDef, StepContext, StepDef
+from sagaloop.sagas import (
+    App,
+    Received,
+    RetryPolicy,
+    SagaContext,
+    SagaDef,
+    StepContext,
+    StepDef,
+)
 
 __version__ = "0.1.0"
 
@@ -33,6 +41,7 @@ __all__ = [
     "EventTimeoutError",
     "NonDeterminismError",
     "NotAppliedError",
+    "Received",
     "RetryPolicy",
     "RunFinishedError",
     "RunNotFoundError",

@@ -205,8 +205,9 @@ class Client:
         for event in self.store.load_history(None, run_id):
             state.apply(event)
         waits = sorted(state.waits.values(), key=lambda w: w.pos)
-        wait = next((w for w in waits if w.name == name and not w.resolved), None)
-        model = _importable(wait.model) if wait is not None and wait.model else None
+        wait = next((w for w in waits if name in w.names and not w.resolved), None)
+        path = wait.models.get(name) if wait is not None else None
+        model = _importable(path) if path else None
         if model is not None:
             try:
                 Converter(model).from_json(data, what=f"event {name!r}")

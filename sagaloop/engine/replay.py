@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import functools
 import hashlib
 import logging
 import random as _random
 import uuid
-from collections.abc import Awaitable, MutableMapping
+from collections.abc import Awaitable, Mapping, MutableMapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -31,7 +32,7 @@ from sagaloop.errors import (
     ValidationError,
 )
 from sagaloop.sagas.app import App, SagaDef, StepDef
-from sagaloop.sagas.context import SagaContext
+from sagaloop.sagas.context import Received, SagaContext
 from sagaloop.sagas.convert import ANY, Converter
 
 logger = logging.getLogger("sagaloop.saga")
@@ -66,6 +67,16 @@ class _Pending:
         self.kind, self.name, self.future, self.model = kind, name, future, model
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _WaitSpec:
+    """What a wait takes: events of these names, each validated with its model (if any)."""
+
+    names: tuple[str, ...]
+    models: dict[str, Any]
+    any_of: bool
+    """``wait_for_any``: the result is a ``Received(name, data)``, not the data alone."""
+
+
 class Replayer:
     """One saga coroutine, driven by history events."""
 
@@ -89,7 +100,7 @@ class Replayer:
         self.new_commands: list[NewEvent] = []
         self.pending: dict[int, _Pending] = {}
         self.waiters: dict[str, collections.deque[int]] = collections.defaultdict(collections.deque)
-        self.buffered: dict[str, collections.deque[Any]] = collections.defaultdict(
+        self.buffered: dict[str, collections.deque[tuple[int, Any]]] = collections.defaultdict(
             collections.deque
         )
         self.stopped = False  # cancelled or finished: the code is no longer fed
@@ -148,8 +159,10 @@ class Replayer:
             waiting = self.waiters.get(name)
             while waiting and waiting[0] not in self.pending:
                 waiting.popleft()
-            if not (waiting and self._resolve_wait(waiting[0], data)):
-                self.buffered[name].append(data)
+            if waiting:
+                self._resolve_wait(waiting[0], name, data)
+            else:  # kept, with its place in the arrival order, for a later wait
+                self.buffered[name].append((ev.seq, data))
         else:
             assert ev.pos is not None
             pending = self.pending.pop(ev.pos, None)
@@ -167,45 +180,61 @@ class Replayer:
                 error = ErrorInfo.from_json(ev.data["error"])
                 pending.future.set_exception(StepFailedError(pending.name, error))
             elif pending.kind == h.EVENT_WAITING:  # the wait's timeout fired
-                self._forget_waiter(pending.name, ev.pos)
+                self._forget_wait(ev.pos, pending.model)
                 pending.future.set_exception(EventTimeoutError(pending.name))
             else:
                 pending.future.set_result(None)
         self._run()
 
-    def _resolve_wait(self, pos: int, data: Any) -> bool:
-        """Give ``data`` to the wait at ``pos`` (the first of its name). Data that does not fit
-        the wait's model is refused (recorded as ``event_rejected``): the wait goes on. Returns
-        whether the event was consumed (given or refused)."""
+    def _resolve_wait(self, pos: int, name: str, data: Any) -> None:
+        """Give the event ``name`` to the wait at ``pos`` (the first that takes it). Data that
+        does not fit the wait's model is refused (recorded as ``event_rejected``) and consumed:
+        the wait goes on."""
         pending = self.pending[pos]
-        if pending.model is not None:
+        spec: _WaitSpec = pending.model
+        model = spec.models.get(name)
+        if model is not None:
             try:
-                data = Converter(pending.model).from_json(data, what=f"event {pending.name!r}")
+                data = Converter(model).from_json(data, what=f"event {name!r}")
             except ValidationError as e:
                 reason = str(e)[:2000]
                 if not self.replaying:
                     self.rejections.append(
-                        NewEvent(h.EVENT_REJECTED, pos, pending.name, {"reason": reason})
+                        NewEvent(h.EVENT_REJECTED, pos, name, {"reason": reason})
                     )
-                self.ctx.logger.warning("event %r refused: %s", pending.name, reason)
-                return True
+                self.ctx.logger.warning("event %r refused: %s", name, reason)
+                return
         del self.pending[pos]
-        self._forget_waiter(pending.name, pos)
-        pending.future.set_result(data)
-        return True
+        self._forget_wait(pos, spec)
+        pending.future.set_result(Received(name, data) if spec.any_of else data)
 
-    def _forget_waiter(self, name: str, pos: int) -> None:
-        waiting = self.waiters.get(name)
-        if waiting is not None and pos in waiting:
-            waiting.remove(pos)
+    def _forget_wait(self, pos: int, spec: _WaitSpec) -> None:
+        for name in spec.names:
+            waiting = self.waiters.get(name)
+            if waiting is not None and pos in waiting:
+                waiting.remove(pos)
+
+    def wait(self, spec: _WaitSpec, label: str, data: dict[str, Any]) -> asyncio.Future[Any]:
+        """Issue the wait; if events it takes were kept, give it the earliest to arrive."""
+        pos, future = self.command(h.EVENT_WAITING, label, data, spec)
+        if pos in self.pending:
+            for name in spec.names:
+                self.waiters[name].append(pos)
+            while pos in self.pending:
+                kept = [(self.buffered[n][0][0], n) for n in spec.names if self.buffered.get(n)]
+                if not kept:
+                    break
+                _, name = min(kept)
+                self._resolve_wait(pos, name, self.buffered[name].popleft()[1])
+        return future
 
     def _on_done(self, pos: int, future: asyncio.Future[Any]) -> None:
         """An await that saga code cancelled (it lost a race in ``asyncio.wait``, say) stops
         waiting: its later result, timer or event goes elsewhere or nowhere."""
         if future.cancelled():
             pending = self.pending.pop(pos, None)
-            if pending is not None:
-                self._forget_waiter(pending.name, pos)
+            if pending is not None and pending.kind == h.EVENT_WAITING:
+                self._forget_wait(pos, pending.model)
 
     def take_rejections(self) -> list[NewEvent]:
         rejections, self.rejections = self.rejections, []
@@ -335,16 +364,35 @@ class _Context(SagaContext):
             data["prompt"] = ANY.to_json(prompt, what=f"the prompt of wait_for_event({name!r})")
         if timeout is not None:
             data["timeout_at"] = (self.now() + timeout).isoformat()
-        if isinstance(model, type) and "<locals>" not in model.__qualname__:
-            # where a client can find the model to check an event before sending it
+        if model is not None and _importable(model):  # a client checks events with it
             data["model"] = f"{model.__module__}:{model.__qualname__}"
-        pos, future = self._r.command(h.EVENT_WAITING, name, data, model)
-        if pos in self._r.pending:
-            self._r.waiters[name].append(pos)
-            buffered = self._r.buffered.get(name)
-            while buffered and pos in self._r.pending:
-                self._r._resolve_wait(pos, buffered.popleft())
-        return await future
+        return await self._r.wait(_WaitSpec((name,), {name: model}, False), name, data)
+
+    async def wait_for_any(
+        self,
+        names: Sequence[str],
+        *,
+        timeout: timedelta | None = None,
+        models: Mapping[str, type[Any]] | None = None,
+        prompt: Any = None,
+    ) -> Received:
+        names = tuple(dict.fromkeys(names))
+        label = "|".join(names)
+        if not names or not all(isinstance(n, str) and n for n in names) or len(label) > 200:
+            raise ValidationError(
+                "wait_for_any takes event names, at most 200 characters joined with '|'"
+            )
+        data: dict[str, Any] = {"names": list(names)}
+        if prompt is not None:
+            data["prompt"] = ANY.to_json(prompt, what=f"the prompt of wait_for_any({label!r})")
+        if timeout is not None:
+            data["timeout_at"] = (self.now() + timeout).isoformat()
+        models = dict(models or {})
+        found = {n: f"{m.__module__}:{m.__qualname__}" for n, m in models.items() if _importable(m)}
+        if found:
+            data["models"] = found
+        result: Received = await self._r.wait(_WaitSpec(names, models, True), label, data)
+        return result
 
     def publish(self, key: str, value: Any) -> None:
         if not isinstance(key, str) or not key or len(key) > 200:
@@ -374,3 +422,7 @@ class _Context(SagaContext):
     @property
     def is_replaying(self) -> bool:
         return self._r.replaying
+
+
+def _importable(model: Any) -> bool:
+    return isinstance(model, type) and "<locals>" not in model.__qualname__

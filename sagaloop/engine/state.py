@@ -85,8 +85,11 @@ class Wait:
     since: datetime
     until: datetime | None
     resolved: bool = False
-    model: str | None = None
-    """``module:qualname`` of the type the wait validates its event with, if importable."""
+    names: tuple[str, ...] = ()
+    """The event names it takes: its name, or those of a ``wait_for_any``."""
+    models: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Per event name, ``module:qualname`` of the type the wait validates it with (if
+    importable): where a client finds it to check an event before sending it."""
     prompt: Any = None
     """What the wait asks (``wait_for_event(..., prompt=...)``), shown while it waits."""
     rejected: list[str] = dataclasses.field(default_factory=list)
@@ -165,17 +168,20 @@ class RunState:
             assert ev.pos is not None and ev.name is not None
             until = d.get("timeout_at")
             wait = Wait(ev.pos, ev.name, ev.at, datetime.fromisoformat(until) if until else None)
-            wait.model, wait.prompt = d.get("model"), d.get("prompt")
+            wait.names = tuple(d.get("names") or [ev.name])
+            model = d.get("model")
+            wait.models = dict(d.get("models") or ({ev.name: model} if model else {}))
+            wait.prompt = d.get("prompt")
             self.waits[ev.pos] = wait
             for i, (name, _) in enumerate(self.buffered):
-                if name == wait.name:
+                if name in wait.names:
                     del self.buffered[i]
                     wait.resolved = True
                     break
         elif kind == h.EVENT_ARRIVED:
             assert ev.name is not None
             for wait in sorted(self.waits.values(), key=lambda w: w.pos):
-                if wait.name == ev.name and not wait.resolved:
+                if ev.name in wait.names and not wait.resolved:
                     wait.resolved = True
                     break
             else:

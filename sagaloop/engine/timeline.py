@@ -162,7 +162,8 @@ def _why(st: RunState, run: RunRecord, queues: dict[Any, Any], now: datetime) ->
         if not w.resolved:
             until = f" until {w.until:%Y-%m-%d %H:%M:%S} UTC" if w.until else ""
             asks = f", asking {short_json(w.prompt)}" if w.prompt is not None else ""
-            why.append(f"waiting for event {w.name!r}{until}{asks}")
+            names = " or ".join(repr(n) for n in (w.names or (w.name,)))
+            why.append(f"waiting for event {names}{until}{asks}")
     for fire_at in st.sleeps.values():
         why.append(f"sleeping until {fire_at:%Y-%m-%d %H:%M:%S} UTC")
     return why

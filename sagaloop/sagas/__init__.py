@@ -1,7 +1,7 @@
 """Declaring sagas and steps: no I/O, no drivers."""
 
 from sagaloop.sagas.app import App, SagaDef, StepDef
-from sagaloop.sagas.context import SagaContext, StepContext
+from sagaloop.sagas.context import Received, SagaContext, StepContext
 from sagaloop.sagas.policy import RetryPolicy
 
-__all__ = ["App", "RetryPolicy", "SagaContext", "SagaDef", "StepContext", "StepDef"]
+__all__ = ["App", "Received", "RetryPolicy", "SagaContext", "SagaDef", "StepContext", "StepDef"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import abc
 import logging
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, NamedTuple, ParamSpec, TypeVar, overload
 
 if TYPE_CHECKING:
     from sagaloop.sagas.app import StepDef
@@ -15,6 +15,13 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
+
+
+class Received(NamedTuple):
+    """An event a run received: its name and its data (``ctx.wait_for_any``)."""
+
+    name: str
+    data: Any
 
 
 class SagaContext(abc.ABC):
@@ -86,6 +93,20 @@ class SagaContext(abc.ABC):
         ``prompt`` (JSON: the question asked of a person, say) is shown by ``sagaloop
         status`` while the run waits. Data that does not fit ``model`` is recorded as
         rejected, and the wait goes on."""
+
+    @abc.abstractmethod
+    async def wait_for_any(
+        self,
+        names: Sequence[str],
+        *,
+        timeout: timedelta | None = None,
+        models: Mapping[str, type[Any]] | None = None,
+        prompt: Any = None,
+    ) -> Received:
+        """Wait for the first event, by arrival order, of any of ``names`` (``approve``,
+        ``reject``, ``edit``...) and return it as ``Received(name, data)``; raise
+        ``EventTimeoutError`` on timeout. Kept events of these names count, oldest first;
+        events of other names keep their place. ``models`` validates the data per name."""
 
     @abc.abstractmethod
     def publish(self, key: str, value: Any) -> None:

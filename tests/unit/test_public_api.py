@@ -15,6 +15,7 @@ def test_exported_names_are_pinned() -> None:
             "EventTimeoutError",
             "NonDeterminismError",
             "NotAppliedError",
+            "Received",
             "RetryPolicy",
             "RunFinishedError",
             "RunNotFoundError",
