@@ -187,7 +187,7 @@ class StepFailedError(SagaloopError):
     """Raised inside saga code by ``await ctx.call(...)`` when the step failed for good."""
 
     def __init__(self, step: str, error: ErrorInfo) -> None:
-        super().__init__(f"step {step!r} failed: {error.type}: {error.message}")
+        super().__init__(f"step {step!r} failed: {error.describe()}")
         self.step = step
         self.error = error
 
@@ -222,7 +222,7 @@ class ErrorInfo:
     holds storable text: a message that cannot be read, holds lone surrogates or is very long
     is replaced, escaped or cut, so that recording a failure never fails in turn."""
 
-    __slots__ = ("message", "non_retryable", "not_applied", "traceback", "type")
+    __slots__ = ("causes", "message", "non_retryable", "not_applied", "traceback", "type")
 
     def __init__(
         self,
@@ -232,12 +232,16 @@ class ErrorInfo:
         non_retryable: bool = False,
         not_applied: bool = False,
         traceback: str | None = None,
+        causes: list[tuple[str, str]] | None = None,
     ) -> None:
         self.type = type
         self.message = message
         self.non_retryable = non_retryable
         self.not_applied = not_applied
         self.traceback = traceback
+        self.causes = causes or []
+        """The exception's ``__cause__`` (or unsuppressed ``__context__``) chain, outermost
+        first, as ``(type, message)``: ``raise StepError(...) from ConnectionError(...)``."""
 
     @classmethod
     def from_exception(cls, exc: BaseException, *, with_traceback: bool = False) -> ErrorInfo:
@@ -245,6 +249,7 @@ class ErrorInfo:
         name = _storable(type(exc).__name__, 200)
         message = _storable(_message(exc, name), MAX_ERROR_MESSAGE)
         trace = _traceback(exc) if with_traceback else None
+        causes = _causes(exc)
         if isinstance(exc, ApplicationError):
             return cls(
                 _storable(str(exc.type), 200),
@@ -252,8 +257,14 @@ class ErrorInfo:
                 non_retryable=bool(exc.non_retryable),
                 not_applied=isinstance(exc, NotAppliedError),
                 traceback=trace,
+                causes=causes,
             )
-        return cls(name, message, traceback=trace)
+        return cls(name, message, traceback=trace, causes=causes)
+
+    def describe(self) -> str:
+        """``type: message``, then ``(caused by type: message)`` for each cause."""
+        text = f"{self.type}: {self.message}"
+        return text + "".join(f" (caused by {t}: {m})" for t, m in self.causes)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"type": self.type, "message": self.message}
@@ -263,6 +274,8 @@ class ErrorInfo:
             data["not_applied"] = True
         if self.traceback is not None:
             data["traceback"] = self.traceback
+        if self.causes:
+            data["causes"] = [{"type": t, "message": m} for t, m in self.causes]
         return data
 
     @classmethod
@@ -274,6 +287,11 @@ class ErrorInfo:
             non_retryable=bool(data.get("non_retryable", False)),
             not_applied=bool(data.get("not_applied", False)),
             traceback=None if trace is None else str(trace),
+            causes=[
+                (str(c.get("type", "Error")), str(c.get("message", "")))
+                for c in data.get("causes") or []
+                if isinstance(c, dict)
+            ],
         )
 
     def __repr__(self) -> str:
@@ -285,6 +303,21 @@ def _message(exc: BaseException, name: str) -> str:
         return str(exc)
     except BaseException as e:  # a __str__ that raises: user code, whatever it raises
         return f"<the message of this {name} could not be read: {type(e).__name__}>"
+
+
+MAX_CAUSES = 5
+
+
+def _causes(exc: BaseException) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    seen = {id(exc)}
+    cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    while cause is not None and id(cause) not in seen and len(out) < MAX_CAUSES:
+        seen.add(id(cause))
+        name = _storable(type(cause).__name__, 200)
+        out.append((name, _storable(_message(cause, name), 1000)))
+        cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
+    return out
 
 
 def _traceback(exc: BaseException) -> str | None:

@@ -640,7 +640,7 @@ class Engine:
             policy is not None
             and not error.non_retryable
             and policy.is_retryable(error.type)
-            and attempt < policy.max_attempts
+            and policy.allows(attempt)
         )
         data = {"error": error.to_json(), "in_doubt": in_doubt, **extra}
         if direction == UNDO:

@@ -13,6 +13,7 @@ from sagaloop.engine.history import Event
 from sagaloop.engine.ports import RunRecord
 from sagaloop.engine.state import RunState
 from sagaloop.engine.steps import DO, UNDO, idempotency_key
+from sagaloop.errors import ErrorInfo
 
 
 @dataclasses.dataclass
@@ -101,7 +102,7 @@ def timeline(run: RunRecord, events: list[Event], now: datetime) -> Timeline:
                 started_at=x.scheduled_at,
                 duration_s=(end - x.scheduled_at).total_seconds() if end else None,
                 worker=next((a.worker for a in reversed(x.attempts) if a.worker), None),
-                error=(f"{x.error.get('type')}: {x.error.get('message')}" if x.error else None),
+                error=ErrorInfo.from_json(x.error).describe() if x.error else None,
                 compensation=_comp_word(x),
                 compensation_key=(
                     idempotency_key(run.run_id, x.pos, UNDO) if x.comp_status else None

@@ -14,11 +14,12 @@ class RetryPolicy(BaseModel):
     capped at ``maximum_interval``. ``non_retryable_errors`` lists exception type names (the
     class ``__name__`` or an :class:`~sagaloop.ApplicationError` ``type``) that fail the step for
     good at once. The defaults (5 attempts, 1 s doubling to 60 s) suit a remote call.
+    ``max_attempts=None`` retries for ever, each wait capped at ``maximum_interval``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_attempts: int = Field(default=5, ge=1, le=10_000)
+    max_attempts: int | None = Field(default=5, ge=1, le=10_000)
     initial_interval: timedelta = timedelta(seconds=1)
     backoff_coefficient: float = Field(default=2.0, ge=1.0, le=100.0)
     maximum_interval: timedelta = timedelta(seconds=60)
@@ -34,13 +35,19 @@ class RetryPolicy(BaseModel):
 
     def delay(self, failed_attempt: int) -> timedelta:
         """The wait after attempt number ``failed_attempt`` (1-based) failed."""
-        seconds = self.initial_interval.total_seconds() * self.backoff_coefficient ** (
-            failed_attempt - 1
-        )
-        return min(timedelta(seconds=seconds), self.maximum_interval)
+        exponent = min(failed_attempt - 1, 1000)  # unlimited attempts: never overflow
+        try:
+            seconds = self.initial_interval.total_seconds() * self.backoff_coefficient**exponent
+            return min(timedelta(seconds=seconds), self.maximum_interval)
+        except OverflowError:
+            return self.maximum_interval
 
     def is_retryable(self, error_type: str) -> bool:
         return error_type not in self.non_retryable_errors
+
+    def allows(self, failed_attempt: int) -> bool:
+        """Whether another attempt may follow attempt number ``failed_attempt``."""
+        return self.max_attempts is None or failed_attempt < self.max_attempts
 
 
 NO_RETRY = RetryPolicy(max_attempts=1)
