@@ -467,16 +467,15 @@ class Engine:
                 reason = f"saga {st.saga!r} is not registered in app {self.app.name!r}"
                 return [NewEvent(h.RUN_PARKED, data={"reason": reason})]
         if not st.failing:
+            if st.undo_requested is not None:  # ctx.compensate: undo, then let the code go on
+                undo = self._next_undo(st)
+                return [NewEvent(h.COMPENSATE_DONE, st.undo_requested)] if undo is None else undo
             if st.saga_done:
                 return [NewEvent(h.RUN_FINISHED, data={"status": s.COMPLETED})]
             return []
-        if st.in_flight() or st.compensations_in_flight():
-            return []  # undo only once every outstanding step has settled
-        for step_state in st.to_compensate():
-            step = self.app.get_step(step_state.name)
-            if step is not None and step.compensation_fn is not None:
-                data = {"attempt": 1, "in_doubt": step_state.status != s.DONE}
-                return [NewEvent(h.COMPENSATION_SCHEDULED, step_state.pos, step_state.name, data)]
+        undo = self._next_undo(st)
+        if undo is not None:
+            return undo
         if st.cancel_reason is not None:
             status = s.CANCELLED
         elif any(x.comp_status == s.DONE for x in st.steps.values()):
@@ -484,6 +483,18 @@ class Engine:
         else:
             status = s.FAILED
         return [NewEvent(h.RUN_FINISHED, data={"status": status})]
+
+    def _next_undo(self, st: RunState) -> list[NewEvent] | None:
+        """The next compensation to schedule, newest completed step first; ``[]`` while a
+        step or compensation is in flight (undo only once they settled); None: none left."""
+        if st.in_flight() or st.compensations_in_flight():
+            return []
+        for step_state in st.to_compensate():
+            step = self.app.get_step(step_state.name)
+            if step is not None and step.compensation_fn is not None:
+                data = {"attempt": 1, "in_doubt": step_state.status != s.DONE}
+                return [NewEvent(h.COMPENSATION_SCHEDULED, step_state.pos, step_state.name, data)]
+        return None
 
     def _effects_of(self, ev: Event, live: _Live, effects: _Effects) -> list[NewEvent]:
         st = live.state

@@ -28,6 +28,9 @@ EVENT_ARRIVED: Final = "event_arrived"
 EVENT_REJECTED: Final = "event_rejected"
 """An event whose data did not fit the wait it reached: recorded, and the wait goes on."""
 MARKER: Final = "marker"
+COMPENSATE_REQUESTED: Final = "compensate_requested"
+"""Saga code asked to undo the steps completed so far (``ctx.compensate``) and goes on after."""
+COMPENSATE_DONE: Final = "compensate_done"
 PUBLISHED: Final = "published"
 """A value saga code published (``ctx.publish``): readable from outside, the latest per key."""
 CANCEL_REQUESTED: Final = "cancel_requested"
@@ -40,13 +43,16 @@ COMPENSATION_COMPLETED: Final = "compensation_completed"
 COMPENSATION_FAILED: Final = "compensation_failed"
 RUN_FINISHED: Final = "run_finished"
 
-COMMAND_KINDS: Final = frozenset({STEP_SCHEDULED, TIMER_STARTED, EVENT_WAITING, MARKER, PUBLISHED})
+COMMAND_KINDS: Final = frozenset(
+    {STEP_SCHEDULED, TIMER_STARTED, EVENT_WAITING, MARKER, PUBLISHED, COMPENSATE_REQUESTED}
+)
 COMMAND_LABEL: Final = {
     STEP_SCHEDULED: "call",
     TIMER_STARTED: "sleep",
     EVENT_WAITING: "wait_for_event",
     MARKER: "patched",
     PUBLISHED: "publish",
+    COMPENSATE_REQUESTED: "compensate",
 }
 INSTANT_KINDS: Final = frozenset({MARKER, PUBLISHED})
 """Commands that complete when issued: nothing resolves them later."""

@@ -39,7 +39,14 @@ logger = logging.getLogger("sagaloop.saga")
 
 # Events whose arrival is fed to saga code (everything else is engine bookkeeping).
 FED_KINDS = frozenset(
-    {h.STEP_COMPLETED, h.STEP_FAILED, h.TIMER_FIRED, h.EVENT_ARRIVED, h.CANCEL_REQUESTED}
+    {
+        h.STEP_COMPLETED,
+        h.STEP_FAILED,
+        h.TIMER_FIRED,
+        h.EVENT_ARRIVED,
+        h.CANCEL_REQUESTED,
+        h.COMPENSATE_DONE,
+    }
 )
 
 
@@ -393,6 +400,10 @@ class _Context(SagaContext):
             data["models"] = found
         result: Received = await self._r.wait(_WaitSpec(names, models, True), label, data)
         return result
+
+    async def compensate(self) -> None:
+        _, future = self._r.command(h.COMPENSATE_REQUESTED, "compensate", {})
+        await future
 
     def publish(self, key: str, value: Any) -> None:
         if not isinstance(key, str) or not key or len(key) > 200:

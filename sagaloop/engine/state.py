@@ -107,6 +107,8 @@ class RunState:
     waits: dict[int, Wait] = dataclasses.field(default_factory=dict)
     buffered: list[tuple[str, Any]] = dataclasses.field(default_factory=list)
     markers: list[str] = dataclasses.field(default_factory=list)
+    undo_requested: int | None = None
+    """The position of a ``ctx.compensate`` whose compensations are not all done."""
     published: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The latest value saga code published under each key."""
     cancel_reason: str | None = None
@@ -193,6 +195,10 @@ class RunState:
                 wait.rejected.append(str(d.get("reason", "")))
         elif kind == h.MARKER:
             self.markers.append(str(ev.name))
+        elif kind == h.COMPENSATE_REQUESTED:
+            self.undo_requested = ev.pos
+        elif kind == h.COMPENSATE_DONE:
+            self.undo_requested = None
         elif kind == h.PUBLISHED:
             self.published[str(ev.name)] = d.get("value")
         elif kind == h.CANCEL_REQUESTED:

@@ -109,6 +109,13 @@ class SagaContext(abc.ABC):
         events of other names keep their place. ``models`` validates the data per name."""
 
     @abc.abstractmethod
+    async def compensate(self) -> None:
+        """Undo the steps completed so far that have a compensation, newest first, one at a
+        time and durably, as a failed run does; then go on. The saga may then return a result
+        (a trip booking that undoes its bookings and answers ``{"status": "failure"}``). Steps
+        in flight settle first; a compensation that fails for good parks the run."""
+
+    @abc.abstractmethod
     def publish(self, key: str, value: Any) -> None:
         """Record ``value`` (JSON) under ``key`` in the history, for readers outside the run:
         ``Client.get_published(run_id, key)`` and ``sagaloop status`` show the latest value of
