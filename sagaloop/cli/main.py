@@ -79,16 +79,32 @@ def _client(obj: Obj, app: App | None = None) -> Client:
 @click.argument("saga")
 @click.option("--input", "input_json", help="The saga's input as JSON.")
 @click.option("--run-id", help="Choose the run id (a second start with it returns the same run).")
+@click.option("--event", "event_name", help="Also deliver this event, in the same transaction.")
+@click.option("--data", "event_data", help="The --event's data as JSON.")
+@click.option("--event-id", help="Starts with the same --event-id deliver the event once.")
 @app_option
 @click.pass_obj
 def start(
-    obj: Obj, saga: str, input_json: str | None, run_id: str | None, app_spec: str | None
+    obj: Obj,
+    saga: str,
+    input_json: str | None,
+    run_id: str | None,
+    event_name: str | None,
+    event_data: str | None,
+    event_id: str | None,
+    app_spec: str | None,
 ) -> None:
-    """Start a run of SAGA and print its id."""
+    """Start a run of SAGA and print its id. With --event, deliver that event to the run too
+    (to the run already there if the run id exists: signal-with-start)."""
     value = json_arg(input_json, "--input")
+    data = json_arg(event_data, "--data")
+    if event_name is None and (event_data is not None or event_id is not None):
+        raise click.BadParameter("--data and --event-id go with --event NAME", param_hint="--data")
+    event = None if event_name is None else (event_name, data)
     with errors():
         app = obj.app(app_spec)
-        click.echo(_client(obj, app).start(saga, value, run_id=run_id))
+        run = _client(obj, app).start(saga, value, run_id=run_id, event=event, event_id=event_id)
+        click.echo(run)
 
 
 @cli.command("send-event")

@@ -26,6 +26,7 @@ from sagaloop.engine.messages import (
     Envelope,
     EventPayload,
     StartPayload,
+    derived_id,
     engine_queue,
     inbox_key,
     parse_payload,
@@ -484,6 +485,12 @@ class Engine:
             status = s.FAILED
         return [NewEvent(h.RUN_FINISHED, data={"status": status})]
 
+    def _engine_queue_of(self, run_id: str) -> str:
+        """The engine queue of the app that ``run_id`` belongs to (this app's if none does
+        yet: its engine dead-letters the message, or it is a run this app starts)."""
+        run = self.store.get_run(run_id)
+        return engine_queue(run.app) if run is not None else self.queue
+
     def _next_undo(self, st: RunState) -> list[NewEvent] | None:
         """The next compensation to schedule, newest completed step first; ``[]`` while a
         step or compensation is in flight (undo only once they settled); None: none left."""
@@ -523,6 +530,28 @@ class Engine:
                 fire_at = step_state.comp_retry_at
             assert fire_at is not None
             effects.timers.append(Timer(st.run_id, ev.pos, timer_kind, fire_at, attempt))
+        elif kind == h.EVENT_SENT:
+            assert ev.pos is not None and ev.name is not None
+            target = str(ev.data["run_id"])
+            env = Envelope(
+                type="event",
+                message_id=derived_id("sent", st.run_id, ev.pos),
+                run_id=target,
+                payload={"name": ev.name, "data": ev.data.get("data")},
+                created_at=effects.at,
+            )
+            effects.messages.append(Outgoing(self._engine_queue_of(target), env))
+        elif kind == h.RUN_SPAWNED:
+            assert ev.pos is not None and ev.name is not None
+            env = Envelope(
+                type="start",
+                message_id=derived_id("spawned", st.run_id, ev.pos),
+                run_id=str(ev.data["run_id"]),
+                saga=ev.name,
+                payload={"input": ev.data.get("input")},
+                created_at=effects.at,
+            )
+            effects.messages.append(Outgoing(self.queue, env))
         elif kind == h.EVENT_REJECTED:  # the wait goes on: so does its timeout
             rejected = st.waits.get(ev.pos) if ev.pos is not None else None
             if rejected is not None and rejected.until is not None and not rejected.resolved:

@@ -109,12 +109,22 @@ class Client:
         self.clock = clock or SystemClock()
 
     def start(
-        self, saga: SagaDef[Any, Any] | str, input: Any = None, *, run_id: str | None = None
+        self,
+        saga: SagaDef[Any, Any] | str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        event: tuple[str, Any] | None = None,
+        event_id: str | None = None,
     ) -> str:
         """Start a run and return its id. Idempotent per ``run_id``: starting an existing run
         id returns it without starting another. Refuses, before anything is written, what the
         engine would refuse (an invalid or empty id or name, NaN or Infinity, a lone surrogate,
-        a message over the size limit), and a run id that a run of another app holds."""
+        a message over the size limit), and a run id that a run of another app holds.
+
+        With ``event=(name, data)``, the event is delivered to the run in the same transaction
+        that starts it, or to the run already there (signal-with-start); ``event_id`` makes
+        repeated calls deliver it once, as for :meth:`send_event`."""
         if isinstance(saga, str):
             _check_text(saga, "saga name")
             definition = self.app.get_saga(saga) if self.app is not None else None
@@ -140,6 +150,8 @@ class Client:
             created_at=now,
         )
         _check_message(env)
+        first = [] if event is None else [self._event(run_id, *event, event_id=event_id)]
+        queue = engine_queue(self.app_name)
         with self.store.transaction() as tx:
             record = RunRecord(run_id, self.app_name, name, s.RUNNING, input_json, now, now, 1)
             if not self.store.create_run(tx, record):
@@ -153,11 +165,31 @@ class Client:
                     raise RunStateError(
                         f"run {run_id!r} already exists as a run of saga {existing.saga!r}"
                     )
+                if first and existing is not None and existing.status in s.FINAL_STATUSES:
+                    raise RunFinishedError(run_id, existing.status)
+                self.store.enqueue(tx, [Outgoing(queue, e) for e in first], now)
                 return run_id
             started = NewEvent(h.RUN_STARTED, name=name, data={"input": input_json})
             self.store.append_events(tx, run_id, 0, [started], now)
-            self.store.enqueue(tx, [Outgoing(engine_queue(self.app_name), env)], now)
+            self.store.enqueue(tx, [Outgoing(queue, e) for e in [env, *first]], now)
         return run_id
+
+    def _event(
+        self, run_id: str, name: str, data: Any = None, *, event_id: str | None = None
+    ) -> Envelope:
+        """The event message for ``run_id``, checked as the engine would check it."""
+        _check_text(name, "event name", EventPayload, "name")
+        if event_id is not None:
+            _check_text(event_id, "event_id")
+        env = Envelope(
+            type="event",
+            run_id=run_id,
+            payload={"name": name, "data": _to_json(data, ANY, "event data")},
+            created_at=self.clock.now(),
+            message_id=derived_id("event", run_id, event_id) if event_id else uuid.uuid4().hex,
+        )
+        _check_message(env)
+        return env
 
     def _send(
         self,
@@ -189,13 +221,9 @@ class Client:
         """Deliver an event to a run; kept until the run waits for it if it arrives early.
         Sends with the same ``event_id`` are delivered once (safe to retry)."""
         _check_text(run_id, "run_id")
-        _check_text(name, "event name", EventPayload, "name")
-        if event_id is not None:
-            _check_text(event_id, "event_id")
-        payload = {"name": name, "data": _to_json(data, ANY, "event data")}
-        self._check_fits_wait(run_id, name, payload["data"])
-        message_id = derived_id("event", run_id, event_id) if event_id is not None else None
-        self._send(run_id, "event", payload, live=True, message_id=message_id)
+        env = self._event(run_id, name, data, event_id=event_id)
+        self._check_fits_wait(run_id, name, env.payload["data"])
+        self._send(run_id, "event", env.payload, live=True, message_id=env.message_id)
 
     def _check_fits_wait(self, run_id: str, name: str, data: Any) -> None:
         """Refuse an event that the run's wait for it would refuse, when this process can

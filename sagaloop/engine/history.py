@@ -32,6 +32,10 @@ COMPENSATE_REQUESTED: Final = "compensate_requested"
 """Saga code asked to undo the steps completed so far (``ctx.compensate``) and goes on after."""
 COMPENSATE_DONE: Final = "compensate_done"
 PUBLISHED: Final = "published"
+EVENT_SENT: Final = "event_sent"
+"""Saga code sent an event to another run (``ctx.send_event``), through the outbox."""
+RUN_SPAWNED: Final = "run_spawned"
+"""Saga code started another run, fire-and-forget (``ctx.start``), through the outbox."""
 """A value saga code published (``ctx.publish``): readable from outside, the latest per key."""
 CANCEL_REQUESTED: Final = "cancel_requested"
 RUN_RESUMED: Final = "run_resumed"
@@ -44,7 +48,16 @@ COMPENSATION_FAILED: Final = "compensation_failed"
 RUN_FINISHED: Final = "run_finished"
 
 COMMAND_KINDS: Final = frozenset(
-    {STEP_SCHEDULED, TIMER_STARTED, EVENT_WAITING, MARKER, PUBLISHED, COMPENSATE_REQUESTED}
+    {
+        STEP_SCHEDULED,
+        TIMER_STARTED,
+        EVENT_WAITING,
+        MARKER,
+        PUBLISHED,
+        COMPENSATE_REQUESTED,
+        EVENT_SENT,
+        RUN_SPAWNED,
+    }
 )
 COMMAND_LABEL: Final = {
     STEP_SCHEDULED: "call",
@@ -53,8 +66,10 @@ COMMAND_LABEL: Final = {
     MARKER: "patched",
     PUBLISHED: "publish",
     COMPENSATE_REQUESTED: "compensate",
+    EVENT_SENT: "send_event",
+    RUN_SPAWNED: "start",
 }
-INSTANT_KINDS: Final = frozenset({MARKER, PUBLISHED})
+INSTANT_KINDS: Final = frozenset({MARKER, PUBLISHED, EVENT_SENT, RUN_SPAWNED})
 """Commands that complete when issued: nothing resolves them later."""
 
 

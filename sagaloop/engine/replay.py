@@ -23,6 +23,7 @@ from typing import Any
 from sagaloop.engine import history as h
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.loop import DeterministicLoop, refuse_threads_in_saga_code
+from sagaloop.engine.messages import derived_id
 from sagaloop.engine.watchdog import Watchdog
 from sagaloop.errors import (
     ErrorInfo,
@@ -400,6 +401,28 @@ class _Context(SagaContext):
             data["models"] = found
         result: Received = await self._r.wait(_WaitSpec(names, models, True), label, data)
         return result
+
+    def send_event(self, run_id: str, name: str, data: Any = None) -> None:
+        if not isinstance(run_id, str) or not 0 < len(run_id) <= 200:
+            raise ValidationError("ctx.send_event needs a run id of 1 to 200 characters")
+        if not isinstance(name, str) or not 0 < len(name) <= 200:
+            raise ValidationError("ctx.send_event needs an event name of 1 to 200 characters")
+        value = ANY.to_json(data, what=f"the data of event {name!r}")
+        self._r.command(h.EVENT_SENT, name, {"run_id": run_id, "data": value})
+
+    def start(
+        self, saga: SagaDef[Any, Any] | str, input: Any = None, *, run_id: str | None = None
+    ) -> str:
+        definition = self._r.app.get_saga(saga if isinstance(saga, str) else saga.name)
+        if definition is None:
+            raise ValidationError(f"ctx.start: no saga {saga!r} in app {self._r.app.name!r}")
+        value = definition.input.to_json(input, what=f"input of saga {definition.name!r}")
+        pos = self._r.next_pos
+        child = derived_id("spawned", self.run_id, pos) if run_id is None else run_id
+        if not isinstance(child, str) or not 0 < len(child) <= 200:
+            raise ValidationError("ctx.start needs a run id of 1 to 200 characters")
+        self._r.command(h.RUN_SPAWNED, definition.name, {"run_id": child, "input": value})
+        return child
 
     async def compensate(self) -> None:
         _, future = self._r.command(h.COMPENSATE_REQUESTED, "compensate", {})

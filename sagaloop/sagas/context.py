@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, NamedTuple, ParamSpec, TypeVar, overload
 
 if TYPE_CHECKING:
-    from sagaloop.sagas.app import StepDef
+    from sagaloop.sagas.app import SagaDef, StepDef
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -107,6 +107,21 @@ class SagaContext(abc.ABC):
         ``reject``, ``edit``...) and return it as ``Received(name, data)``; raise
         ``EventTimeoutError`` on timeout. Kept events of these names count, oldest first;
         events of other names keep their place. ``models`` validates the data per name."""
+
+    @abc.abstractmethod
+    def send_event(self, run_id: str, name: str, data: Any = None) -> None:
+        """Send the event ``name`` to the run ``run_id`` (of this app or another), once: it is
+        recorded in the history and sent through the outbox with the transaction that recorded
+        it, so a replay never sends it again. Fire-and-forget: an event for a run that does not
+        exist is dead-lettered by its engine."""
+
+    @abc.abstractmethod
+    def start(
+        self, saga: SagaDef[Any, Any] | str, input: Any = None, *, run_id: str | None = None
+    ) -> str:
+        """Start a run of ``saga`` (of this app), fire-and-forget, and return its run id:
+        ``run_id``, or one derived from this run and this call's position (the same on every
+        replay, so no replay starts a second run). A run id that exists starts nothing."""
 
     @abc.abstractmethod
     async def compensate(self) -> None:
