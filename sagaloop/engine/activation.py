@@ -134,6 +134,8 @@ class Engine:
         the cache only ever holds committed state."""
         if env.type == "start":
             return self._on_start(env)
+        if env.type == "child_start":
+            return self._on_child_start(env)
         triggers = _TRIGGERS.get(env.type)
         if triggers is None:
             raise MessageError(f"message type {env.type!r} is not for the engine")
@@ -225,6 +227,60 @@ class Engine:
         plan = self._activate(env, record, [lambda st: [started]])
         plan.create = True
         return plan
+
+    def _on_child_start(self, env: Envelope) -> Plan:
+        """Start a child run for the parent's ``ctx.call(saga, ...)``, linked to the parent's
+        call; if its run id is taken by another run, fail the parent's call instead."""
+        parent_id, pos = env.payload.get("parent"), env.position
+        saga = self.app.get_saga(env.saga or "")
+        if not isinstance(parent_id, str) or pos is None or saga is None:
+            raise MessageError("invalid child_start: needs a known saga, parent and position")
+        link = {"run_id": parent_id, "position": pos}
+        run = self._staged_runs.get(env.run_id) or self.store.get_run(env.run_id)
+        if run is None:
+            now = self.clock.now()
+            value = env.payload.get("input")
+            record = RunRecord(env.run_id, self.app.name, saga.name, s.RUNNING, value, now, now)
+            data = {"input": value, "parent": link}
+            started = NewEvent(h.RUN_STARTED, name=saga.name, data=data)
+            plan = self._activate(env, record, [lambda st: [started]])
+            plan.create = True
+            return plan
+        first = self.store.load_history(None, run.run_id)[:1]
+        if run.app == self.app.name and first and first[0].data.get("parent") == link:
+            return self._activate(env, run, [lambda st: []])  # a duplicate: it runs already
+        reason = f"the child run id {env.run_id!r} is taken by another run"
+        error = ErrorInfo("ChildRunIdTaken", reason, non_retryable=True).to_json()
+        outcome = {"child": env.run_id, "status": s.FAILED, "error": error}
+        return self._activate(
+            env, self._read_run(parent_id), [lambda st: self._child_outcome(st, pos, outcome)]
+        )
+
+    def _on_child_result(self, env: Envelope, run: RunRecord) -> list[Triggers]:
+        pos = env.position
+        if pos is None or not isinstance(env.payload.get("child"), str):
+            raise MessageError("child_result needs a position and the child's run id")
+        return [lambda st: self._child_outcome(st, pos, env.payload)]
+
+    def _child_outcome(self, st: RunState, pos: int, outcome: dict[str, Any]) -> list[NewEvent]:
+        """The event that settles the parent's call at ``pos`` with its child's outcome; none
+        if the call does not await that child (any more)."""
+        child = st.children.get(pos)
+        if child is None or child[0] != outcome.get("child"):
+            return []
+        run_id, name = child
+        if outcome.get("status") == s.COMPLETED:
+            return [NewEvent(h.CHILD_COMPLETED, pos, name, {"result": outcome.get("output")})]
+        error = outcome.get("error")
+        if not isinstance(error, dict):
+            error = {"type": "ChildRunFailed", "message": f"child run {run_id!r} ended"}
+        error = {
+            **error,
+            "message": f"child run {run_id!r} {outcome.get('status')}: {error.get('message', '')}",
+        }
+        return [
+            NewEvent(h.CHILD_FAILED, pos, name, {"error": error, "status": outcome.get("status")})
+        ]
 
     def _reject_start(self, env: Envelope, run: RunRecord | None, reason: str) -> Plan:
         """A start the engine refuses fails its run with the reason (creating it if no client
@@ -485,6 +541,18 @@ class Engine:
             status = s.FAILED
         return [NewEvent(h.RUN_FINISHED, data={"status": status})]
 
+    def _cancel_children(self, st: RunState, effects: _Effects) -> None:
+        """Cancel the child runs still in flight: their parent is cancelled or has ended."""
+        for pos, (child, _) in st.children.items():
+            env = Envelope(
+                type="cancel",
+                message_id=derived_id("cancel-child", st.run_id, pos),
+                run_id=child,
+                payload={"reason": f"its parent run {st.run_id!r} was cancelled or ended"},
+                created_at=effects.at,
+            )
+            effects.messages.append(Outgoing(self.queue, env))
+
     def _engine_queue_of(self, run_id: str) -> str:
         """The engine queue of the app that ``run_id`` belongs to (this app's if none does
         yet: its engine dead-letters the message, or it is a run this app starts)."""
@@ -556,8 +624,39 @@ class Engine:
             rejected = st.waits.get(ev.pos) if ev.pos is not None else None
             if rejected is not None and rejected.until is not None and not rejected.resolved:
                 effects.timers.append(Timer(st.run_id, rejected.pos, "wait", rejected.until))
+        elif kind == h.CHILD_STARTED:
+            assert ev.pos is not None and ev.name is not None
+            env = Envelope(
+                type="child_start",
+                message_id=derived_id("child", st.run_id, ev.pos),
+                run_id=str(ev.data["run_id"]),
+                saga=ev.name,
+                position=ev.pos,
+                payload={"input": ev.data.get("input"), "parent": st.run_id},
+                created_at=effects.at,
+            )
+            effects.messages.append(Outgoing(self.queue, env))
+        elif kind == h.CANCEL_REQUESTED:
+            self._cancel_children(st, effects)
         elif kind == h.RUN_FINISHED:
             effects.clear_timers = True
+            self._cancel_children(st, effects)
+            if st.parent is not None:  # tell the parent's call how its child ended
+                outcome = {
+                    "child": st.run_id,
+                    "status": ev.data.get("status"),
+                    "output": st.saga_output,
+                    "error": st.saga_error,
+                }
+                env = Envelope(
+                    type="child_result",
+                    message_id=derived_id("child-result", st.run_id),
+                    run_id=str(st.parent["run_id"]),
+                    position=int(st.parent["position"]),
+                    payload=outcome,
+                    created_at=effects.at,
+                )
+                effects.messages.append(Outgoing(self.queue, env))
         elif kind == h.RUN_RESUMED:
             return self._resume(live, effects)
         return []
@@ -733,6 +832,7 @@ _TRIGGERS: dict[str, Callable[[Engine, Envelope, RunRecord], list[Triggers]]] = 
     "cancel": Engine._on_cancel,
     "retry": Engine._on_retry,
     "step_result": Engine._on_step_result,
+    "child_result": Engine._on_child_result,
     "timer": Engine._on_timer,
 }
 

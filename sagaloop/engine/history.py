@@ -32,6 +32,10 @@ COMPENSATE_REQUESTED: Final = "compensate_requested"
 """Saga code asked to undo the steps completed so far (``ctx.compensate``) and goes on after."""
 COMPENSATE_DONE: Final = "compensate_done"
 PUBLISHED: Final = "published"
+CHILD_STARTED: Final = "child_started"
+"""Saga code called a saga (``await ctx.call(saga, input)``): a child run, awaited."""
+CHILD_COMPLETED: Final = "child_completed"
+CHILD_FAILED: Final = "child_failed"
 EVENT_SENT: Final = "event_sent"
 """Saga code sent an event to another run (``ctx.send_event``), through the outbox."""
 RUN_SPAWNED: Final = "run_spawned"
@@ -57,6 +61,7 @@ COMMAND_KINDS: Final = frozenset(
         COMPENSATE_REQUESTED,
         EVENT_SENT,
         RUN_SPAWNED,
+        CHILD_STARTED,
     }
 )
 COMMAND_LABEL: Final = {
@@ -68,6 +73,7 @@ COMMAND_LABEL: Final = {
     COMPENSATE_REQUESTED: "compensate",
     EVENT_SENT: "send_event",
     RUN_SPAWNED: "start",
+    CHILD_STARTED: "call",
 }
 INSTANT_KINDS: Final = frozenset({MARKER, PUBLISHED, EVENT_SENT, RUN_SPAWNED})
 """Commands that complete when issued: nothing resolves them later."""

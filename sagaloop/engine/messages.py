@@ -20,10 +20,20 @@ MAX_DEPTH = 128
 """Objects and arrays nested deeper than this (the envelope and payload count) are refused."""
 CONTENT_TYPE = "application/json"
 
-MessageType = Literal["start", "event", "cancel", "retry", "step", "step_result", "timer"]
+MessageType = Literal[
+    "start",
+    "event",
+    "cancel",
+    "retry",
+    "step",
+    "step_result",
+    "timer",
+    "child_start",
+    "child_result",
+]
 PUBLIC_TYPES = frozenset({"start", "event", "cancel", "retry"})
 """What anyone allowed to publish to the public exchange may send."""
-INTERNAL_TYPES = frozenset({"step", "step_result", "timer"})
+INTERNAL_TYPES = frozenset({"step", "step_result", "timer", "child_start", "child_result"})
 """What only sagaloop's own processes send (a compensation is a ``step`` with direction undo)."""
 
 

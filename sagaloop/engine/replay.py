@@ -47,6 +47,8 @@ FED_KINDS = frozenset(
         h.EVENT_ARRIVED,
         h.CANCEL_REQUESTED,
         h.COMPENSATE_DONE,
+        h.CHILD_COMPLETED,
+        h.CHILD_FAILED,
     }
 )
 
@@ -176,7 +178,7 @@ class Replayer:
             pending = self.pending.pop(ev.pos, None)
             if pending is None or pending.future.done():
                 return  # stale: a timeout after its event, a late duplicate, a cancelled await
-            if ev.kind == h.STEP_COMPLETED:
+            if ev.kind in (h.STEP_COMPLETED, h.CHILD_COMPLETED):
                 conv: Converter = pending.model
                 try:
                     pending.future.set_result(
@@ -184,7 +186,7 @@ class Replayer:
                     )
                 except ValidationError as e:
                     pending.future.set_exception(e)
-            elif ev.kind == h.STEP_FAILED:
+            elif ev.kind in (h.STEP_FAILED, h.CHILD_FAILED):
                 error = ErrorInfo.from_json(ev.data["error"])
                 pending.future.set_exception(StepFailedError(pending.name, error))
             elif pending.kind == h.EVENT_WAITING:  # the wait's timeout fired
@@ -337,9 +339,11 @@ class _Context(SagaContext):
         self.saga = replayer.saga.name
         self.logger = _SagaLogger(replayer)
 
-    async def call(self, step: StepDef[Any, Any], *args: Any, **kwargs: Any) -> Any:
+    async def call(self, step: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(step, SagaDef):
+            return await self._child(step, *args, **kwargs)
         if not isinstance(step, StepDef):
-            raise TypeError(f"ctx.call takes a step declared with @app.step, not {step!r}")
+            raise TypeError(f"ctx.call takes a step or saga declared on the app, not {step!r}")
         if self._r.app.get_step(step.name) is not step:
             raise ValidationError(
                 f"step {step.name!r} is not registered in app {self._r.app.name!r}"
@@ -347,6 +351,21 @@ class _Context(SagaContext):
         args_json = step.signature.args_to_json(args, kwargs, what=f"step {step.name!r}")
         data = {"args": args_json, "queue": step.queue}
         _, future = self._r.command(h.STEP_SCHEDULED, step.name, data, step.result)
+        return await future
+
+    async def _child(self, saga: SagaDef[Any, Any], *args: Any, run_id: str | None = None) -> Any:
+        if self._r.app.get_saga(saga.name) is not saga:
+            raise ValidationError(
+                f"saga {saga.name!r} is not registered in app {self._r.app.name!r}"
+            )
+        if len(args) > 1 or (len(args) == 1 and not saga.has_input):
+            raise ValidationError(f"saga {saga.name!r} takes {int(saga.has_input)} input")
+        value = saga.input.to_json(args[0] if args else None, what=f"input of saga {saga.name!r}")
+        child = run_id or derived_id("child", self.run_id, self._r.next_pos)
+        if not isinstance(child, str) or len(child) > 200:
+            raise ValidationError("a child run id must be 1 to 200 characters")
+        data = {"run_id": child, "input": value}
+        _, future = self._r.command(h.CHILD_STARTED, saga.name, data, saga.output)
         return await future
 
     async def gather(self, *aws: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:

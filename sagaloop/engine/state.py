@@ -107,6 +107,10 @@ class RunState:
     waits: dict[int, Wait] = dataclasses.field(default_factory=dict)
     buffered: list[tuple[str, Any]] = dataclasses.field(default_factory=list)
     markers: list[str] = dataclasses.field(default_factory=list)
+    parent: dict[str, Any] | None = None
+    """``{"run_id", "position"}`` of the run that awaits this one as a child, if any."""
+    children: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    """Child runs in flight: position -> (run id, saga)."""
     undo_requested: int | None = None
     """The position of a ``ctx.compensate`` whose compensations are not all done."""
     published: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -127,6 +131,7 @@ class RunState:
         if kind == h.RUN_STARTED:
             self.saga = str(ev.name)
             self.started_at = ev.at
+            self.parent = d.get("parent")
         elif kind == h.STEP_SCHEDULED:
             assert ev.pos is not None and ev.name is not None
             st = StepState(ev.pos, ev.name, d.get("args", {}), ev.at)
@@ -195,6 +200,12 @@ class RunState:
                 wait.rejected.append(str(d.get("reason", "")))
         elif kind == h.MARKER:
             self.markers.append(str(ev.name))
+        elif kind == h.CHILD_STARTED:
+            assert ev.pos is not None
+            self.children[ev.pos] = (str(d["run_id"]), str(ev.name))
+        elif kind in (h.CHILD_COMPLETED, h.CHILD_FAILED):
+            assert ev.pos is not None
+            self.children.pop(ev.pos, None)
         elif kind == h.COMPENSATE_REQUESTED:
             self.undo_requested = ev.pos
         elif kind == h.COMPENSATE_DONE:

@@ -46,10 +46,16 @@ class SagaContext(abc.ABC):
         self, step: StepDef[Concatenate[StepContext, P], R], *args: P.args, **kwargs: P.kwargs
     ) -> R: ...
 
+    @overload
+    async def call(self, step: SagaDef[Any, R], *args: Any, run_id: str | None = None) -> R: ...
+
     @abc.abstractmethod
-    async def call(self, step: StepDef[Any, Any], *args: Any, **kwargs: Any) -> Any:
+    async def call(self, step: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``step`` durably and return its result; raise ``StepFailedError`` if it failed
-        for good."""
+        for good. Given a saga of the app, run it as a child run (its id ``run_id``, or derived
+        from this run's and the call's position, so no replay starts a second one) and return
+        its output; its failure raises ``StepFailedError``, and cancelling this run cancels
+        it."""
 
     @abc.abstractmethod
     async def gather(self, *aws: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:
