@@ -81,6 +81,8 @@ class _Effects:
     messages: list[Outgoing] = dataclasses.field(default_factory=list)
     timers: list[Timer] = dataclasses.field(default_factory=list)
     clear_timers: bool = False
+    restart: NewEvent | None = None
+    """Continued as new: the history is deleted and starts again with this ``run_started``."""
 
 
 @dataclasses.dataclass
@@ -121,6 +123,8 @@ class Engine:
         self._cache: collections.OrderedDict[str, _Live] = collections.OrderedDict()
         self._staged: dict[str, _Live] = {}
         self._staged_runs: dict[str, RunRecord] = {}
+        self._restarted: set[str] = set()
+        """Runs whose history a staged plan restarts: not activated again before it commits."""
         self._runner = runner or StepRunner(app, threads=1, worker="engine")
         self.queue = engine_queue(app.name)
 
@@ -160,7 +164,10 @@ class Engine:
             raise ActivationConflict(f"run {run.run_id!r} was created meanwhile")
         if not self.store.save_run(tx, run, if_last_seq=plan.base_seq):
             raise ActivationConflict(f"run {run.run_id!r} changed meanwhile")
-        if effects.events:
+        if effects.restart is not None:
+            self.store.delete_history(tx, run.run_id)
+            self.store.append_events(tx, run.run_id, 0, [effects.restart], effects.at)
+        elif effects.events:
             self.store.append_events(tx, run.run_id, effects.after_seq, effects.events, effects.at)
         if effects.clear_timers:
             self.store.delete_timers(tx, run.run_id)
@@ -191,6 +198,8 @@ class Engine:
         return self._activate(env, run, [triggers], run_code=False)
 
     def _read_run(self, run_id: str) -> RunRecord:
+        if run_id in self._restarted:
+            raise ActivationConflict(f"run {run_id!r} continues as new in this transaction")
         return self._own(run_id, self._staged_runs.get(run_id) or self.store.get_run(run_id))
 
     def _own(self, run_id: str, run: RunRecord | None) -> RunRecord:
@@ -205,6 +214,8 @@ class Engine:
         return run
 
     def _on_start(self, env: Envelope) -> Plan:
+        if env.run_id in self._restarted:
+            raise ActivationConflict(f"run {env.run_id!r} continues as new in this transaction")
         run = self._staged_runs.get(env.run_id) or self.store.get_run(env.run_id)
         try:
             payload: StartPayload = parse_payload(StartPayload, env)
@@ -391,6 +402,7 @@ class Engine:
             self._cache.move_to_end(run_id)
         self._staged.clear()
         self._staged_runs.clear()
+        self._restarted.clear()
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
@@ -398,6 +410,7 @@ class Engine:
         """Forget what the failed transaction's plans did to in-memory state."""
         self._staged.clear()
         self._staged_runs.clear()
+        self._restarted.clear()
 
     # --- activation --------------------------------------------------------------------------
 
@@ -419,11 +432,19 @@ class Engine:
                 if reacted:
                     plan.run = self._updated(run, live.state)
                     plan.effects = effects
+                    if effects.restart is not None:  # the run's state starts again too
+                        plan.run = dataclasses.replace(
+                            plan.run, status=s.RUNNING, last_seq=1, processed_seq=0, reason=None
+                        )
         except BaseException:
             self._staged.pop(run_id, None)
             self._staged_runs.pop(run_id, None)
             raise
-        self._staged[run_id] = live
+        if plan.effects is not None and plan.effects.restart is not None:
+            self._staged.pop(run_id, None)  # the next activation replays the fresh history
+            self._restarted.add(run_id)
+        else:
+            self._staged[run_id] = live
         if plan.run is not None:
             self._staged_runs[run_id] = plan.run
         return plan
@@ -516,6 +537,11 @@ class Engine:
             commands = code.take_new_commands()
             if commands:
                 return commands
+            if code.outcome is not None and "continue_as_new" in code.outcome:
+                if st.continued is None:
+                    data = {"input": code.outcome["continue_as_new"]}
+                    return [NewEvent(h.RUN_CONTINUED, data={**data, **code.outcome})]
+                return []
             if code.outcome is not None and not st.saga_done:
                 return [NewEvent(h.SAGA_FINISHED, data=code.outcome)]
         elif not st.saga_done and not st.failing:
@@ -624,6 +650,24 @@ class Engine:
             rejected = st.waits.get(ev.pos) if ev.pos is not None else None
             if rejected is not None and rejected.until is not None and not rejected.resolved:
                 effects.timers.append(Timer(st.run_id, rejected.pos, "wait", rejected.until))
+        elif kind == h.RUN_CONTINUED:  # a fresh history; a start message activates it
+            effects.clear_timers = True
+            data = {
+                "input": ev.data.get("input"),
+                "first_pos": ev.data.get("next_pos", 0),
+                "epoch": st.epoch + 1,
+            }
+            effects.restart = NewEvent(h.RUN_STARTED, name=st.saga, data=data)
+            env = Envelope(
+                type="start",
+                message_id=derived_id("continued", st.run_id, st.epoch + 1),
+                run_id=st.run_id,
+                saga=st.saga,
+                payload={"input": ev.data.get("input")},
+                created_at=effects.at,
+            )
+            effects.messages.append(Outgoing(self.queue, env))
+            self._cancel_children(st, effects)
         elif kind == h.CHILD_STARTED:
             assert ev.pos is not None and ev.name is not None
             env = Envelope(

@@ -18,7 +18,7 @@ import random as _random
 import uuid
 from collections.abc import Awaitable, Mapping, MutableMapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from sagaloop.engine import history as h
 from sagaloop.engine.history import Event, NewEvent
@@ -68,6 +68,15 @@ class _SagaLogger(logging.LoggerAdapter[logging.Logger]):
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, Any]:
         kwargs["extra"] = {**self.extra, **kwargs.get("extra", {})}  # type: ignore[dict-item]
         return msg, kwargs
+
+
+class _ContinueAsNew(BaseException):
+    """Raised by ``ctx.continue_as_new``; a BaseException so that ``except Exception`` in saga
+    code does not catch it."""
+
+    def __init__(self, input: Any) -> None:
+        super().__init__("continue as new")
+        self.input = input
 
 
 class _Pending:
@@ -145,6 +154,7 @@ class Replayer:
 
     def _start(self, ev: Event) -> None:
         self.loop.set_time(ev.at.timestamp())
+        self.next_pos = int(ev.data.get("first_pos", 0))  # continued: positions go on
         input_json = ev.data.get("input")
         args: tuple[Any, ...] = ()
         if self.saga.has_input:
@@ -275,6 +285,8 @@ class Replayer:
                 self.outcome = {"error": ErrorInfo.from_exception(e).to_json()}
         elif isinstance(exc, NonDeterminismError):
             self.nondeterminism = exc
+        elif isinstance(exc, _ContinueAsNew):
+            self.outcome = {"continue_as_new": exc.input, "next_pos": self.next_pos}
         else:
             self.outcome = {"error": ErrorInfo.from_exception(exc).to_json()}
 
@@ -442,6 +454,11 @@ class _Context(SagaContext):
             raise ValidationError("ctx.start needs a run id of 1 to 200 characters")
         self._r.command(h.RUN_SPAWNED, definition.name, {"run_id": child, "input": value})
         return child
+
+    def continue_as_new(self, input: Any = None) -> NoReturn:
+        saga = self._r.saga
+        value = saga.input.to_json(input, what=f"input of saga {saga.name!r}")
+        raise _ContinueAsNew(value)
 
     async def compensate(self) -> None:
         _, future = self._r.command(h.COMPENSATE_REQUESTED, "compensate", {})

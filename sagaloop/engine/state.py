@@ -111,6 +111,10 @@ class RunState:
     """``{"run_id", "position"}`` of the run that awaits this one as a child, if any."""
     children: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
     """Child runs in flight: position -> (run id, saga)."""
+    epoch: int = 0
+    """How many times the run continued as new before this history."""
+    continued: dict[str, Any] | None = None
+    """Set when saga code continued as new: the next history's input and first position."""
     undo_requested: int | None = None
     """The position of a ``ctx.compensate`` whose compensations are not all done."""
     published: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -132,6 +136,7 @@ class RunState:
             self.saga = str(ev.name)
             self.started_at = ev.at
             self.parent = d.get("parent")
+            self.epoch = int(d.get("epoch", 0))
         elif kind == h.STEP_SCHEDULED:
             assert ev.pos is not None and ev.name is not None
             st = StepState(ev.pos, ev.name, d.get("args", {}), ev.at)
@@ -206,6 +211,8 @@ class RunState:
         elif kind in (h.CHILD_COMPLETED, h.CHILD_FAILED):
             assert ev.pos is not None
             self.children.pop(ev.pos, None)
+        elif kind == h.RUN_CONTINUED:
+            self.continued = dict(d)
         elif kind == h.COMPENSATE_REQUESTED:
             self.undo_requested = ev.pos
         elif kind == h.COMPENSATE_DONE:

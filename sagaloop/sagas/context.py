@@ -7,7 +7,16 @@ import logging
 import uuid
 from collections.abc import Awaitable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Concatenate, NamedTuple, ParamSpec, TypeVar, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    NamedTuple,
+    NoReturn,
+    ParamSpec,
+    TypeVar,
+    overload,
+)
 
 if TYPE_CHECKING:
     from sagaloop.sagas.app import SagaDef, StepDef
@@ -128,6 +137,14 @@ class SagaContext(abc.ABC):
         """Start a run of ``saga`` (of this app), fire-and-forget, and return its run id:
         ``run_id``, or one derived from this run and this call's position (the same on every
         replay, so no replay starts a second run). A run id that exists starts nothing."""
+
+    @abc.abstractmethod
+    def continue_as_new(self, input: Any = None) -> NoReturn:
+        """End this run's history and go on in a fresh one, under the same run id, with
+        ``input``: a loop that runs for months keeps a bounded history. Steps still in flight
+        are abandoned (their results are ignored) and the steps completed so far are no longer
+        compensated if the run fails later. Positions go on counting, so idempotency keys never
+        repeat."""
 
     @abc.abstractmethod
     async def compensate(self) -> None:

@@ -333,6 +333,10 @@ class SqlStore:
         with self._read() as conn:
             return _events(conn, run_id, conn.execute(q, params).mappings())
 
+    def delete_history(self, tx: Any, run_id: str) -> None:
+        """Delete the run's history (it continued as new: a fresh one starts at seq 1)."""
+        _conn(tx).execute(t.history.delete().where(t.history.c.run_id == run_id))
+
     def append_events(
         self, tx: Any, run_id: str, after_seq: int, events: Sequence[NewEvent], at: datetime
     ) -> list[Event]:
