@@ -17,6 +17,7 @@ from sagaloop.errors import (
     RunNotFoundError,
     SagaFailedError,
     SagaloopError,
+    StepCancelled,
     StepFailedError,
     ValidationError,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "SagaFailedError",
     "SagaloopError",
     "StepContext",
+    "StepCancelled",
     "StepDef",
     "StepFailedError",
     "ValidationError",

@@ -183,6 +183,12 @@ class NotAppliedError(ApplicationError):
         super().__init__(message, type=type or "NotAppliedError")
 
 
+class StepCancelled(SagaloopError):
+    """Raised by ``ctx.heartbeat()`` in a running step whose run is being cancelled or undone,
+    or whose attempt was superseded (its lease was lost): stop, clean up (``finally`` runs),
+    and let it propagate."""
+
+
 class StepFailedError(SagaloopError):
     """Raised inside saga code by ``await ctx.call(...)`` when the step failed for good."""
 

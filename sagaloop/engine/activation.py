@@ -753,6 +753,9 @@ class Engine:
         }
         if direction == UNDO:
             payload["result"] = step_state.result if step_state.status == s.DONE else None
+        elif step.schedule_to_close is not None:
+            deadline = step_state.scheduled_at + step.schedule_to_close
+            payload["schedule_deadline"] = deadline.isoformat()
         if force:
             payload["force"] = True
         task = Envelope(
@@ -805,7 +808,7 @@ class Engine:
                     NewEvent(h.RUN_PARKED, pos, name, {"reason": reason}),
                 ]
         error = ErrorInfo.from_json(reply.get("error") or {"type": "Error", "message": "?"})
-        return self._failure_events(step_state, direction, attempt, error, worker)
+        return self._failure_events(step_state, direction, attempt, error, worker, st.failing)
 
     def _failure_events(
         self,
@@ -814,6 +817,7 @@ class Engine:
         attempt: int,
         error: ErrorInfo,
         extra: dict[str, Any],
+        failing: bool = False,
     ) -> list[NewEvent]:
         pos, name = step_state.pos, step_state.name
         step = self.app.get_step(name)
@@ -824,7 +828,13 @@ class Engine:
             and not error.non_retryable
             and policy.is_retryable(error.type)
             and policy.allows(attempt)
+            and not (failing and error.type == "StepCancelled")  # told to stop: it did
         )
+        if retryable and direction == DO and step is not None and step.schedule_to_close:
+            assert policy is not None
+            retry_at = self.clock.now() + policy.delay(attempt)
+            if retry_at >= step_state.scheduled_at + step.schedule_to_close:
+                retryable = False  # no attempt would start before the schedule_to_close
         data = {"error": error.to_json(), "in_doubt": in_doubt, **extra}
         if direction == UNDO:
             if retryable:

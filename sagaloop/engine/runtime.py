@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
+from sagaloop.engine import state as s
 from sagaloop.engine.activation import ActivationConflict, Engine, Plan
 from sagaloop.engine.crashpoints import crash_point
 from sagaloop.engine.messages import (
@@ -34,6 +35,7 @@ from sagaloop.errors import (
     BrokerError,
     ErrorInfo,
     MessageError,
+    StepCancelled,
     StoreError,
     TransientStoreError,
     UnencodableError,
@@ -292,7 +294,8 @@ class WorkerConsumer:
             )
         else:
             with self._keep_alive.hold(delivery):
-                reply = self.runner.run(env, redelivered=delivery.deliveries > 1)
+                beat = _Heartbeat(self.store, delivery, env.run_id)
+                reply = self.runner.run(env, redelivered=delivery.deliveries > 1, beat=beat)
             reply = _storable_reply(env, reply)
         self._troubles.keep(key, reply)
         return reply
@@ -450,6 +453,29 @@ class _Troubles:
         while len(self._counts) > self.MAX_KEYS:
             self._counts.popitem(last=False)
         return counts
+
+
+class _Heartbeat:
+    """What ``ctx.heartbeat()`` does on a worker, at most once per ``every`` seconds: renew the
+    delivery's lease (False: another worker took the message) and look at the run (being
+    cancelled or undone, or over): either way the attempt is told to stop."""
+
+    STOPPING = frozenset({s.COMPENSATING, *s.FINAL_STATUSES})
+
+    def __init__(self, store: Store, delivery: Delivery, run_id: str, every: float = 1.0) -> None:
+        self.store, self.delivery, self.run_id, self.every = store, delivery, run_id, every
+        self._next = 0.0
+
+    def __call__(self, ctx: Any) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.every
+        if not self.delivery.extend():
+            raise StepCancelled("the attempt was superseded: another worker took its message")
+        run = self.store.get_run(self.run_id)
+        if run is not None and run.status in self.STOPPING:
+            raise StepCancelled(f"run {self.run_id!r} is {run.status}: the step should stop")
 
 
 class _KeepAlive:

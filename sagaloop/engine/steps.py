@@ -22,7 +22,9 @@ import concurrent.futures
 import copy
 import logging
 import threading
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from sagaloop.engine.crashpoints import CrashPointRaised
@@ -58,8 +60,24 @@ class StepTimeoutError(SagaloopError):
     """An attempt ran past the step's timeout; it may still take effect (in doubt)."""
 
 
+Beat = Callable[["_StepContext"], None]
+"""What a heartbeat does besides recording the time (the worker's: renew the lease, look at
+the run); raises StepCancelled to stop the step."""
+
+
 class _StepContext(StepContext):
-    def __init__(self, task: Envelope, step: StepDef[Any, Any], in_doubt: bool) -> None:
+    def __init__(
+        self, task: Envelope, step: StepDef[Any, Any], in_doubt: bool, beat: Beat | None = None
+    ) -> None:
+        self._beat = beat
+        self.last_beat = time.monotonic()
+        self.details: Any = None
+        deadline = task.payload.get("schedule_deadline")
+        self.deadline: float | None = None
+        """When all attempts must be over (monotonic), from the step's ``schedule_to_close``."""
+        if isinstance(deadline, str):
+            left = (datetime.fromisoformat(deadline) - datetime.now(UTC)).total_seconds()
+            self.deadline = time.monotonic() + left
         self.run_id = task.run_id
         self.saga = task.saga or ""
         self.step = step.name
@@ -70,6 +88,12 @@ class _StepContext(StepContext):
         self.logger = logging.LoggerAdapter(
             logger, {"run_id": self.run_id, "step": self.step, "attempt": self.attempt}
         )
+
+    def heartbeat(self, details: Any = None) -> None:
+        self.last_beat = time.monotonic()
+        self.details = details
+        if self._beat is not None:
+            self._beat(self)
 
 
 def _invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -121,7 +145,12 @@ class StepRunner:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def run(
-        self, task: Envelope, *, redelivered: bool = False, inline: bool = False
+        self,
+        task: Envelope,
+        *,
+        redelivered: bool = False,
+        inline: bool = False,
+        beat: Beat | None = None,
     ) -> dict[str, Any]:
         """Run one attempt and return the ``step_result`` payload."""
         p = task.payload
@@ -131,7 +160,7 @@ class StepRunner:
         direction = p.get("direction", DO)
         in_doubt = bool(p.get("in_doubt")) or redelivered
         inline = inline or self.inline
-        ctx = _StepContext(task, step, in_doubt)
+        ctx = _StepContext(task, step, in_doubt, beat)
         reply: dict[str, Any] = {"direction": direction, "worker": self.worker}
         try:
             args = step.signature.args_from_json(p.get("args", {}), what=f"step {step.name!r}")
@@ -223,12 +252,25 @@ class StepRunner:
     def _call(
         self, step: StepDef[Any, Any], inline: bool, fn: Callable[..., Any], *a: Any, **kw: Any
     ) -> Any:
-        if inline or step.timeout is None:
+        ctx = next((x for x in a if isinstance(x, _StepContext)), None)
+        deadline = ctx.deadline if ctx is not None else None
+        limits = step.timeout is not None or step.heartbeat_timeout is not None or deadline
+        if inline or not limits:
             return _invoke(fn, *a, **kw)
         future = self._pool.submit(_invoke, fn, *a, **kw)
-        try:
-            return future.result(step.timeout.total_seconds())
-        except concurrent.futures.TimeoutError:
-            raise StepTimeoutError(
-                f"step {step.name!r} did not finish within {step.timeout}"
-            ) from None
+        started = time.monotonic()
+        while True:
+            ends = []  # (when, why) for each limit; the attempt fails in doubt at the first
+            if step.timeout is not None:
+                ends.append((started + step.timeout.total_seconds(), f"within {step.timeout}"))
+            if step.heartbeat_timeout is not None and ctx is not None:
+                silent = step.heartbeat_timeout
+                ends.append((ctx.last_beat + silent.total_seconds(), f"a heartbeat in {silent}"))
+            if deadline is not None:
+                ends.append((deadline, "before its schedule_to_close"))
+            end, why = min(ends)
+            try:
+                return future.result(max(end - time.monotonic(), 0.0))
+            except concurrent.futures.TimeoutError:
+                if time.monotonic() >= end:
+                    raise StepTimeoutError(f"step {step.name!r} did not finish {why}") from None

@@ -46,6 +46,8 @@ class StepDef(Generic[P, R_co]):
         local: bool,
         idempotent: bool,
         aliases: Sequence[str],
+        heartbeat_timeout: timedelta | None = None,
+        schedule_to_close: timedelta | None = None,
     ) -> None:
         self.fn = fn
         self.name = _check_name("step", name)
@@ -54,6 +56,14 @@ class StepDef(Generic[P, R_co]):
         if timeout is not None and timeout <= timedelta(0):
             raise DeclarationError(f"step {name!r}: timeout must be positive")
         self.timeout = timeout
+        for what, value in (
+            ("heartbeat_timeout", heartbeat_timeout),
+            ("schedule_to_close", schedule_to_close),
+        ):
+            if value is not None and value <= timedelta(0):
+                raise DeclarationError(f"step {name!r}: {what} must be positive")
+        self.heartbeat_timeout = heartbeat_timeout
+        self.schedule_to_close = schedule_to_close
         self.local = local
         self.idempotent = idempotent
         self.aliases = tuple(_check_name("step", a) for a in aliases)
@@ -183,6 +193,8 @@ class App:
         local: bool = False,
         idempotent: bool = True,
         aliases: Sequence[str] = (),
+        heartbeat_timeout: timedelta | None = None,
+        schedule_to_close: timedelta | None = None,
     ) -> Callable[[Callable[P, R]], StepDef[P, R]]: ...
 
     def step(
@@ -196,6 +208,8 @@ class App:
         local: bool = False,
         idempotent: bool = True,
         aliases: Sequence[str] = (),
+        heartbeat_timeout: timedelta | None = None,
+        schedule_to_close: timedelta | None = None,
     ) -> Any:
         """Declare a step ``fn(ctx: StepContext, ...) -> result`` (sync or async).
 
@@ -206,6 +220,10 @@ class App:
         - ``idempotent=False``: the step has external effects that must not happen twice and
           that the downstream cannot deduplicate. Without a ``reconcile`` such a step is never
           re-attempted when in doubt: the run halts in ``needs_attention`` instead.
+        - ``heartbeat_timeout``: an attempt that does not call ``ctx.heartbeat()`` that often
+          fails (in doubt) early, instead of waiting for ``timeout`` or the lease.
+        - ``schedule_to_close``: bounds all attempts together, from the first scheduling: no
+          attempt runs past it and no retry starts after it.
         """
 
         def register(f: Callable[..., Any]) -> StepDef[Any, Any]:
@@ -218,6 +236,8 @@ class App:
                 local=local,
                 idempotent=idempotent,
                 aliases=aliases,
+                heartbeat_timeout=heartbeat_timeout,
+                schedule_to_close=schedule_to_close,
             )
             self._register(definition, self.steps, self._step_aliases, "step")
             return definition

@@ -196,3 +196,10 @@ class StepContext(abc.ABC):
     idempotency_key: str
     """Stable across retries, redeliveries and restarts; distinct for the compensation."""
     logger: logging.LoggerAdapter[logging.Logger]
+
+    @abc.abstractmethod
+    def heartbeat(self, details: Any = None) -> None:
+        """Say the step is alive (a long step should, more often than its
+        ``heartbeat_timeout``). Raises ``StepCancelled`` when the run is being cancelled or
+        undone, or the attempt was superseded: stop then (``finally`` runs). Cheap: it looks
+        at the run at most once a second."""
