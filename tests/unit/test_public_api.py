@@ -24,6 +24,7 @@ def test_exported_names_are_pinned() -> None:
             "SagaFailedError",
             "SagaloopError",
             "StepContext",
+            "StepCancelled",
             "StepDef",
             "StepFailedError",
             "ValidationError",
