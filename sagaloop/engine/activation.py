@@ -474,7 +474,8 @@ class Engine:
         live = _Live(RunState(run.run_id), None)
         for ev in events:
             live.state.apply(ev)
-        if run_code and not live.state.finished and not _code_stopped(live.state.parked):
+        st = live.state
+        if run_code and not (st.finished or st.saga_done or st.failing or _code_stopped(st.parked)):
             live.code = self._new_code(live, run.saga)
             self._catch_up(live, events, run.processed_seq, fold=False)
         return live
