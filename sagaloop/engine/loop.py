@@ -18,6 +18,7 @@ from asyncio import events
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, NoReturn, TypeVar
 
+from sagaloop.engine.sandbox import guard_saga_calls
 from sagaloop.errors import SagaDeterminismViolation
 
 T = TypeVar("T")
@@ -120,6 +121,7 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
         previous = events._get_running_loop()
         events._set_running_loop(self)
         self._running = True
+        guard_saga_calls()  # random, time.time, datetime.now, uuid4 refused in saga code
         _in_saga.active = True
         try:
             while self._ready:

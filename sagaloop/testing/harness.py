@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import copy
+import inspect
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -13,10 +15,12 @@ from sagaloop.engine.history import Event
 from sagaloop.engine.messages import engine_queue, step_queue
 from sagaloop.engine.ports import Broker, Delivery, RunRecord
 from sagaloop.engine.runtime import EngineConsumer, TimerScheduler, WorkerConsumer
+from sagaloop.engine.state import NEEDS_ATTENTION
 from sagaloop.engine.steps import StepRunner
 from sagaloop.engine.timeline import Timeline
+from sagaloop.errors import ErrorInfo, SagaFailedError
 from sagaloop.outbox.relay import Relay
-from sagaloop.sagas.app import App, SagaDef
+from sagaloop.sagas.app import App, SagaDef, StepDef
 from sagaloop.store.sql import SqlStore
 
 
@@ -40,6 +44,45 @@ class VirtualClock:
             self._now = max(self._now, when)
 
 
+DEFAULT_CACHE_SIZE = 1024
+"""Suspended runs an engine keeps by default (``Engine(cache_size=...)``)."""
+
+
+class _StepsView(App):
+    """The app as the harness's step runners see it: overridden bodies in place of the declared
+    ones. Steps declared on the app later are seen too."""
+
+    def __init__(self, app: App) -> None:  # not App.__init__: it registers nothing itself
+        self.name = app.name
+        self._app = app
+        self.overrides: dict[str, StepDef[Any, Any]] = {}
+
+    def get_step(self, name: str) -> StepDef[Any, Any] | None:
+        step = self._app.get_step(name)
+        return None if step is None else self.overrides.get(step.name, step)
+
+
+class _Override:
+    """An override in place; as a context manager, removed when the block ends."""
+
+    def __init__(self, view: _StepsView, step: StepDef[Any, Any], fn: Callable[..., Any]) -> None:
+        self._view, self._name = view, step.name
+        self._previous = view.overrides.get(step.name)
+        replaced = copy.copy(step)
+        replaced.fn = fn
+        replaced.is_async = inspect.iscoroutinefunction(fn)
+        view.overrides[step.name] = replaced
+
+    def __enter__(self) -> _Override:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is None:
+            self._view.overrides.pop(self._name, None)
+        else:
+            self._view.overrides[self._name] = self._previous
+
+
 class Crash(Exception):
     """Raised by a crash hook to simulate a process killed at that point."""
 
@@ -49,6 +92,11 @@ class Harness:
 
     ``broker="database"`` (default) uses the outbox table as the queue, like the embedded
     default; ``broker="memory"`` relays the outbox to the in-memory broker.
+
+    Saga code is replayed from the history on every activation, so that a saga that is not
+    deterministic fails its test as it would fail in production once its run leaves the
+    engine's cache (a restart, another engine, an eviction). ``cache=True`` keeps suspended
+    runs in memory between activations, as production engines do: for tests of that cache.
     """
 
     def __init__(
@@ -58,7 +106,7 @@ class Harness:
         url: str = "sqlite://",
         broker: Literal["database", "memory"] = "database",
         clock: VirtualClock | None = None,
-        cache_size: int = 1024,
+        cache: bool = False,
         lease: timedelta = timedelta(seconds=60),
     ) -> None:
         self.app = app
@@ -72,7 +120,10 @@ class Harness:
             else MemoryBroker(clock=self.clock, lease=lease)
         )
         self.client = Client(self.store, app, clock=self.clock)
-        self.cache_size = cache_size
+        self.cache_size = DEFAULT_CACHE_SIZE if cache else 0
+        """How many suspended runs the engine keeps (0: replay on every activation); read by
+        :meth:`restart`."""
+        self._steps = _StepsView(app)
         self.relay = Relay(self.store, self.broker, clock=self.clock)
         self.timers = TimerScheduler(app, self.store, self.clock)
         self.queues: list[str] | None = None
@@ -83,8 +134,11 @@ class Harness:
 
     def restart(self) -> None:
         """Drop everything held in memory, as a process restart would."""
-        runner = StepRunner(self.app, worker="harness", inline=True)
-        self.engine = Engine(self.app, self.store, clock=self.clock, cache_size=self.cache_size)
+        runner = StepRunner(self._steps, worker="harness", inline=True)
+        local = StepRunner(self._steps, threads=1, worker="engine")  # the engine's local steps
+        self.engine = Engine(
+            self.app, self.store, clock=self.clock, cache_size=self.cache_size, runner=local
+        )
         self._engine_consumer = EngineConsumer(self.engine, self.store)
         self._worker_consumer = WorkerConsumer(self.app, self.store, runner, self.clock)
 
@@ -108,6 +162,12 @@ class Harness:
         return self.client.get(run_id)
 
     def result(self, run_id: str) -> Any:
+        """The run's output. Raises SagaFailedError for a run that did not complete or needs
+        attention (with the reason: a non-determinism, say), TimeoutError for one still going
+        (call :meth:`run_until_idle` first)."""
+        run = self.client.get(run_id)
+        if run.status == NEEDS_ATTENTION:
+            raise SagaFailedError(run_id, run.status, ErrorInfo("NeedsAttention", run.reason or ""))
         return self.client.result(run_id, timeout=0)
 
     def status(self, run_id: str) -> Timeline:
@@ -181,8 +241,32 @@ class Harness:
         return [engine_queue(app.name), *[step_queue(app.name, q) for q in app.queues]]
 
     def advance(self, delta: timedelta) -> None:
-        """Move the virtual clock (timers that fall due fire on the next run_until_idle)."""
-        self.clock.advance(delta)
+        """Move the virtual clock by ``delta`` as time passes in production: each timer that
+        falls due fires at its due time, in order, and the work it causes (steps, new timers)
+        is done before the clock moves on to the next one."""
+        until = self.clock.now() + delta
+        self.run_until_idle(skip_time=False)
+        while (next_at := self.store.next_timer_at(app=self.app.name)) is not None:
+            if next_at > until:
+                break
+            self.clock.set(next_at)
+            self.run_until_idle(skip_time=False)
+        self.clock.set(until)
+        self.run_until_idle(skip_time=False)
+
+    # --- step bodies -------------------------------------------------------------------------
+
+    def override(self, step: StepDef[Any, Any], fn: Callable[..., Any]) -> _Override:
+        """Run ``fn`` in place of ``step``'s body (same arguments, ``ctx`` first) for the rest
+        of the test, or until the ``with`` block it is used as ends. The app is not changed:
+        other harnesses of the same app run the declared body."""
+        declared = self.app.get_step(step.name)
+        if declared is not step:
+            raise ValueError(
+                f"step {step.name!r} is not registered in app {self.app.name!r}: override "
+                "a step of the app this harness runs"
+            )
+        return _Override(self._steps, step, fn)
 
     def close(self) -> None:
         self.store.close()

@@ -95,7 +95,7 @@ def script() -> list[dict[str, Any]]:
 def reference(script: list[dict[str, Any]]) -> tuple[Any, list[tuple[Any, ...]]]:
     """The uninterrupted run: its output and its history."""
     app, agent, ledger, executions = agent_app(script)
-    env = Harness(app)
+    env = Harness(app, cache=True)
     run_id = env.start(agent, ITERATIONS + 50, run_id="agent-run")
     env.run_until_idle()
     run = env.get(run_id)
@@ -129,7 +129,7 @@ def test_interrupted_loop_resumes_without_calling_the_model_again(
     cache_size: int,
 ) -> None:
     app, agent, ledger, executions = agent_app(script)
-    env = Harness(app)
+    env = Harness(app, cache=True)
     run_id = env.start(agent, ITERATIONS + 50, run_id="agent-run")
     for _ in range(100_000):
         if ledger[run_id] >= 100:
@@ -181,7 +181,7 @@ def loop_app(*, local: bool) -> tuple[App, Any, Counter[str]]:
 def per_iteration(app: App, saga: Any, executions: Counter[str], n: int, repeat: int = 2) -> float:
     best = float("inf")
     for _ in range(repeat):
-        env = Harness(app)
+        env = Harness(app, cache=True)  # production keeps suspended runs
         started = time.perf_counter()
         run_id = env.start(saga, n)
         env.run_until_idle()

@@ -294,7 +294,7 @@ def test_saga_logger_is_silent_during_replay(caplog: pytest.LogCaptureFixture) -
     def saga_messages() -> list[str]:
         return [r.getMessage() for r in caplog.records if r.name == "sagaloop.saga"]
 
-    env = Harness(app)
+    env = Harness(app, cache=True)  # replays once after the restart, then cached
     run_id = env.start(logging_saga)
     env.run_until_idle(skip_time=False)
     assert saga_messages() == ["phase one begins", "phase one done"]

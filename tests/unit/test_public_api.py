@@ -31,7 +31,14 @@ def test_exported_names_are_pinned() -> None:
             "__version__",
         ]
     )
-    assert sorted(sagaloop.testing.__all__) == ["Crash", "Harness", "VirtualClock", "eventually"]
+    assert sorted(sagaloop.testing.__all__) == [
+        "Crash",
+        "Harness",
+        "VirtualClock",
+        "eventually",
+        "history_to_json",
+        "replay",
+    ]
     for name in sagaloop.__all__:
         assert hasattr(sagaloop, name), name
 
