@@ -273,10 +273,27 @@ class Engine:
             raise MessageError("child_result needs a position and the child's run id")
         return [lambda st: self._child_outcome(st, pos, env.payload)]
 
+    def _on_undo_run(self, env: Envelope, run: RunRecord) -> list[Triggers]:
+        """The parent compensates: undo this completed child run as a whole (its steps'
+        compensations, newest first), then tell the parent. Only its parent may ask."""
+        link = {"run_id": env.payload.get("parent"), "position": env.payload.get("position")}
+
+        def triggers(st: RunState) -> list[NewEvent]:
+            if st.finished != s.COMPLETED or st.undoing or st.parent != link:
+                return []
+            return [NewEvent(h.UNDO_REQUESTED, data={"parent": link})]
+
+        return [triggers]
+
     def _child_outcome(self, st: RunState, pos: int, outcome: dict[str, Any]) -> list[NewEvent]:
         """The event that settles the parent's call at ``pos`` with its child's outcome; none
         if the call does not await that child (any more)."""
         child = st.children.get(pos)
+        undone = st.steps.get(pos)
+        if child is None and undone is not None and undone.child == outcome.get("child"):
+            if undone.comp_status in s.IN_FLIGHT:  # the child run was undone as a whole
+                return [NewEvent(h.COMPENSATION_COMPLETED, pos, undone.name, {})]
+            return []
         if child is None or child[0] != outcome.get("child"):
             return []
         run_id, name = child
@@ -421,7 +438,7 @@ class Engine:
         plan = Plan(env, base_seq=run.last_seq)
         try:
             live = self._load(run, run_code=run_code)
-            if not live.state.finished:
+            if not live.state.finished or env.type == "undo_run":
                 effects = _Effects(self.clock.now(), live.state.last_seq)
                 reacted = False
                 for trigger in triggers:
@@ -593,7 +610,7 @@ class Engine:
             return []
         for step_state in st.to_compensate():
             step = self.app.get_step(step_state.name)
-            if step is not None and step.compensation_fn is not None:
+            if step_state.child is not None or (step is not None and step.compensation_fn):
                 data = {"attempt": 1, "in_doubt": step_state.status != s.DONE}
                 return [NewEvent(h.COMPENSATION_SCHEDULED, step_state.pos, step_state.name, data)]
         return None
@@ -695,7 +712,7 @@ class Engine:
                 }
                 env = Envelope(
                     type="child_result",
-                    message_id=derived_id("child-result", st.run_id),
+                    message_id=derived_id("child-result", st.run_id, ev.data.get("status")),
                     run_id=str(st.parent["run_id"]),
                     position=int(st.parent["position"]),
                     payload=outcome,
@@ -741,6 +758,16 @@ class Engine:
     ) -> list[NewEvent]:
         st = live.state
         step_state = st.steps[pos]
+        if step_state.child is not None:  # undo the child run as a whole
+            env = Envelope(
+                type="undo_run",
+                message_id=derived_id("undo-child", st.run_id, pos, attempt),
+                run_id=step_state.child,
+                payload={"parent": st.run_id, "position": pos},
+                created_at=effects.at,
+            )
+            effects.messages.append(Outgoing(self.queue, env))
+            return []
         step = self.app.get_step(step_state.name)
         if step is None:
             reason = f"step {step_state.name!r} is not registered in app {self.app.name!r}"
@@ -809,7 +836,8 @@ class Engine:
                     NewEvent(h.RUN_PARKED, pos, name, {"reason": reason}),
                 ]
         error = ErrorInfo.from_json(reply.get("error") or {"type": "Error", "message": "?"})
-        return self._failure_events(step_state, direction, attempt, error, worker, st.failing)
+        cancelling = st.cancel_reason is not None
+        return self._failure_events(step_state, direction, attempt, error, worker, cancelling)
 
     def _failure_events(
         self,
@@ -818,7 +846,7 @@ class Engine:
         attempt: int,
         error: ErrorInfo,
         extra: dict[str, Any],
-        failing: bool = False,
+        cancelling: bool = False,
     ) -> list[NewEvent]:
         pos, name = step_state.pos, step_state.name
         step = self.app.get_step(name)
@@ -829,7 +857,8 @@ class Engine:
             and not error.non_retryable
             and policy.is_retryable(error.type)
             and policy.allows(attempt)
-            and not (failing and error.type == "StepCancelled")  # told to stop: it did
+            # the run is cancelled: no new attempt of a step; undo what it may have done
+            and not (cancelling and direction == DO)
         )
         if retryable and direction == DO and step is not None and step.schedule_to_close:
             assert policy is not None
@@ -888,6 +917,7 @@ _TRIGGERS: dict[str, Callable[[Engine, Envelope, RunRecord], list[Triggers]]] = 
     "retry": Engine._on_retry,
     "step_result": Engine._on_step_result,
     "child_result": Engine._on_child_result,
+    "undo_run": Engine._on_undo_run,
     "timer": Engine._on_timer,
 }
 

@@ -30,10 +30,13 @@ MessageType = Literal[
     "timer",
     "child_start",
     "child_result",
+    "undo_run",
 ]
 PUBLIC_TYPES = frozenset({"start", "event", "cancel", "retry"})
 """What anyone allowed to publish to the public exchange may send."""
-INTERNAL_TYPES = frozenset({"step", "step_result", "timer", "child_start", "child_result"})
+INTERNAL_TYPES = frozenset(
+    {"step", "step_result", "timer", "child_start", "child_result", "undo_run"}
+)
 """What only sagaloop's own processes send (a compensation is a ``step`` with direction undo)."""
 
 

@@ -76,6 +76,9 @@ class StepState:
     comp_in_doubt: bool = False
     comp_retry_at: datetime | None = None
     comp_error: dict[str, Any] | None = None
+    child: str | None = None
+    """The child run's id, when this is a saga awaited as a child run (``ctx.call(saga)``):
+    compensating it undoes the child run as a whole."""
 
 
 @dataclasses.dataclass
@@ -113,6 +116,8 @@ class RunState:
     """Child runs in flight: position -> (run id, saga)."""
     epoch: int = 0
     """How many times the run continued as new before this history."""
+    undoing: bool = False
+    """A completed child run that its parent undoes as a whole."""
     continued: dict[str, Any] | None = None
     """Set when saga code continued as new: the next history's input and first position."""
     undo_requested: int | None = None
@@ -206,11 +211,24 @@ class RunState:
         elif kind == h.MARKER:
             self.markers.append(str(ev.name))
         elif kind == h.CHILD_STARTED:
-            assert ev.pos is not None
+            assert ev.pos is not None and ev.name is not None
             self.children[ev.pos] = (str(d["run_id"]), str(ev.name))
-        elif kind in (h.CHILD_COMPLETED, h.CHILD_FAILED):
+            st = StepState(ev.pos, ev.name, {"input": d.get("input")}, ev.at)
+            st.child = str(d["run_id"])
+            self.steps[ev.pos] = st
+        elif kind == h.CHILD_COMPLETED:
             assert ev.pos is not None
             self.children.pop(ev.pos, None)
+            st = self.step(ev)
+            st.status, st.result = DONE, d.get("result")
+            st.completed_seq, st.completed_at = ev.seq, ev.at
+        elif kind == h.CHILD_FAILED:
+            assert ev.pos is not None
+            self.children.pop(ev.pos, None)
+            st = self.step(ev)  # the child undid itself: nothing in doubt here
+            st.status, st.error, st.completed_seq = GAVE_UP, d.get("error"), ev.seq
+        elif kind == h.UNDO_REQUESTED:
+            self.undoing, self.finished, self.finished_at = True, None, None
         elif kind == h.RUN_CONTINUED:
             self.continued = dict(d)
         elif kind == h.COMPENSATE_REQUESTED:
@@ -263,7 +281,11 @@ class RunState:
     @property
     def failing(self) -> bool:
         """The run must be undone: the saga raised or a cancellation was asked for."""
-        return self.cancel_reason is not None or (self.saga_done and self.saga_error is not None)
+        return (
+            self.cancel_reason is not None
+            or self.undoing
+            or (self.saga_done and self.saga_error is not None)
+        )
 
     def in_flight(self) -> list[StepState]:
         return [s for s in self.steps.values() if s.status in IN_FLIGHT]

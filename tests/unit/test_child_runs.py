@@ -121,3 +121,60 @@ def test_calling_something_that_is_neither_step_nor_saga_fails_the_run(bad: Any)
     run_id = env.start(s)
     env.run_until_idle()
     assert env.get(run_id).status == "failed"
+
+
+trips = App("child-compensation")
+undone: list[str] = []
+
+
+@trips.step()
+def reserve(ctx: StepContext, what: str) -> str:
+    if what == "boom":
+        raise ApplicationError("sold out", type="SoldOut", non_retryable=True)
+    return f"{what}-ref"
+
+
+@reserve.compensation
+def release(ctx: StepContext, what: str, ref: str) -> None:
+    undone.append(ref)
+
+
+@trips.saga(name="leg")
+async def leg(ctx: SagaContext, places: list[str]) -> list[str]:
+    return [await ctx.call(reserve, p) for p in places]
+
+
+@trips.saga(name="journey")
+async def journey(ctx: SagaContext, last: str) -> list[Any]:
+    first = await ctx.call(leg, ["car", "hotel"])  # a child run, completed
+    await ctx.call(reserve, "lounge")
+    second = await ctx.call(leg, ["train"])
+    await ctx.call(reserve, last)  # "boom" fails the journey: everything is undone
+    return [first, second]
+
+
+def test_a_completed_child_is_undone_as_a_whole_when_its_parent_compensates() -> None:
+    undone.clear()
+    env = Harness(trips)
+    run_id = env.start(journey, "boom")
+    env.run_until_idle()
+    assert env.get(run_id).status == "compensated"
+    # newest first: the second child (train), the lounge, the first child (hotel, then car)
+    assert undone == ["train-ref", "lounge-ref", "hotel-ref", "car-ref"]
+    for pos in (0, 2):
+        assert env.get(derived_id("child", run_id, pos)).status == "compensated"
+
+
+def test_a_child_is_undone_only_by_its_parent() -> None:
+    undone.clear()
+    env = Harness(trips)
+    run_id = env.start(journey, "plane")
+    env.run_until_idle()
+    assert env.get(run_id).status == "completed"
+    child = derived_id("child", run_id, 0)
+    forged = Envelope(type="undo_run", run_id=child, payload={"parent": "x", "position": 0})
+    env.broker.publish_raw(  # type: ignore[attr-defined]
+        engine_queue(trips.name), forged.to_bytes(), trusted=True
+    )
+    env.run_until_idle()
+    assert env.get(child).status == "completed" and undone == []
