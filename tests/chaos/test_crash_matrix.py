@@ -6,7 +6,12 @@ the engine: the run's end state, every effect and compensation exactly once (new
 bodies re-run only where the guarantees allow it, sound histories, no dead letters.
 
 The relay points do not exist on the embedded default (the outbox is the queue, no relay): there
-the cell checks that the armed process is never killed. The cells are listed in matrix.py."""
+the cell checks that the armed process is never killed. The cells are listed in matrix.py.
+
+The primitives of issue 11 (child start, runs started and sent events by a run, continue-as-new,
+a running step cancelled through its heartbeats) are crashed at the engine's and the worker's
+commit points on both backends, with the same checks extended to every run the saga started;
+those cells are listed in matrix_primitives.py."""
 
 from __future__ import annotations
 
@@ -15,6 +20,13 @@ from pathlib import Path
 
 import pytest
 from matrix import CELLS, EMBEDDED, RABBIT, RELAY_POINTS, Cell, System, check, drive, make_system
+from matrix_primitives import (
+    PRIMITIVE_CELLS,
+    PrimitiveCell,
+    check_primitive,
+    drive_primitive,
+    make_primitive_system,
+)
 
 from sagaloop.engine.crashpoints import POINTS
 
@@ -23,9 +35,12 @@ pytestmark = pytest.mark.chaos
 
 @pytest.fixture
 def system(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[System]:
-    cell: Cell = request.param
+    cell: Cell | PrimitiveCell = request.param
     url = request.getfixturevalue("rabbitmq_url") if cell.backend == RABBIT else None
-    s = make_system(cell, tmp_path, url)
+    if isinstance(cell, PrimitiveCell):
+        s = make_primitive_system(cell, tmp_path, url)
+    else:
+        s = make_system(cell, tmp_path, url)
     try:
         yield s
     finally:
@@ -40,6 +55,17 @@ def test_crash_point(cell: Cell, system: System) -> None:
     check(cell, system, run_id)
 
 
+@pytest.mark.parametrize(
+    ("cell", "system"),
+    [(c, c) for c in PRIMITIVE_CELLS],
+    ids=[c.id for c in PRIMITIVE_CELLS],
+    indirect=["system"],
+)
+def test_crash_point_primitive(cell: PrimitiveCell, system: System) -> None:
+    run_id = drive_primitive(cell, system)
+    check_primitive(cell, system, run_id)
+
+
 def test_the_matrix_covers_every_crash_point_on_both_backends() -> None:
     for backend in (EMBEDDED, RABBIT):
         cells = [c for c in CELLS if c.backend == backend]
@@ -48,3 +74,9 @@ def test_the_matrix_covers_every_crash_point_on_both_backends() -> None:
         assert {c.point for c in cells if not c.reached} == absent, backend
     assert "worker.undo_before_commit" in {c.point for c in CELLS if c.saga == "then-fail"}
     assert {c.saga for c in CELLS if c.point == "timers.before_commit"} == {"naps"}
+    points = {"engine.before_commit", "engine.after_commit"}
+    points |= {"worker.before_commit", "worker.after_commit"}
+    for backend in (EMBEDDED, RABBIT):
+        for saga in ("family", "boss", "cycle", "long"):  # child start, send_event, ...
+            cells = [c for c in PRIMITIVE_CELLS if c.backend == backend and c.saga == saga]
+            assert {c.point for c in cells} >= points, (backend, saga)

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 class Dev:
     """A real `sagaloop dev` process on a SQLite file."""
 
-    def __init__(self, tmp: Path, **settings: str) -> None:
+    def __init__(self, tmp: Path, app: str = "sagaapp", **settings: str) -> None:
         self.ledger = tmp / "ledger.db"
         self.env = {
             **os.environ,
@@ -33,7 +33,7 @@ class Dev:
         }
         self.log = tmp / "dev.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sagaloop", "dev", "--app", "sagaapp", "--poll", "0.05"],
+            [sys.executable, "-m", "sagaloop", "dev", "--app", app, "--poll", "0.05"],
             env=self.env,
             stdout=subprocess.DEVNULL,
             stderr=self.log.open("wb"),
