@@ -84,6 +84,10 @@ class _Effects:
     restart: NewEvent | None = None
     """Continued as new: the history is deleted and starts again with this ``run_started``."""
 
+    def send(self, queue: str, **envelope: Any) -> None:
+        """Queue a message, stamped with the activation's time, for the outbox."""
+        self.messages.append(Outgoing(queue, Envelope(created_at=self.at, **envelope)))
+
 
 @dataclasses.dataclass
 class Plan:
@@ -588,14 +592,13 @@ class Engine:
     def _cancel_children(self, st: RunState, effects: _Effects) -> None:
         """Cancel the child runs still in flight: their parent is cancelled or has ended."""
         for pos, (child, _) in st.children.items():
-            env = Envelope(
+            effects.send(
+                self.queue,
                 type="cancel",
                 message_id=derived_id("cancel-child", st.run_id, pos),
                 run_id=child,
                 payload={"reason": f"its parent run {st.run_id!r} was cancelled or ended"},
-                created_at=effects.at,
             )
-            effects.messages.append(Outgoing(self.queue, env))
 
     def _engine_queue_of(self, run_id: str) -> str:
         """The engine queue of the app that ``run_id`` belongs to (this app's if none does
@@ -645,25 +648,23 @@ class Engine:
         elif kind == h.EVENT_SENT:
             assert ev.pos is not None and ev.name is not None
             target = str(ev.data["run_id"])
-            env = Envelope(
+            effects.send(
+                self._engine_queue_of(target),
                 type="event",
                 message_id=derived_id("sent", st.run_id, ev.pos),
                 run_id=target,
                 payload={"name": ev.name, "data": ev.data.get("data")},
-                created_at=effects.at,
             )
-            effects.messages.append(Outgoing(self._engine_queue_of(target), env))
         elif kind == h.RUN_SPAWNED:
             assert ev.pos is not None and ev.name is not None
-            env = Envelope(
+            effects.send(
+                self.queue,
                 type="start",
                 message_id=derived_id("spawned", st.run_id, ev.pos),
                 run_id=str(ev.data["run_id"]),
                 saga=ev.name,
                 payload={"input": ev.data.get("input")},
-                created_at=effects.at,
             )
-            effects.messages.append(Outgoing(self.queue, env))
         elif kind == h.EVENT_REJECTED:  # the wait goes on: so does its timeout
             rejected = st.waits.get(ev.pos) if ev.pos is not None else None
             if rejected is not None and rejected.until is not None and not rejected.resolved:
@@ -676,28 +677,26 @@ class Engine:
                 "epoch": st.epoch + 1,
             }
             effects.restart = NewEvent(h.RUN_STARTED, name=st.saga, data=data)
-            env = Envelope(
+            effects.send(
+                self.queue,
                 type="start",
                 message_id=derived_id("continued", st.run_id, st.epoch + 1),
                 run_id=st.run_id,
                 saga=st.saga,
                 payload={"input": ev.data.get("input")},
-                created_at=effects.at,
             )
-            effects.messages.append(Outgoing(self.queue, env))
             self._cancel_children(st, effects)
         elif kind == h.CHILD_STARTED:
             assert ev.pos is not None and ev.name is not None
-            env = Envelope(
+            effects.send(
+                self.queue,
                 type="child_start",
                 message_id=derived_id("child", st.run_id, ev.pos),
                 run_id=str(ev.data["run_id"]),
                 saga=ev.name,
                 position=ev.pos,
                 payload={"input": ev.data.get("input"), "parent": st.run_id},
-                created_at=effects.at,
             )
-            effects.messages.append(Outgoing(self.queue, env))
         elif kind == h.CANCEL_REQUESTED:
             self._cancel_children(st, effects)
         elif kind == h.RUN_FINISHED:
@@ -710,15 +709,14 @@ class Engine:
                     "output": st.saga_output,
                     "error": st.saga_error,
                 }
-                env = Envelope(
+                effects.send(
+                    self.queue,
                     type="child_result",
                     message_id=derived_id("child-result", st.run_id, ev.data.get("status")),
                     run_id=str(st.parent["run_id"]),
                     position=int(st.parent["position"]),
                     payload=outcome,
-                    created_at=effects.at,
                 )
-                effects.messages.append(Outgoing(self.queue, env))
         elif kind == h.RUN_RESUMED:
             return self._resume(live, effects)
         return []
@@ -759,14 +757,13 @@ class Engine:
         st = live.state
         step_state = st.steps[pos]
         if step_state.child is not None:  # undo the child run as a whole
-            env = Envelope(
+            effects.send(
+                self.queue,
                 type="undo_run",
                 message_id=derived_id("undo-child", st.run_id, pos, attempt),
                 run_id=step_state.child,
                 payload={"parent": st.run_id, "position": pos},
-                created_at=effects.at,
             )
-            effects.messages.append(Outgoing(self.queue, env))
             return []
         step = self.app.get_step(step_state.name)
         if step is None:
