@@ -181,39 +181,32 @@ class Client:
         _check_text(name, "event name", EventPayload, "name")
         if event_id is not None:
             _check_text(event_id, "event_id")
-        env = Envelope(
-            type="event",
-            run_id=run_id,
-            payload={"name": name, "data": _to_json(data, ANY, "event data")},
-            created_at=self.clock.now(),
-            message_id=derived_id("event", run_id, event_id) if event_id else uuid.uuid4().hex,
-        )
-        _check_message(env)
-        return env
+        payload = {"name": name, "data": _to_json(data, ANY, "event data")}
+        message_id = derived_id("event", run_id, event_id) if event_id else None
+        return self._message("event", run_id, payload, message_id)
 
-    def _send(
-        self,
-        run_id: str,
-        type: Any,
-        payload: dict[str, Any],
-        *,
-        live: bool,
-        message_id: str | None = None,
-    ) -> None:
-        run = self.get(run_id)
+    def _send(self, env: Envelope, *, live: bool) -> None:
+        """Queue ``env`` (checked already) for the engine of its run's app; ``live``: refuse
+        a finished run."""
+        run = self.get(env.run_id)
         if live and run.status in s.FINAL_STATUSES:
-            raise RunFinishedError(run_id, run.status)
-        now = self.clock.now()
+            raise RunFinishedError(env.run_id, run.status)
+        with self.store.transaction() as tx:
+            self.store.enqueue(tx, [Outgoing(engine_queue(run.app), env)], self.clock.now())
+
+    def _message(
+        self, type: Any, run_id: str, payload: dict[str, Any], message_id: str | None = None
+    ) -> Envelope:
+        """A message to the engine, checked as the engine would check it."""
         env = Envelope(
             type=type,
-            run_id=run_id,
+            run_id=_check_text(run_id, "run_id"),
             payload=payload,
-            created_at=now,
+            created_at=self.clock.now(),
             message_id=message_id or uuid.uuid4().hex,
         )
         _check_message(env)
-        with self.store.transaction() as tx:
-            self.store.enqueue(tx, [Outgoing(engine_queue(run.app), env)], now)
+        return env
 
     def send_event(
         self, run_id: str, name: str, data: Any = None, *, event_id: str | None = None
@@ -223,7 +216,7 @@ class Client:
         _check_text(run_id, "run_id")
         env = self._event(run_id, name, data, event_id=event_id)
         self._check_fits_wait(run_id, name, env.payload["data"])
-        self._send(run_id, "event", env.payload, live=True, message_id=env.message_id)
+        self._send(env, live=True)
 
     def _check_fits_wait(self, run_id: str, name: str, data: Any) -> None:
         """Refuse an event that the run's wait for it would refuse, when this process can
@@ -247,14 +240,14 @@ class Client:
 
     def cancel(self, run_id: str, reason: str | None = None) -> None:
         """Stop the run at its next suspension point and compensate its completed steps."""
-        self._send(run_id, "cancel", {"reason": reason}, live=True)
+        self._send(self._message("cancel", run_id, {"reason": reason}), live=True)
 
     def retry(self, run_id: str) -> None:
         """Resume a run in ``needs_attention`` once its cause is fixed."""
         run = self.get(run_id)
         if run.status != s.NEEDS_ATTENTION:
             raise RunStateError(f"run {run_id!r} is {run.status}, not needs_attention")
-        self._send(run_id, "retry", {}, live=False)
+        self._send(self._message("retry", run_id, {}), live=False)
 
     # --- reading -----------------------------------------------------------------------------
 
