@@ -29,7 +29,9 @@ from sagaloop.sagas import (
     SagaDef,
     StepContext,
     StepDef,
+    current_saga,
 )
+from sagaloop.sagas.approvals import Approval
 
 __version__ = "0.1.0"
 
@@ -37,6 +39,7 @@ __all__ = [
     "ALL_STATUSES",
     "App",
     "ApplicationError",
+    "Approval",
     "Client",
     "DeclarationError",
     "EventTimeoutError",
@@ -56,4 +59,5 @@ __all__ = [
     "StepFailedError",
     "ValidationError",
     "__version__",
+    "current_saga",
 ]

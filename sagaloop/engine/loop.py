@@ -36,6 +36,7 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
         self._running = False
         self._closed = False
         self._errors: list[BaseException] = []
+        self._task_factory: Any = None
 
     # --- what coroutines, futures and tasks use -----------------------------------------------
 
@@ -55,7 +56,19 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
         name: str | None = None,
         context: contextvars.Context | None = None,
     ) -> asyncio.Task[T]:
+        if self._task_factory is not None:
+            task: asyncio.Task[T] = self._task_factory(self, coro, context=context)
+            if name is not None:
+                task.set_name(name)
+            return task
         return asyncio.Task(coro, loop=self, name=name, context=context)
+
+    def get_task_factory(self) -> Any:
+        """What anyio's task groups (which frameworks such as Pydantic AI use) ask for."""
+        return self._task_factory
+
+    def set_task_factory(self, factory: Any) -> None:
+        self._task_factory = factory
 
     def call_soon(  # type: ignore[override]
         self,

@@ -22,7 +22,10 @@ it: replay (the harness replays every activation) finds a saga that branches on 
 A name bound before the first saga ran keeps the original: ``from time import time``,
 ``from datetime import datetime``, ``from uuid import uuid4`` and ``from random import random``
 at the top of a module are not caught (docs/concepts/testing.md has the table). Log records are
-stamped with the time: calls made by :mod:`logging` on behalf of saga code are allowed.
+stamped with the time: calls made by :mod:`logging` on behalf of saga code are allowed, and so
+are calls made directly by the modules of an agent framework that an adapter declared with
+:func:`trust_framework` (Pydantic AI names its graph nodes with ``uuid4``: internal names that
+never reach a decision or the history).
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ class _NotYet(threading.local):
 
 _lock = threading.Lock()
 _installed = False
+_trusted: tuple[str, ...] = ()
+_STDLIB = ("random", "uuid", "time", "datetime", "_pydatetime")
+"""Modules between a refused function and its real caller (``random.choice`` calls ``random``)."""
 _in_saga: threading.local = _NotYet()
 """The loop's flag once installed: ``active`` while saga code runs on the current thread."""
 
@@ -79,9 +85,28 @@ def guard_saga_calls() -> None:
         _installed = True
 
 
+def trust_framework(*module_prefixes: str) -> None:
+    """Let the modules under ``module_prefixes`` (an agent framework's own code, which runs
+    inside saga code) call the refused functions directly: an adapter declares it for the
+    framework it adapts, after checking that the values only name internal objects. Saga
+    code, and user functions the framework calls back, stay guarded."""
+    global _trusted
+    with _lock:
+        _trusted = tuple(dict.fromkeys((*_trusted, *module_prefixes)))
+
+
 def _refused_here() -> bool:
     """Called once the flag is seen set: whether the caller is saga code (not logging on its
-    behalf)."""
+    behalf, nor a trusted framework's own code)."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__", "") in _STDLIB:
+        frame = frame.f_back
+    if _trusted and frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith(_trusted) and any(
+            module == t or module.startswith(t + ".") for t in _trusted
+        ):
+            return False
     return not _called_by_logging(sys._getframe(2))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import contextvars
 import logging
 import uuid
 from collections.abc import Awaitable, Mapping, Sequence
@@ -11,6 +12,7 @@ from typing import (
     TYPE_CHECKING,
     Any,
     Concatenate,
+    Literal,
     NamedTuple,
     NoReturn,
     ParamSpec,
@@ -20,6 +22,7 @@ from typing import (
 
 if TYPE_CHECKING:
     from sagaloop.sagas.app import SagaDef, StepDef
+    from sagaloop.sagas.approvals import Approval
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -160,6 +163,27 @@ class SagaContext(abc.ABC):
         each key (a progress figure, a draft awaiting approval, an interim answer)."""
 
     @abc.abstractmethod
+    async def approval(
+        self,
+        action: str,
+        args: Any = None,
+        *,
+        call_id: str | None = None,
+        timeout: timedelta | None = None,
+        on_timeout: Literal["deny", "escalate"] = "deny",
+        reason: str | None = None,
+    ) -> Approval:
+        """Ask a person to approve ``action`` with ``args`` (JSON) and wait for the answer
+        (``Client.approve``/``deny``, ``sagaloop approve``/``deny``). The request is published
+        under ``approval:{call_id}`` and the run waits for the event of that name; an answer
+        counts only if it names the hash of these exact arguments, and only once. ``call_id``
+        defaults to this call's position in the history. ``reason`` (why it is asked) is shown
+        to the approver. When ``timeout`` passes, ``on_timeout="deny"`` returns a denial
+        (reason ``"deadline passed"``); ``"escalate"`` marks the request escalated and waits
+        on without a deadline. Returns the decision and the arguments to use (the approver
+        may have edited them)."""
+
+    @abc.abstractmethod
     def now(self) -> datetime:
         """The time of the history event being processed (UTC), the same on every replay."""
 
@@ -180,6 +204,17 @@ class SagaContext(abc.ABC):
     @abc.abstractmethod
     def is_replaying(self) -> bool:
         """True while the code re-executes what the history already recorded."""
+
+
+_current: contextvars.ContextVar[SagaContext | None] = contextvars.ContextVar(
+    "sagaloop_current_saga", default=None
+)
+
+
+def current_saga() -> SagaContext | None:
+    """The context of the saga whose code is running (in any task it created), or None outside
+    saga code: how a library called from a saga (an agent adapter, say) finds the run."""
+    return _current.get()
 
 
 class StepContext(abc.ABC):

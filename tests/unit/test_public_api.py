@@ -10,6 +10,7 @@ def test_exported_names_are_pinned() -> None:
             "ALL_STATUSES",
             "App",
             "ApplicationError",
+            "Approval",
             "Client",
             "DeclarationError",
             "EventTimeoutError",
@@ -29,6 +30,7 @@ def test_exported_names_are_pinned() -> None:
             "StepFailedError",
             "ValidationError",
             "__version__",
+            "current_saga",
         ]
     )
     assert sorted(sagaloop.testing.__all__) == [
