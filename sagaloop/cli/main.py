@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
+from sagaloop.cli.approvals import approvals, approve, deny
 from sagaloop.cli.common import Obj, app_option, errors, json_arg
 from sagaloop.cli.demo import demo
 from sagaloop.cli.render import runs_text, timeline_text
@@ -201,7 +202,7 @@ def upgrade(obj: Obj) -> None:
         click.echo(f"schema upgraded from version {before} to {after}")
 
 
-for command in (demo, dev, engine, worker, health, schema):
+for command in (demo, dev, engine, worker, health, schema, approvals, approve, deny):
     cli.add_command(command)
 
 

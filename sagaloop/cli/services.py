@@ -76,7 +76,12 @@ class Runtime:
         self._lock = threading.Lock()
         self._on_death: Callable[[], None] | None = None
         self._registration: Registration | None = None
-        self.runner = StepRunner(app, threads=max(concurrency, 1) * 2, worker=name)
+        self.runner = StepRunner(
+            app,
+            threads=max(concurrency, 1) * 2,
+            worker=name,
+            history=lambda run: store.load_history(None, run),
+        )
         step_queues = [step_queue(app.name, q) for q in (app.queues if queues is None else queues)]
         broker.declare([engine_queue(app.name), *[step_queue(app.name, q) for q in app.queues]])
         if engine:

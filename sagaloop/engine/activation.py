@@ -129,7 +129,9 @@ class Engine:
         self._staged_runs: dict[str, RunRecord] = {}
         self._restarted: set[str] = set()
         """Runs whose history a staged plan restarts: not activated again before it commits."""
-        self._runner = runner or StepRunner(app, threads=1, worker="engine")
+        self._runner = runner or StepRunner(
+            app, threads=1, worker="engine", history=lambda run: store.load_history(None, run)
+        )
         self.queue = engine_queue(app.name)
 
     # --- messages ----------------------------------------------------------------------------

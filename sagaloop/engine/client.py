@@ -36,6 +36,15 @@ from sagaloop.errors import (
     ValidationError,
 )
 from sagaloop.sagas.app import App, SagaDef
+from sagaloop.sagas.approvals import (
+    OPEN_STATUSES,
+    ApprovalAnswer,
+    ApprovalRequest,
+    PendingApproval,
+    approval_key,
+    call_id_of,
+    check_call_id,
+)
 from sagaloop.sagas.convert import ANY, Converter, encode_value
 
 # The client refuses, before anything is written, what the engine would refuse after: it
@@ -249,6 +258,87 @@ class Client:
             raise RunStateError(f"run {run_id!r} is {run.status}, not needs_attention")
         self._send(self._message("retry", run_id, {}), live=False)
 
+    # --- approvals (``ctx.approval``) ----------------------------------------------------------
+
+    def approvals(self, run_id: str | None = None) -> list[PendingApproval]:
+        """The approvals that runs wait for (pending or escalated), oldest request first: of
+        ``run_id``, or of every unfinished run (of this client's app, if it has one). Reads
+        the history of each unfinished run: name the run where there are many."""
+        if run_id is not None:
+            runs = [self.get(run_id)]
+        else:
+            open_statuses = [x for x in s.ALL_STATUSES if x not in s.FINAL_STATUSES]
+            runs = [
+                run
+                for status in open_statuses
+                for run in self.store.list_runs(status=status, limit=1_000_000)
+                if self.app_name is None or run.app == self.app_name
+            ]
+        found: list[PendingApproval] = []
+        for run in runs:
+            if run.status in s.FINAL_STATUSES:
+                continue
+            for key, value in self._published(run.run_id).items():
+                call_id = call_id_of(key)
+                request = None if call_id is None else _request(value)
+                if call_id is None or request is None or request.status not in OPEN_STATUSES:
+                    continue
+                fields = request.model_dump()
+                found.append(
+                    PendingApproval(**fields, run_id=run.run_id, saga=run.saga, call_id=call_id)
+                )
+        return sorted(found, key=lambda p: (p.requested_at, p.run_id, p.call_id))
+
+    def approve(
+        self, run_id: str, call_id: str, *, args: Any = None, by: str | None = None
+    ) -> None:
+        """Approve the approval ``call_id`` that run ``run_id`` waits for; with ``args``,
+        approve these arguments in place of those asked about. Refused (ValidationError)
+        unless the approval is pending or escalated."""
+        request = self._open_approval(run_id, call_id)
+        answer = _answer(request, True, None, by)
+        if args is not None:
+            answer["args"] = args
+        self.send_event(run_id, approval_key(call_id), answer)
+
+    def deny(self, run_id: str, call_id: str, *, reason: str, by: str | None = None) -> None:
+        """Deny the approval ``call_id`` that run ``run_id`` waits for, saying why. Refused
+        (ValidationError) unless the approval is pending or escalated."""
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValidationError("a denial needs a reason: say why (--reason TEXT)")
+        request = self._open_approval(run_id, call_id)
+        self.send_event(run_id, approval_key(call_id), _answer(request, False, reason, by))
+
+    def _open_approval(self, run_id: str, call_id: str) -> ApprovalRequest:
+        """The request of the approval ``call_id`` if run ``run_id`` waits for it, else a
+        ValidationError saying what to do."""
+        check_call_id(call_id)
+        run = self.get(run_id)
+        value = self._published(run_id).get(approval_key(call_id))
+        request = _request(value)
+        listing = f"`sagaloop approvals --run {run_id}` lists those it waits for"
+        if request is None:
+            raise ValidationError(
+                f"run {run_id!r} asked no approval {call_id!r}, so nothing was sent: {listing}"
+            )
+        if run.status in s.FINAL_STATUSES:
+            raise ValidationError(
+                f"run {run_id!r} is {run.status}: nothing waits for approval {call_id!r} any "
+                "more, so nothing was sent"
+            )
+        if request.status not in OPEN_STATUSES:
+            raise ValidationError(
+                f"approval {call_id!r} of run {run_id!r} is already {request.status} (an "
+                f"approval is answered once), so nothing was sent: {listing}"
+            )
+        return request
+
+    def _published(self, run_id: str) -> dict[str, Any]:
+        state = RunState(run_id)
+        for event in self.store.load_history(None, run_id):
+            state.apply(event)
+        return state.published
+
     # --- reading -----------------------------------------------------------------------------
 
     def get(self, run_id: str) -> RunRecord:
@@ -293,6 +383,24 @@ class Client:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"run {run_id!r} is still {run.status} after {timeout} s")
             time.sleep(poll)
+
+
+def _answer(
+    request: ApprovalRequest, approved: bool, reason: str | None, by: str | None
+) -> dict[str, Any]:
+    """The data of an answer to ``request`` (an :class:`ApprovalAnswer`)."""
+    if by is not None and not isinstance(by, str):
+        raise ValidationError(f"who answers (by) is text, not {by!r:.60}")
+    answer = ApprovalAnswer(approved=approved, args_hash=request.args_hash, reason=reason, by=by)
+    return answer.model_dump(mode="json", exclude={"args"})  # present: edited arguments
+
+
+def _request(value: Any) -> ApprovalRequest | None:
+    """The approval request published as ``value``, or None if it is not one."""
+    try:
+        return ApprovalRequest.model_validate(value)
+    except pydantic.ValidationError:
+        return None
 
 
 def _importable(path: str) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -33,7 +34,8 @@ from sagaloop.errors import (
     ValidationError,
 )
 from sagaloop.sagas.app import App, SagaDef, StepDef
-from sagaloop.sagas.context import Received, SagaContext
+from sagaloop.sagas.approvals import Approval, OnTimeout, request_approval
+from sagaloop.sagas.context import Received, SagaContext, _current
 from sagaloop.sagas.convert import ANY, Converter
 
 logger = logging.getLogger("sagaloop.saga")
@@ -165,7 +167,9 @@ class Replayer:
                 self.outcome = {"error": ErrorInfo.from_exception(e).to_json()}
                 return
         coro = self.saga.fn(self.ctx, *args)
-        self.main = self.loop.create_task(coro, name=f"saga:{self.run_id}")
+        context = contextvars.copy_context()
+        context.run(_current.set, self.ctx)  # current_saga(), in every task the saga creates
+        self.main = self.loop.create_task(coro, name=f"saga:{self.run_id}", context=context)
         self._run()
 
     def _deliver(self, ev: Event) -> None:
@@ -350,6 +354,7 @@ class _Context(SagaContext):
         self.run_id = replayer.run_id
         self.saga = replayer.saga.name
         self.logger = _SagaLogger(replayer)
+        self._approvals: set[str] = set()  # call ids used in this history
 
     async def call(self, step: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(step, SagaDef):
@@ -469,6 +474,27 @@ class _Context(SagaContext):
             raise ValidationError("ctx.publish needs a key of 1 to 200 characters")
         data = {"value": ANY.to_json(value, what=f"the value published as {key!r}")}
         self._r.command(h.PUBLISHED, key, data)
+
+    async def approval(
+        self,
+        action: str,
+        args: Any = None,
+        *,
+        call_id: str | None = None,
+        timeout: timedelta | None = None,
+        on_timeout: OnTimeout = "deny",
+        reason: str | None = None,
+    ) -> Approval:
+        return await request_approval(
+            self,
+            str(self._r.next_pos) if call_id is None else call_id,
+            action,
+            args,
+            timeout=timeout,
+            on_timeout=on_timeout,
+            reason=reason,
+            taken=self._approvals,
+        )
 
     def now(self) -> datetime:
         return self._r.now()

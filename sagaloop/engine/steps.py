@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sagaloop.engine.crashpoints import CrashPointRaised
+from sagaloop.engine.history import Event
 from sagaloop.engine.messages import Envelope, derived_id
 from sagaloop.errors import (
     ErrorInfo,
@@ -65,11 +66,22 @@ Beat = Callable[["_StepContext"], None]
 the run); raises StepCancelled to stop the step."""
 
 
+History = Callable[[str], list[Event]]
+"""Reads a run's history (``Store.load_history``): how a step finds what earlier steps of its
+run were given, such as the transcript an agent's model step extends."""
+
+
 class _StepContext(StepContext):
     def __init__(
-        self, task: Envelope, step: StepDef[Any, Any], in_doubt: bool, beat: Beat | None = None
+        self,
+        task: Envelope,
+        step: StepDef[Any, Any],
+        in_doubt: bool,
+        beat: Beat | None = None,
+        history: History | None = None,
     ) -> None:
         self._beat = beat
+        self.load_history = history
         self.last_beat = time.monotonic()
         self.details: Any = None
         deadline = task.payload.get("schedule_deadline")
@@ -134,9 +146,16 @@ class StepRunner:
     of a step without a timeout run on the caller's thread (nothing to enforce)."""
 
     def __init__(
-        self, app: App, *, threads: int = 8, worker: str = "worker", inline: bool = False
+        self,
+        app: App,
+        *,
+        threads: int = 8,
+        worker: str = "worker",
+        inline: bool = False,
+        history: History | None = None,
     ) -> None:
         self.app = app
+        self.history = history
         self.worker = worker
         self.inline = inline
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="step")
@@ -160,7 +179,7 @@ class StepRunner:
         direction = p.get("direction", DO)
         in_doubt = bool(p.get("in_doubt")) or redelivered
         inline = inline or self.inline
-        ctx = _StepContext(task, step, in_doubt, beat)
+        ctx = _StepContext(task, step, in_doubt, beat, self.history)
         reply: dict[str, Any] = {"direction": direction, "worker": self.worker}
         try:
             args = step.signature.args_from_json(p.get("args", {}), what=f"step {step.name!r}")

@@ -21,6 +21,7 @@ from sagaloop.engine.timeline import Timeline
 from sagaloop.errors import ErrorInfo, SagaFailedError
 from sagaloop.outbox.relay import Relay
 from sagaloop.sagas.app import App, SagaDef, StepDef
+from sagaloop.sagas.approvals import PendingApproval
 from sagaloop.store.sql import SqlStore
 
 
@@ -134,8 +135,10 @@ class Harness:
 
     def restart(self) -> None:
         """Drop everything held in memory, as a process restart would."""
-        runner = StepRunner(self._steps, worker="harness", inline=True)
-        local = StepRunner(self._steps, threads=1, worker="engine")  # the engine's local steps
+        history = self._load_history
+        runner = StepRunner(self._steps, worker="harness", inline=True, history=history)
+        # the engine's local steps
+        local = StepRunner(self._steps, threads=1, worker="engine", history=history)
         self.engine = Engine(
             self.app, self.store, clock=self.clock, cache_size=self.cache_size, runner=local
         )
@@ -158,6 +161,20 @@ class Harness:
     def retry(self, run_id: str) -> None:
         self.client.retry(run_id)
 
+    def approvals(self, run_id: str | None = None) -> list[PendingApproval]:
+        """The approvals that runs wait for (``Client.approvals``)."""
+        return self.client.approvals(run_id)
+
+    def approve(
+        self, run_id: str, call_id: str, *, args: Any = None, by: str | None = None
+    ) -> None:
+        """Answer the approval ``call_id`` of ``run_id`` yes (``Client.approve``)."""
+        self.client.approve(run_id, call_id, args=args, by=by)
+
+    def deny(self, run_id: str, call_id: str, *, reason: str, by: str | None = None) -> None:
+        """Answer the approval ``call_id`` of ``run_id`` no (``Client.deny``)."""
+        self.client.deny(run_id, call_id, reason=reason, by=by)
+
     def get(self, run_id: str) -> RunRecord:
         return self.client.get(run_id)
 
@@ -172,6 +189,9 @@ class Harness:
 
     def status(self, run_id: str) -> Timeline:
         return self.client.status(run_id)
+
+    def _load_history(self, run_id: str) -> list[Event]:
+        return self.store.load_history(None, run_id)
 
     def history(self, run_id: str) -> list[Event]:
         return self.client.history(run_id)

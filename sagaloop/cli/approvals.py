@@ -1,0 +1,81 @@
+"""``sagaloop approvals``, ``approve`` and ``deny``: the approvals runs wait for
+(``await ctx.approval(...)``), and their answers."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from sagaloop.cli.common import Obj, errors, json_arg
+from sagaloop.cli.render import _table
+from sagaloop.engine.client import Client
+from sagaloop.engine.timeline import short_json
+from sagaloop.sagas.approvals import PendingApproval
+
+
+def approvals_text(pending: list[PendingApproval]) -> str:
+    if not pending:
+        return "no approval is pending"
+    rows = [
+        [
+            p.run_id,
+            p.call_id,
+            p.action,
+            short_json(p.args, 40),
+            p.args_hash[:12],
+            f"{p.deadline:%Y-%m-%d %H:%M:%S}" if p.deadline and p.status == "pending" else "-",
+            p.status,
+        ]
+        for p in pending
+    ]
+    headers = ["run", "call", "action", "args", "hash", "deadline (UTC)", "status"]
+    hint = "answer with: sagaloop approve RUN CALL [--args JSON] | sagaloop deny RUN CALL --reason"
+    return f"{_table(headers, rows)}\n\n{hint}"
+
+
+@click.command("approvals")
+@click.option("--run", "run_id", help="Only the approvals of this run.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.pass_obj
+def approvals(obj: Obj, run_id: str | None, as_json: bool) -> None:
+    """List the approvals that runs wait for (pending or escalated), oldest first."""
+    with errors():
+        pending = Client(obj.store()).approvals(run_id)
+    if as_json:
+        click.echo(json.dumps([p.model_dump(mode="json") for p in pending], indent=2))
+    else:
+        click.echo(approvals_text(pending))
+
+
+@click.command()
+@click.argument("run_id")
+@click.argument("call_id")
+@click.option("--args", "args_json", help="Approve these arguments (JSON) instead of those asked.")
+@click.option("--by", help="Who approves (recorded with the answer).")
+@click.pass_obj
+def approve(obj: Obj, run_id: str, call_id: str, args_json: str | None, by: str | None) -> None:
+    """Approve the approval CALL_ID that the run RUN_ID waits for."""
+    args = json_arg(args_json, "--args")
+    if args_json is not None and args is None:
+        raise click.BadParameter(
+            "null is not an edit: leave --args out to approve the arguments as asked",
+            param_hint="--args",
+        )
+    with errors():
+        Client(obj.store()).approve(run_id, call_id, args=args, by=by)
+    edited = " with edited arguments" if args is not None else ""
+    click.echo(f"approved{edited}: run {run_id}, call {call_id}")
+
+
+@click.command()
+@click.argument("run_id")
+@click.argument("call_id")
+@click.option("--reason", required=True, help="Why (the run receives it).")
+@click.option("--by", help="Who denies (recorded with the answer).")
+@click.pass_obj
+def deny(obj: Obj, run_id: str, call_id: str, reason: str, by: str | None) -> None:
+    """Deny the approval CALL_ID that the run RUN_ID waits for."""
+    with errors():
+        Client(obj.store()).deny(run_id, call_id, reason=reason, by=by)
+    click.echo(f"denied: run {run_id}, call {call_id}")
