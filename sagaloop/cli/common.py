@@ -14,6 +14,7 @@ import click
 from sagaloop._secrets import mask_url, password_of, scrub
 from sagaloop.cli.settings import Settings, load_app
 from sagaloop.engine.ports import Broker
+from sagaloop.engine.streams import LOCAL, Streams
 from sagaloop.errors import SagaloopError
 from sagaloop.sagas.app import App
 from sagaloop.store.sql import SqlStore
@@ -83,6 +84,15 @@ class Obj:
         raise click.ClickException(
             f"unsupported SAGALOOP_BROKER_URL {mask_url(url)!r}: use database, memory or amqp://"
         )
+
+    def streams(self) -> Streams:
+        """The per-run live channel: RabbitMQ's with an amqp:// broker, else this process's."""
+        url = self.settings.broker_url
+        if url.startswith(("amqp://", "amqps://")):
+            from sagaloop.brokers.streams import RabbitStreams
+
+            return RabbitStreams(url, namespace=self.settings.namespace)
+        return LOCAL
 
 
 @contextmanager

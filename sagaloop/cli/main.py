@@ -13,7 +13,7 @@ import click
 from sagaloop.cli.approvals import approvals, approve, deny
 from sagaloop.cli.common import Obj, app_option, errors, json_arg
 from sagaloop.cli.demo import demo
-from sagaloop.cli.render import runs_text, timeline_text
+from sagaloop.cli.render import runs_text, stream_line, timeline_text
 from sagaloop.cli.serve import dev, engine, health, schema, worker
 from sagaloop.engine.client import Client
 from sagaloop.engine.state import ALL_STATUSES
@@ -133,6 +133,21 @@ def status(obj: Obj, run_id: str, as_json: bool) -> None:
     click.echo(json.dumps(tl.to_json(), indent=2) if as_json else timeline_text(tl))
 
 
+@cli.command()
+@click.argument("run_id")
+@click.option("--no-follow", is_flag=True, help="Print what the history holds, then stop.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_obj
+def tail(obj: Obj, run_id: str, no_follow: bool, as_json: bool) -> None:
+    """Follow a run: its history, then what happens and what its steps stream live (an agent's
+    model tokens), until it finishes. On the embedded default, live items reach only readers in
+    the process that runs the steps; the history is followed everywhere."""
+    client = Client(obj.store(), streams=obj.streams())
+    with errors():
+        for item in client.stream(run_id, follow=not no_follow):
+            click.echo(json.dumps(item, default=str) if as_json else stream_line(item))
+
+
 @cli.command("list")
 @click.option(
     "--status", "status_", type=click.Choice(ALL_STATUSES), help="Only runs in this status."
@@ -176,10 +191,20 @@ def cancel(obj: Obj, run_id: str, reason: str | None) -> None:
 
 @cli.command()
 @click.argument("run_id")
+@click.option(
+    "--budget",
+    help="JSON limits that replace those an agent run stopped at, e.g. '{\"requests\": 40}' "
+    "(a run whose Budget has on_exceed='wait').",
+)
 @click.pass_obj
-def retry(obj: Obj, run_id: str) -> None:
-    """Resume a run in needs_attention once its cause is fixed."""
+def retry(obj: Obj, run_id: str, budget: str | None) -> None:
+    """Resume a run in needs_attention once its cause is fixed, or, with --budget, an agent run
+    that waits for a larger budget."""
     with errors():
+        if budget is not None:
+            _client(obj).send_event(run_id, "budget", json_arg(budget, "--budget"))
+            click.echo(f"budget of {run_id} raised")
+            return
         _client(obj).retry(run_id)
     click.echo(f"retry of {run_id} requested")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from sagaloop.engine.ports import RunRecord
 from sagaloop.engine.timeline import Timeline, short_json
@@ -72,3 +73,14 @@ def runs_text(runs: Sequence[RunRecord], counts: dict[str, int]) -> str:
     table = _table(["run", "saga", "status", "started (UTC)", "updated (UTC)"], rows)
     summary = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no runs"
     return f"{table}\n\n{summary} (total {sum(counts.values())})"
+
+
+def stream_line(item: dict[str, Any]) -> str:
+    """One line of ``sagaloop tail``: a history event, or an item a step streamed live."""
+    if item.get("source") == "history":
+        name = f" {item['name']}" if item.get("name") else ""
+        return f"#{item.get('seq')} {item.get('kind')}{name} {short_json(item.get('data'))}"
+    data = item.get("data")
+    text = data.get("text") if isinstance(data, dict) else None
+    shown = text if isinstance(text, str) else short_json(data)
+    return f"~ {item.get('step')}: {shown}"

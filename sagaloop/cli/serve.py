@@ -80,6 +80,7 @@ def _serve(obj: Obj, app_spec: str | None, role: str, *, upgrade: bool, **roles:
             retention=timedelta(days=obj.settings.retention_days) if role != "worker" else None,
             activation_deadline=obj.settings.activation_deadline,
             name=f"{role}@{_host()}",
+            streams=obj.streams(),
             **roles,
         )
     runtime.start(registry=store, role=role, on_death=stop.set)

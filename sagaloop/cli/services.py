@@ -23,6 +23,7 @@ from sagaloop.engine.messages import engine_queue, step_queue
 from sagaloop.engine.ports import Broker, Clock, Delivery, Store, SystemClock
 from sagaloop.engine.runtime import EngineConsumer, TimerScheduler, WorkerConsumer, log_failure
 from sagaloop.engine.steps import StepRunner
+from sagaloop.engine.streams import LOCAL, Streams
 from sagaloop.engine.watchdog import DEADLINE, Watchdog
 from sagaloop.errors import BrokerError
 from sagaloop.outbox.relay import Relay
@@ -58,6 +59,7 @@ class Runtime:
         batch: int = 16,
         name: str = "sagaloop",
         activation_deadline: float = DEADLINE,
+        streams: Streams | None = None,
     ) -> None:
         self.app = app
         self.store = store
@@ -81,6 +83,7 @@ class Runtime:
             threads=max(concurrency, 1) * 2,
             worker=name,
             history=lambda run: store.load_history(None, run),
+            streams=streams or LOCAL,
         )
         step_queues = [step_queue(app.name, q) for q in (app.queues if queues is None else queues)]
         broker.declare([engine_queue(app.name), *[step_queue(app.name, q) for q in app.queues]])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pydantic
@@ -25,6 +26,7 @@ from sagaloop.engine.messages import (
 )
 from sagaloop.engine.ports import Clock, Outgoing, RunRecord, Store, SystemClock
 from sagaloop.engine.state import RunState
+from sagaloop.engine.streams import Streams
 from sagaloop.engine.timeline import Timeline, timeline
 from sagaloop.errors import ErrorInfo as _ErrorInfo
 from sagaloop.errors import (
@@ -108,11 +110,18 @@ def _check_message(env: Envelope) -> None:
 
 class Client:
     def __init__(
-        self, store: Store, app: App | str | None = None, *, clock: Clock | None = None
+        self,
+        store: Store,
+        app: App | str | None = None,
+        *,
+        clock: Clock | None = None,
+        streams: Streams | None = None,
     ) -> None:
         """``app`` (an App, or just its name) is needed to start runs; events, cancellation
-        and retries go to the engine of the app that each run belongs to."""
+        and retries go to the engine of the app that each run belongs to. ``streams``: the
+        live channel that :meth:`stream` follows (none: the history only)."""
         self.store = store
+        self.streams = streams
         self.app = app if isinstance(app, App) else None
         self.app_name = app.name if isinstance(app, App) else app
         self.clock = clock or SystemClock()
@@ -369,6 +378,42 @@ class Client:
         if saga is not None:
             _check_text(saga, "saga name")
         return self.store.list_runs(status=status, saga=saga, limit=limit)
+
+    def stream(
+        self, run_id: str, *, follow: bool = True, poll: float = 0.2, timeout: float | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Follow a run: first what its history holds (``{"source": "history", "seq", "kind",
+        "name", "data"}``), then, while ``follow`` and until the run finishes, its new history
+        events and what its steps stream live (``{"source": "live", "step", "position",
+        "attempt", "data"}``: an agent's model tokens, say; never recorded, so a reader that
+        was not listening gets the recorded result from the history only)."""
+        self.get(run_id)  # RunNotFoundError
+        live = self.streams.subscribe(run_id) if follow and self.streams is not None else None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seq = 0
+        try:
+            while True:
+                for ev in self.store.load_history(None, run_id, after_seq=seq):
+                    seq = ev.seq
+                    yield {
+                        "source": "history",
+                        "seq": ev.seq,
+                        "kind": ev.kind,
+                        "name": ev.name,
+                        "data": ev.data,
+                    }
+                if not follow or self.get(run_id).status in s.FINAL_STATUSES:
+                    return
+                if deadline is not None and time.monotonic() >= deadline:
+                    return
+                if live is None:
+                    time.sleep(poll)
+                    continue
+                for item in live.get(poll):
+                    yield {"source": "live", **item} if isinstance(item, dict) else item
+        finally:
+            if live is not None:
+                live.close()
 
     def result(self, run_id: str, *, timeout: float | None = None, poll: float = 0.05) -> Any:
         """Wait for the run to finish; return its output or raise SagaFailedError."""

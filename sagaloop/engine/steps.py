@@ -30,6 +30,7 @@ from typing import Any
 from sagaloop.engine.crashpoints import CrashPointRaised
 from sagaloop.engine.history import Event
 from sagaloop.engine.messages import Envelope, derived_id
+from sagaloop.engine.streams import Streams
 from sagaloop.errors import (
     ErrorInfo,
     SagaloopError,
@@ -39,6 +40,7 @@ from sagaloop.errors import (
 )
 from sagaloop.sagas.app import App, StepDef
 from sagaloop.sagas.context import StepContext
+from sagaloop.sagas.convert import ANY
 
 logger = logging.getLogger("sagaloop.step")
 
@@ -79,8 +81,10 @@ class _StepContext(StepContext):
         in_doubt: bool,
         beat: Beat | None = None,
         history: History | None = None,
+        streams: Streams | None = None,
     ) -> None:
         self._beat = beat
+        self._streams = streams
         self.load_history = history
         self.last_beat = time.monotonic()
         self.details: Any = None
@@ -100,6 +104,17 @@ class _StepContext(StepContext):
         self.logger = logging.LoggerAdapter(
             logger, {"run_id": self.run_id, "step": self.step, "attempt": self.attempt}
         )
+
+    def stream(self, data: Any) -> None:
+        if self._streams is None:
+            return
+        item = {"step": self.step, "position": self.position, "attempt": self.attempt}
+        try:
+            item["data"] = ANY.to_json(data, what="a streamed item")
+        except ValidationError as e:
+            self.logger.warning("stream item of step %s dropped: %s", self.step, e)
+            return
+        self._streams.publish(self.run_id, item)
 
     def heartbeat(self, details: Any = None) -> None:
         self.last_beat = time.monotonic()
@@ -153,9 +168,11 @@ class StepRunner:
         worker: str = "worker",
         inline: bool = False,
         history: History | None = None,
+        streams: Streams | None = None,
     ) -> None:
         self.app = app
         self.history = history
+        self.streams = streams
         self.worker = worker
         self.inline = inline
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="step")
@@ -179,7 +196,7 @@ class StepRunner:
         direction = p.get("direction", DO)
         in_doubt = bool(p.get("in_doubt")) or redelivered
         inline = inline or self.inline
-        ctx = _StepContext(task, step, in_doubt, beat, self.history)
+        ctx = _StepContext(task, step, in_doubt, beat, self.history, self.streams)
         reply: dict[str, Any] = {"direction": direction, "worker": self.worker}
         try:
             args = step.signature.args_from_json(p.get("args", {}), what=f"step {step.name!r}")

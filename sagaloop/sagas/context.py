@@ -233,6 +233,12 @@ class StepContext(abc.ABC):
     logger: logging.LoggerAdapter[logging.Logger]
 
     @abc.abstractmethod
+    def stream(self, data: Any) -> None:
+        """Send ``data`` (JSON: a model's token, a progress figure) to whoever follows the run
+        live (``Client.stream``, ``sagaloop tail``). Best effort and never recorded: the step's
+        result is what the history keeps."""
+
+    @abc.abstractmethod
     def heartbeat(self, details: Any = None) -> None:
         """Say the step is alive (a long step should, more often than its
         ``heartbeat_timeout``). Raises ``StepCancelled`` when the run is being cancelled or

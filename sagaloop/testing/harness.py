@@ -17,6 +17,7 @@ from sagaloop.engine.ports import Broker, Delivery, RunRecord
 from sagaloop.engine.runtime import EngineConsumer, TimerScheduler, WorkerConsumer
 from sagaloop.engine.state import NEEDS_ATTENTION
 from sagaloop.engine.steps import StepRunner
+from sagaloop.engine.streams import LocalStreams
 from sagaloop.engine.timeline import Timeline
 from sagaloop.errors import ErrorInfo, SagaFailedError
 from sagaloop.outbox.relay import Relay
@@ -120,7 +121,9 @@ class Harness:
             if broker == "database"
             else MemoryBroker(clock=self.clock, lease=lease)
         )
-        self.client = Client(self.store, app, clock=self.clock)
+        self.streams = LocalStreams()
+        """The run's live channel: what steps stream (``self.client.stream(run_id)``)."""
+        self.client = Client(self.store, app, clock=self.clock, streams=self.streams)
         self.cache_size = DEFAULT_CACHE_SIZE if cache else 0
         """How many suspended runs the engine keeps (0: replay on every activation); read by
         :meth:`restart`."""
@@ -136,7 +139,9 @@ class Harness:
     def restart(self) -> None:
         """Drop everything held in memory, as a process restart would."""
         history = self._load_history
-        runner = StepRunner(self._steps, worker="harness", inline=True, history=history)
+        runner = StepRunner(
+            self._steps, worker="harness", inline=True, history=history, streams=self.streams
+        )
         # the engine's local steps
         local = StepRunner(self._steps, threads=1, worker="engine", history=history)
         self.engine = Engine(

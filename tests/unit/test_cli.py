@@ -142,3 +142,17 @@ def test_signals_go_to_the_engine_of_the_runs_app(db: Path) -> None:
     with sqlite3.connect(db) as conn:
         queues = [q for (q,) in conn.execute("select queue from sagaloop_outbox")]
     assert queues == ["cliapp.engine"] * 3, "start, event and cancel reach the app's engine"
+
+
+def test_tail_prints_what_the_history_holds(db: Path) -> None:
+    run("db", "upgrade")
+    order = json.dumps({"id": "7", "cents": 250})
+    run("start", "pay", "--input", order, "--run-id", "r-1", "--app", "cliapp")
+    result = run("tail", "r-1", "--no-follow")
+    assert result.exit_code == 0
+    assert result.output.startswith("#1 run_started pay")
+    lines = [
+        json.loads(x) for x in run("tail", "r-1", "--no-follow", "--json").output.split("\n") if x
+    ]
+    assert [x["kind"] for x in lines] == ["run_started"] and lines[0]["source"] == "history"
+    assert_one_line_error(run("tail", "nope", "--no-follow"), "no run with id")

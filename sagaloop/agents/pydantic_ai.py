@@ -1,0 +1,646 @@
+"""A Pydantic AI agent that runs as a saga: `SagaAgent`.
+
+Built only on Pydantic AI's public extension points (``WrapperAgent``, ``WrapperModel``,
+``WrapperToolset``, ``Agent.override``, ``DurableRunContext``):
+
+- every model request is the step ``agent__{name}__model_request``: the worker runs the real
+  model; the response, its usage and its price are recorded, never paid again on replay. The
+  request records only the transcript's new messages (:mod:`sagaloop.agents.transcript`);
+- every function tool is its own step ``agent__{name}__tool__{tool}``, with its own policy
+  (:class:`ToolPolicy`: queue, retry, timeout, idempotent, reconcile, compensation), and
+  :func:`step_as_tool` hands an existing ``@app.step`` to the model. ``ModelRetry``,
+  ``ApprovalRequired`` and ``CallDeferred`` raised by a tool cross the step as values;
+- a tool that needs approval pauses the same run (``ctx.approval``) instead of ending it;
+- budgets are counted from the recorded usage (:mod:`sagaloop.agents.budgets`).
+
+Outside saga code a ``SagaAgent`` is the plain agent. Step names are compatibility data: a run in
+flight resolves its steps by these names (tests pin them).
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import re
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from datetime import datetime, timedelta
+from typing import Any, Generic, Literal, TypeVar
+
+import pydantic
+import pydantic_core
+from pydantic_ai import messages as _messages
+from pydantic_ai.agent import AbstractAgent, WrapperAgent
+from pydantic_ai.durable_exec import DurableRunContext
+from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry, UserError
+from pydantic_ai.models import Model, ModelRequestParameters, infer_model
+from pydantic_ai.models.fallback import FallbackModel
+from pydantic_ai.models.wrapper import WrapperModel
+from pydantic_ai.settings import ModelSettings
+from pydantic_ai.tools import RunContext, Tool
+from pydantic_ai.toolsets import AbstractToolset, CombinedToolset, FunctionToolset, WrapperToolset
+from pydantic_ai.toolsets.abstract import ToolsetTool
+
+from sagaloop.agents import transcript
+from sagaloop.agents.budgets import Budget, BudgetExceeded, Usage
+from sagaloop.engine import sandbox
+from sagaloop.errors import ValidationError
+from sagaloop.sagas.app import App, StepDef
+from sagaloop.sagas.context import SagaContext, StepContext, current_saga
+from sagaloop.sagas.policy import RetryPolicy
+
+# Pydantic AI names its graph's nodes and its runs with uuid4/uuid7 from its own modules: names
+# of in-memory objects that never reach a decision or the history (the adapter passes run and
+# conversation ids derived from the saga run).
+sandbox.trust_framework("pydantic_ai", "pydantic_graph")
+
+_PARAMS: pydantic.TypeAdapter[ModelRequestParameters] = pydantic.TypeAdapter(ModelRequestParameters)
+_RESPONSE: pydantic.TypeAdapter[_messages.ModelResponse] = pydantic.TypeAdapter(
+    _messages.ModelResponse
+)
+_STEP_NAME = re.compile(r"[^A-Za-z0-9_.:-]")
+DepsT = TypeVar("DepsT")
+OutputT = TypeVar("OutputT")
+METADATA_KEY = "sagaloop"
+"""The key of a tool's ``metadata`` that holds its :class:`ToolPolicy` (or a dict of one)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolPolicy:
+    """How one tool runs as a step. Give it in the tool's metadata
+    (``@agent.tool(metadata={"sagaloop": ToolPolicy(...)})``) or in ``SagaAgent(tools={...})``.
+
+    ``compensation(ctx, args, result)`` undoes the tool's effect when the run fails;
+    ``reconcile(ctx, args) -> result | None`` says whether an attempt in doubt took effect; with
+    ``idempotent=False`` and no reconcile an attempt in doubt halts the run in
+    ``needs_attention`` instead of repeating. ``requires_approval`` pauses the run for a person
+    (``sagaloop approve``), waiting at most ``approval_timeout``, then ``on_timeout``."""
+
+    queue: str | None = None
+    retry: RetryPolicy | None = None
+    timeout: timedelta | None = None
+    idempotent: bool = True
+    compensation: Callable[[StepContext, dict[str, Any], Any], Any] | None = None
+    reconcile: Callable[[StepContext, dict[str, Any]], Any] | None = None
+    requires_approval: bool | None = None
+    approval_timeout: timedelta | None = None
+    on_timeout: Literal["deny", "escalate"] = "deny"
+
+
+def _policy_of(tool: Any, given: ToolPolicy | None) -> ToolPolicy:
+    if given is not None:
+        return given
+    meta = getattr(tool, "metadata", None) or {}
+    value = meta.get(METADATA_KEY) if isinstance(meta, Mapping) else None
+    if isinstance(value, ToolPolicy):
+        return value
+    if isinstance(value, Mapping):
+        fields = {k: v for k, v in value.items() if k != "step"}  # step_as_tool's link
+        if isinstance(fields.get("retry"), Mapping):
+            fields["retry"] = RetryPolicy(**fields["retry"])
+        try:
+            return ToolPolicy(**fields)
+        except TypeError as e:
+            raise ValidationError(f"the sagaloop metadata of tool {tool.name!r}: {e}") from e
+    return ToolPolicy()
+
+
+def step_as_tool(
+    step: StepDef[Any, Any],
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    requires_approval: bool = False,
+) -> Tool[Any]:
+    """A Pydantic AI tool that calls ``step`` (declared with ``@app.step``, with its own
+    queue, retry, reconcile and compensation). In a saga the call is ``ctx.call(step, ...)``;
+    outside one, the step's function runs in-process."""
+    params = list(step.signature.params)
+
+    async def call(**kwargs: Any) -> Any:
+        saga = current_saga()
+        if saga is not None:
+            return await saga.call(step, **kwargs)
+        return await _run_plain(step, kwargs)
+
+    import inspect
+
+    call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params],
+        return_annotation=inspect.signature(step.fn).return_annotation,
+    )
+    call.__annotations__ = {
+        p.name: p.annotation for p in params if p.annotation is not inspect.Parameter.empty
+    }
+    call.__name__ = step.name
+    call.__doc__ = description or step.fn.__doc__
+    return Tool(
+        call,
+        takes_ctx=False,
+        name=name or step.name,
+        description=description,
+        requires_approval=requires_approval,
+        metadata={METADATA_KEY: {"step": step.name}},
+    )
+
+
+async def _run_plain(step: StepDef[Any, Any], kwargs: dict[str, Any]) -> Any:
+    from sagaloop.engine.messages import Envelope
+    from sagaloop.engine.steps import _StepContext
+
+    env = Envelope(type="step", run_id="local", payload={}, position=0, attempt=1)
+    result = step.fn(_StepContext(env, step, False), **kwargs)
+    if isinstance(result, collections.abc.Awaitable):
+        result = await result
+    return result
+
+
+def _jsonable(value: Any, what: str) -> Any:
+    try:
+        return pydantic_core.to_jsonable_python(value)
+    except pydantic_core.PydanticSerializationError as e:
+        raise ValidationError(f"{what} cannot be stored as JSON: {e}") from e
+
+
+def _step_part(text: str) -> str:
+    return _STEP_NAME.sub("_", text)
+
+
+@dataclasses.dataclass
+class _Run:
+    """The saga side of one agent run."""
+
+    saga: SagaContext
+    agent: SagaAgent[Any, Any]
+    conversation: str
+    deps: Any
+    budget: Budget | None
+    encoder: transcript.Encoder
+    requests: int = 0
+    last_response: _messages.ModelResponse | None = None
+
+
+@dataclasses.dataclass
+class _RunUsage:
+    """What one saga run used, across its agent runs (rebuilt by replay, like the run)."""
+
+    usage: Usage
+    started: datetime
+
+
+_current: ContextVar[_Run | None] = ContextVar("sagaloop_agent_run", default=None)
+_usage: weakref.WeakKeyDictionary[SagaContext, _RunUsage] = weakref.WeakKeyDictionary()
+_decoder = transcript.Decoder()
+
+
+def _usage_of(saga: SagaContext) -> _RunUsage:
+    found = _usage.get(saga)
+    if found is None:
+        found = _usage[saga] = _RunUsage(Usage(), saga.now())
+    return found
+
+
+class _SagaModel(WrapperModel):
+    """The model as the saga sees it: each request is a step."""
+
+    def __init__(self, agent: SagaAgent[Any, Any], wrapped: Model) -> None:
+        super().__init__(wrapped)
+        self._agent = agent
+
+    async def request(
+        self,
+        messages: list[_messages.ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+    ) -> _messages.ModelResponse:
+        run = _current.get()
+        if run is None:  # not inside SagaAgent.run in a saga
+            return await self.wrapped.request(messages, model_settings, model_request_parameters)
+        await self._agent._check_budget(run)
+        delta = run.encoder.delta(messages)
+        delta.update(conversation=run.conversation, n=run.requests)
+        request = {
+            "transcript": delta,
+            "settings": _jsonable(model_settings, "model settings"),
+            # a tool's metadata may hold its policy's functions: not sent to a model, not kept
+            "params": _PARAMS.dump_python(
+                model_request_parameters, mode="json", fallback=lambda _: None
+            ),
+        }
+        reply = await run.saga.call(self._agent.model_step, request)
+        run.encoder.sent(run.requests, messages)
+        run.requests += 1
+        response = _RESPONSE.validate_python(reply["response"])
+        used = _usage_of(run.saga).usage
+        used.requests += 1
+        used.input_tokens += response.usage.input_tokens
+        used.output_tokens += response.usage.output_tokens
+        used.cost += float(reply.get("cost") or 0.0)
+        run.last_response = response
+        self._agent._publish_usage(run)
+        return response
+
+
+@dataclasses.dataclass
+class _SagaToolset(WrapperToolset[Any]):
+    """The agent's tools as the saga sees them: each call is a step; a tool that needs approval
+    is offered to the model as a plain tool and asks a person inside the run."""
+
+    agent: SagaAgent[Any, Any] = dataclasses.field(kw_only=True)
+
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        tools = await super().get_tools(ctx)
+        if _current.get() is None:
+            return tools
+        out = {}
+        for name, tool in tools.items():
+            if tool.tool_def.kind == "unapproved":
+                tool = dataclasses.replace(
+                    tool, tool_def=dataclasses.replace(tool.tool_def, kind="function")
+                )
+            out[name] = tool
+        return out
+
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
+    ) -> Any:
+        run = _current.get()
+        if run is None:
+            return await super().call_tool(name, tool_args, ctx, tool)
+        agent = self.agent
+        step_name = agent.tool_steps.get(name)
+        if step_name is None:
+            raise UserError(
+                f"tool {name!r} of agent {agent.saga_name!r} has no step: declare tools before "
+                "wrapping the agent in SagaAgent (its steps are registered then)"
+            )
+        step = agent.app.get_step(step_name)
+        assert step is not None
+        args = _jsonable(tool_args, f"the arguments of tool {name!r}")
+        approved = bool(ctx.tool_call_approved)
+        if agent.needs_approval.get(name) and not approved:
+            decision = await agent._ask(run, name, args)
+            if not decision.approved:
+                return _denial(decision.reason)
+            args, approved = decision.args, True
+        _usage_of(run.saga).usage.tool_calls += 1
+        if name in agent.step_tools:
+            return await run.saga.call(step, **args)
+        context = DurableRunContext.serialize_run_context(ctx)
+        context["tool_call_approved"] = approved
+        # the context as JSON; what is not JSON (a policy's functions in the tool's metadata)
+        # stays behind: the worker has the tool, and with it its metadata
+        context = pydantic_core.to_jsonable_python(context, fallback=lambda _: None)
+        call = {"args": args, "deps": run.deps, "context": context}
+        while True:
+            reply = await run.saga.call(step, call)
+            if "value" in reply:
+                return reply["value"]
+            if "retry" in reply:
+                raise ModelRetry(str(reply["retry"]))
+            if "deferred" in reply:
+                raise CallDeferred(reply["deferred"].get("metadata"))
+            if "approval" in reply and not approved:  # the tool asked for it, at run time
+                decision = await agent._ask(run, name, args)
+                if not decision.approved:
+                    return _denial(decision.reason)
+                call = {**call, "args": decision.args}
+                call["context"] = {**call["context"], "tool_call_approved": True}
+                approved = True
+                continue
+            raise UserError(f"tool {name!r} answered {reply!r}")
+
+
+def _text_of(event: Any) -> str | None:
+    """The text a stream event adds to the answer (a text part starts, or grows)."""
+    if isinstance(event, _messages.PartStartEvent) and isinstance(event.part, _messages.TextPart):
+        return event.part.content
+    if isinstance(event, _messages.PartDeltaEvent) and isinstance(
+        event.delta, _messages.TextPartDelta
+    ):
+        return event.delta.content_delta
+    return None
+
+
+def _denial(reason: str | None) -> str:
+    return f"The tool call was denied: {reason}" if reason else "The tool call was denied."
+
+
+class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
+    """``agent`` made durable: in saga code each model request and each tool call is a step of
+    the run (see the module's doc); outside saga code it is the plain agent.
+
+    Declare it where the app's steps are declared (its steps are registered on ``app`` here, so
+    engine and workers that import the app know them)."""
+
+    def __init__(
+        self,
+        agent: AbstractAgent[DepsT, OutputT],
+        *,
+        app: App,
+        name: str | None = None,
+        model_queue: str = "model",
+        tool_queue: str = "tools",
+        model_retry: RetryPolicy | None = None,
+        model_timeout: timedelta | None = timedelta(minutes=10),
+        fallback_models: Sequence[Model | str] = (),
+        tools: Mapping[str, ToolPolicy] | None = None,
+        budget: Budget | None = None,
+        approval_timeout: timedelta | None = None,
+        on_approval_timeout: Literal["deny", "escalate"] = "deny",
+        stream: bool = False,
+    ) -> None:
+        super().__init__(agent)
+        self.stream = stream
+        self.saga_name = name or agent.name
+        if not self.saga_name:
+            raise ValidationError("SagaAgent needs a name: Agent(..., name=...) or name=...")
+        self.app = app
+        self.budget = budget
+        self.approval_timeout = approval_timeout
+        self.on_approval_timeout = on_approval_timeout
+        self._fallbacks = tuple(fallback_models)
+        self._worker_model: Model | None = None
+        self._saga_model: _SagaModel | None = None
+        self.prefix = f"agent__{_step_part(self.saga_name)}"
+        self.model_step: StepDef[Any, Any] = app.step(
+            name=f"{self.prefix}__model_request",
+            queue=model_queue,
+            retry=model_retry or RetryPolicy(max_attempts=3),
+            timeout=model_timeout,
+        )(self._model_request)
+        self.tool_steps: dict[str, str] = {}
+        self.step_tools: set[str] = set()
+        self.needs_approval: dict[str, bool] = {}
+        self.policies: dict[str, ToolPolicy] = {}
+        self._function_toolsets: dict[str, FunctionToolset[Any]] = {}
+        given = dict(tools or {})
+        for toolset in self._leaves():
+            for tool_name, tool in toolset.tools.items():
+                self._declare_tool(toolset, tool_name, tool, given.pop(tool_name, None), tool_queue)
+        from sagaloop.agents import _mcp  # MCP servers: their tools are only known at run time
+
+        self.mcp_servers = _mcp.declare(self, given, tool_queue)
+        if given:
+            raise ValidationError(f"SagaAgent(tools=...) names unknown tools: {sorted(given)}")
+
+    # --- declaration -------------------------------------------------------------------------
+
+    def _leaves(self) -> list[FunctionToolset[Any]]:
+        found: list[FunctionToolset[Any]] = []
+
+        def visit(toolset: AbstractToolset[Any]) -> None:
+            if isinstance(toolset, FunctionToolset):
+                found.append(toolset)
+
+        for toolset in self.wrapped.toolsets:
+            toolset.apply(visit)
+        return found
+
+    def _declare_tool(
+        self,
+        toolset: FunctionToolset[Any],
+        tool_name: str,
+        tool: Tool[Any],
+        given: ToolPolicy | None,
+        tool_queue: str,
+    ) -> None:
+        meta = tool.metadata or {}
+        linked = meta.get(METADATA_KEY) if isinstance(meta, Mapping) else None
+        policy = _policy_of(tool, given)
+        self.needs_approval[tool_name] = bool(
+            policy.requires_approval
+            if policy.requires_approval is not None
+            else tool.requires_approval
+        )
+        self.policies[tool_name] = policy
+        if isinstance(linked, Mapping) and "step" in linked:  # step_as_tool
+            self.tool_steps[tool_name] = str(linked["step"])
+            self.step_tools.add(tool_name)
+            return
+        self._function_toolsets[tool_name] = toolset
+
+        async def run_tool(ctx: StepContext, call: dict[str, Any]) -> dict[str, Any]:
+            return await self._run_tool(tool_name, ctx, call)
+
+        step = self.app.step(
+            name=f"{self.prefix}__tool__{_step_part(tool_name)}",
+            queue=policy.queue or tool_queue,
+            retry=policy.retry,
+            timeout=policy.timeout,
+            idempotent=policy.idempotent,
+        )(run_tool)
+        if policy.compensation is not None:
+            undo = policy.compensation
+
+            def compensate(ctx: StepContext, call: dict[str, Any], result: Any) -> Any:
+                value = result.get("value") if isinstance(result, dict) else None
+                return undo(ctx, call.get("args", {}), value)
+
+            step.compensation(compensate)
+        if policy.reconcile is not None:
+            look_up = policy.reconcile
+
+            def reconcile(ctx: StepContext, call: dict[str, Any]) -> Any:
+                found = look_up(ctx, call.get("args", {}))
+                return None if found is None else {"value": _jsonable(found, "a found result")}
+
+            step.reconcile(reconcile)
+        self.tool_steps[tool_name] = step.name
+
+    # --- the saga side -----------------------------------------------------------------------
+
+    def _deps_json(self, deps: Any) -> Any:
+        deps_type = self.wrapped.deps_type
+        if deps is None:
+            return None
+        try:
+            return pydantic.TypeAdapter(deps_type).dump_python(deps, mode="json")
+        except (pydantic_core.PydanticSerializationError, pydantic.PydanticSchemaGenerationError):
+            pass
+        fields: Mapping[str, Any] = {}
+        if dataclasses.is_dataclass(deps):
+            fields = {f.name: getattr(deps, f.name) for f in dataclasses.fields(deps)}
+        elif isinstance(deps, pydantic.BaseModel):
+            fields = dict(deps)
+        for field, value in fields.items():
+            try:
+                pydantic_core.to_json(value)
+            except pydantic_core.PydanticSerializationError:
+                raise ValidationError(
+                    f"the deps of agent {self.saga_name!r} cannot be stored: field {field!r} "
+                    f"holds a {type(value).__name__}, which is not JSON. Tools run on workers, "
+                    "which rebuild the deps from JSON: pass what identifies the resource (a URL,"
+                    " an id) and open it in the tool"
+                ) from None
+        raise ValidationError(
+            f"the deps of agent {self.saga_name!r} ({type(deps).__name__}) cannot be stored as "
+            "JSON; give the agent a deps_type of a dataclass or pydantic model of JSON values"
+        )
+
+    def _saga_side_model(self) -> _SagaModel:
+        if self._saga_model is None:
+            model = self.wrapped.model
+            if model is None:
+                raise ValidationError(f"agent {self.saga_name!r} has no model")
+            self._saga_model = _SagaModel(self, infer_model(model))
+        return self._saga_model
+
+    @asynccontextmanager
+    async def iter(
+        self, user_prompt: Any = None, *, budget: Budget | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        saga = current_saga()
+        if saga is None:
+            async with super().iter(user_prompt, **kwargs) as agent_run:
+                yield agent_run
+            return
+        if kwargs.get("model") is not None:
+            raise ValidationError(
+                "SagaAgent.run(model=...) is not supported in a saga: the model runs on a worker;"
+                " give SagaAgent(fallback_models=...) or wrap another agent"
+            )
+        if kwargs.get("toolsets"):
+            raise ValidationError("SagaAgent.run(toolsets=...) is not supported in a saga")
+        conversation = f"{saga.run_id}/{saga.uuid4()}"
+        for key in ("run_id", "conversation_id"):  # Agent.run passes them as None
+            if kwargs.get(key) is None:
+                kwargs[key] = conversation
+        run = _Run(
+            saga=saga,
+            agent=self,
+            conversation=conversation,
+            deps=self._deps_json(kwargs.get("deps")),
+            budget=budget or self.budget,
+            encoder=transcript.Encoder(
+                lambda ms: _messages.ModelMessagesTypeAdapter.dump_python(list(ms), mode="json")
+            ),
+        )
+        _usage_of(saga)
+        from sagaloop.agents import _mcp
+
+        toolset = _mcp.saga_toolset(self, CombinedToolset(list(self.wrapped.toolsets)))
+        token = _current.set(run)
+        try:
+            with self.wrapped.override(model=self._saga_side_model(), tools=[], toolsets=[toolset]):
+                async with super().iter(user_prompt, **kwargs) as agent_run:
+                    yield agent_run
+        finally:
+            _current.reset(token)
+
+    async def _check_budget(self, run: _Run) -> None:
+        while run.budget is not None:
+            state = _usage_of(run.saga)
+            reached = state.usage.over(run.budget, started=state.started, now=run.saga.now())
+            if not reached:
+                return
+            if run.budget.on_exceed == "fail":
+                raise BudgetExceeded(run.saga.run_id, reached, state.usage.model_copy())
+            self._publish_usage(run)
+            prompt = {"budget": "exceeded", "reached": reached, "usage": state.usage.model_dump()}
+            data = await run.saga.wait_for_event("budget", prompt=prompt)
+            run.budget = run.budget.raised(data)
+
+    def _publish_usage(self, run: _Run) -> None:
+        """Usage against the budget, for `sagaloop status` and the console."""
+        shown: dict[str, Any] = _usage_of(run.saga).usage.model_dump()
+        if run.budget is not None:
+            shown["budget"] = run.budget.model_dump(mode="json", exclude_none=True)
+        run.saga.publish("agent usage", shown)
+
+    async def _ask(self, run: _Run, tool: str, args: Any) -> Any:
+        policy = self.policies.get(tool, ToolPolicy())
+        reasoning = None
+        if run.last_response is not None:
+            texts = [
+                p.content
+                for p in run.last_response.parts
+                if isinstance(p, _messages.TextPart | _messages.ThinkingPart) and p.content
+            ]
+            reasoning = "\n".join(texts)[:4000] or None
+        return await run.saga.approval(
+            tool,
+            args,
+            timeout=policy.approval_timeout or self.approval_timeout,
+            on_timeout=policy.on_timeout if policy.approval_timeout else self.on_approval_timeout,
+            reason=reasoning,
+        )
+
+    # --- the worker side ---------------------------------------------------------------------
+
+    def _model(self) -> Model:
+        if self._worker_model is None:
+            model = self.wrapped.model
+            if model is None:
+                raise ValidationError(f"agent {self.saga_name!r} has no model")
+            primary = infer_model(model)
+            self._worker_model = (
+                FallbackModel(primary, *self._fallbacks) if self._fallbacks else primary
+            )
+        return self._worker_model
+
+    async def _model_request(self, ctx: StepContext, request: dict[str, Any]) -> dict[str, Any]:
+        delta = request["transcript"]
+        messages_json = _decoder.messages(
+            ctx.run_id,
+            delta,
+            step=self.model_step.name,
+            history=getattr(ctx, "load_history", None),
+        )
+        messages = _messages.ModelMessagesTypeAdapter.validate_python(messages_json)
+        params = _PARAMS.validate_python(request.get("params") or {})
+        model = self._model()
+        settings = request.get("settings")
+        if self.stream:
+            async with model.request_stream(messages, settings, params) as streamed:
+                async for event in streamed:
+                    text = _text_of(event)
+                    ctx.stream(
+                        {
+                            "agent": self.saga_name,
+                            "text": text if isinstance(text, str) else None,
+                            "event": pydantic_core.to_jsonable_python(
+                                event, fallback=lambda _: None
+                            ),
+                        }
+                    )
+            response = streamed.get()
+        else:
+            response = await model.request(messages, settings, params)
+        cost: float | None = None
+        try:
+            cost = float(response.cost().total_price)
+        except Exception:  # no price known for this model (or no usage): counted as 0
+            cost = None
+        return {"response": _RESPONSE.dump_python(response, mode="json"), "cost": cost}
+
+    async def _run_tool(self, name: str, ctx: StepContext, call: dict[str, Any]) -> dict[str, Any]:
+        toolset = self._function_toolsets[name]
+        deps_json = call.get("deps")
+        deps = (
+            None
+            if deps_json is None
+            else pydantic.TypeAdapter(self.wrapped.deps_type).validate_python(deps_json)
+        )
+        run_ctx = DurableRunContext.deserialize_run_context(dict(call.get("context") or {}), deps)
+        tool = (await toolset.get_tools(run_ctx))[name]
+        args = tool.args_validator.validate_python(call.get("args") or {})
+        try:
+            value = await toolset.call_tool(name, args, run_ctx, tool)
+        except ModelRetry as e:
+            return {"retry": e.message}
+        except ApprovalRequired as e:
+            return {"approval": {"metadata": _jsonable(e.metadata, "approval metadata")}}
+        except CallDeferred as e:
+            return {"deferred": {"metadata": _jsonable(e.metadata, "deferral metadata")}}
+        return {"value": _jsonable(value, f"the result of tool {name!r}")}
+
+    @property
+    def step_names(self) -> list[str]:
+        """The names of the steps this agent registered (compatibility data)."""
+        return sorted(
+            {self.model_step.name, *(self.tool_steps[t] for t in self.tool_steps)}
+            - {self.tool_steps[t] for t in self.step_tools}
+        )

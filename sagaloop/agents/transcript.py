@@ -1,0 +1,134 @@
+"""Transcripts stored once: each model request records only what is new since the previous one.
+
+An agent sends the whole conversation with every model request. Recording it whole in each
+request's step would make a run's history grow with the square of its length (21 requests
+with 2 KB tool results made an 812 KB history, 92% of it re-sent transcript). Instead the saga
+side records a *delta*: "the first ``keep`` messages of the request at position ``prev``, then
+``append``". The step that runs the request (on a worker) rebuilds the full list from its own
+cache, or, after a restart, from the run's history.
+
+This module is framework-neutral: messages are JSON values; the adapter decides how one is
+encoded and when two are the same (identity of the framework's objects).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sagaloop.engine import history as h
+from sagaloop.engine.history import Event
+from sagaloop.errors import SagaloopError
+
+Delta = dict[str, Any]
+"""``{"prev": n | None, "keep": int, "append": [message JSON, ...]}`` for request ``n`` of an
+agent run (``conversation``, ``n``: added by the adapter)."""
+
+
+class TranscriptError(SagaloopError):
+    """A model request's transcript cannot be rebuilt from the run's history."""
+
+
+class Encoder:
+    """The saga side of one agent run: remembers what the previous request sent (the
+    framework's message objects and the request's number)."""
+
+    def __init__(self, encode: Callable[[Sequence[Any]], list[Any]]) -> None:
+        self._encode = encode
+        self._prev_pos: int | None = None
+        self._prev: list[Any] = []
+
+    def delta(self, messages: Sequence[Any]) -> Delta:
+        """What to record for a request of ``messages``: the messages that are not, object for
+        object, at the same place in the previous request, and how many that are."""
+        keep = 0
+        if self._prev_pos is not None:
+            limit = min(len(messages), len(self._prev))
+            while keep < limit and messages[keep] is self._prev[keep]:
+                keep += 1
+        return {
+            "prev": self._prev_pos if keep else None,
+            "keep": keep,
+            "append": self._encode(messages[keep:]),
+        }
+
+    def sent(self, position: int, messages: Sequence[Any]) -> None:
+        self._prev_pos = position
+        self._prev = list(messages)
+
+
+class Decoder:
+    """The worker side: rebuilds the full transcript of a request. Keeps the last transcript
+    of each run (bounded), so a loop costs what is new, not its length; after a restart or on
+    another worker it reads the run's history once."""
+
+    def __init__(self, size: int = 256) -> None:
+        self._lock = threading.Lock()
+        self._last: collections.OrderedDict[tuple[str, str], tuple[int, list[Any]]] = (
+            collections.OrderedDict()
+        )
+        """The last transcript of each agent run, by (run id, agent run)."""
+        self.size = size
+
+    def messages(
+        self,
+        run_id: str,
+        delta: Delta,
+        *,
+        step: str,
+        history: Callable[[str], list[Event]] | None,
+    ) -> list[Any]:
+        """The full transcript of the request ``delta`` describes (of the step ``step``)."""
+        prev, keep = delta.get("prev"), int(delta.get("keep", 0))
+        position = int(delta.get("n", 0))
+        key = (run_id, str(delta.get("conversation")))
+        base: list[Any] = []
+        if prev is not None:
+            with self._lock:
+                hit = self._last.get(key)
+            if hit is not None and hit[0] == prev:
+                base = hit[1]
+            else:
+                if history is None:
+                    raise TranscriptError(
+                        f"the transcript of run {run_id!r} at position {prev} is not in this "
+                        "process and it cannot read the run's history"
+                    )
+                base = _from_history(history(run_id), step, delta.get("conversation"), prev)
+        if keep > len(base):
+            raise TranscriptError(
+                f"request {position} of run {run_id!r} keeps {keep} messages of request {prev},"
+                f" which had {len(base)}"
+            )
+        full = [*base[:keep], *delta.get("append", [])]
+        with self._lock:
+            self._last[key] = (position, full)
+            self._last.move_to_end(key)
+            while len(self._last) > self.size:
+                self._last.popitem(last=False)
+        return full
+
+
+def _from_history(events: list[Event], step: str, conversation: Any, target: int) -> list[Any]:
+    """The messages of request ``target`` of ``conversation`` (an agent run of the run)."""
+    deltas: dict[int, Delta] = {}
+    for ev in events:
+        if ev.kind == h.STEP_SCHEDULED and ev.name == step:
+            request = (ev.data.get("args") or {}).get("request") or {}
+            found = request.get("transcript")
+            if isinstance(found, dict) and found.get("conversation") == conversation:
+                deltas[int(found.get("n", 0))] = found
+    chain: list[int] = []
+    pos: int | None = target
+    while pos is not None:
+        if pos not in deltas:
+            raise TranscriptError(f"no request {pos} of {conversation!r} in the run's history")
+        chain.append(pos)
+        pos = deltas[pos].get("prev")
+    messages: list[Any] = []
+    for pos in reversed(chain):
+        d = deltas[pos]
+        messages = [*messages[: int(d.get("keep", 0))], *d.get("append", [])]
+    return messages

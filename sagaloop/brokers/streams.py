@@ -1,0 +1,93 @@
+"""The per-run live channel on RabbitMQ: a non-durable direct exchange ``<namespace>.stream``
+keyed by run id. A reader binds an exclusive, auto-deleted queue to its run's key; nothing is
+kept for a reader that is not there (the history holds what is durable).
+
+Anyone allowed to publish to that exchange can put items in front of readers: they are shown,
+never recorded or trusted (docs/operations.md has the permissions)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import pika
+import pika.exceptions
+
+from sagaloop.engine.streams import Subscription
+
+logger = logging.getLogger(__name__)
+
+
+class _RabbitSubscription:
+    def __init__(self, url: str, exchange: str, run_id: str) -> None:
+        self._connection = pika.BlockingConnection(pika.URLParameters(url))
+        self._channel = self._connection.channel()
+        self._channel.exchange_declare(exchange, "direct", durable=False)
+        declared = self._channel.queue_declare("", exclusive=True, auto_delete=True)
+        self._queue = declared.method.queue
+        self._channel.queue_bind(self._queue, exchange, routing_key=run_id)
+
+    def get(self, timeout: float) -> list[Any]:
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            method, _props, body = self._channel.basic_get(self._queue, auto_ack=True)
+            if method is not None:
+                try:
+                    out.append(json.loads(body))
+                except ValueError:
+                    logger.warning("dropped a stream item that is not JSON")
+                continue
+            left = deadline - time.monotonic()
+            if out or left <= 0:
+                return out
+            self._connection.sleep(min(left, 0.05))
+
+    def close(self) -> None:
+        with contextlib.suppress(pika.exceptions.AMQPError):
+            self._connection.close()
+
+
+class RabbitStreams:
+    """Publishes from any thread over one connection of its own (opened at the first item,
+    reopened after a loss); an item that cannot be sent is dropped with a warning."""
+
+    def __init__(self, url: str, *, namespace: str = "sagaloop") -> None:
+        self._url = url
+        self._exchange = f"{namespace}.stream"
+        self._lock = threading.Lock()
+        self._connection: Any = None
+        self._channel: Any = None
+
+    def publish(self, run_id: str, item: Any) -> None:
+        body = json.dumps(item, separators=(",", ":"), default=str).encode()
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    if self._channel is None:
+                        self._connection = pika.BlockingConnection(pika.URLParameters(self._url))
+                        self._channel = self._connection.channel()
+                        self._channel.exchange_declare(self._exchange, "direct", durable=False)
+                    self._channel.basic_publish(self._exchange, run_id, body)
+                    return
+                except pika.exceptions.AMQPError as e:
+                    self._drop()
+                    if attempt == 2:
+                        logger.warning("stream item of run %s dropped: %s", run_id, e)
+
+    def subscribe(self, run_id: str) -> Subscription:
+        return _RabbitSubscription(self._url, self._exchange, run_id)
+
+    def _drop(self) -> None:
+        connection, self._connection, self._channel = self._connection, None, None
+        if connection is not None:
+            with contextlib.suppress(pika.exceptions.AMQPError):
+                connection.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
