@@ -9,6 +9,7 @@ from sagaloop.engine.client import Client
 from sagaloop.engine.state import ALL_STATUSES
 from sagaloop.errors import (
     ApplicationError,
+    ApprovalDenied,
     DeclarationError,
     EventTimeoutError,
     NonDeterminismError,
@@ -40,6 +41,7 @@ __all__ = [
     "App",
     "ApplicationError",
     "Approval",
+    "ApprovalDenied",
     "Client",
     "DeclarationError",
     "EventTimeoutError",

@@ -198,6 +198,16 @@ class StepFailedError(SagaloopError):
         self.error = error
 
 
+class ApprovalDenied(SagaloopError):
+    """Raised inside saga code by ``await ctx.call(step, ...)`` for a step declared with
+    ``approval=True`` whose call a person denied (or nobody answered before its deadline)."""
+
+    def __init__(self, step: str, reason: str | None) -> None:
+        super().__init__(f"the call of step {step!r} was denied: {reason or 'no reason given'}")
+        self.step = step
+        self.reason = reason
+
+
 class EventTimeoutError(SagaloopError):
     """Raised inside saga code when ``ctx.wait_for_event`` reaches its timeout."""
 

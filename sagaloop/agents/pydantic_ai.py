@@ -46,7 +46,7 @@ from pydantic_ai.toolsets.abstract import ToolsetTool
 from sagaloop.agents import transcript
 from sagaloop.agents.budgets import Budget, BudgetExceeded, Usage
 from sagaloop.engine import sandbox
-from sagaloop.errors import ValidationError
+from sagaloop.errors import ApprovalDenied, ValidationError
 from sagaloop.sagas.app import App, StepDef
 from sagaloop.sagas.context import SagaContext, StepContext, current_saga
 from sagaloop.sagas.policy import RetryPolicy
@@ -280,14 +280,17 @@ class _SagaToolset(WrapperToolset[Any]):
         assert step is not None
         args = _jsonable(tool_args, f"the arguments of tool {name!r}")
         approved = bool(ctx.tool_call_approved)
-        if agent.needs_approval.get(name) and not approved:
+        if agent.needs_approval.get(name) and not approved and not step.approval:
             decision = await agent._ask(run, name, args)
             if not decision.approved:
                 return _denial(decision.reason)
             args, approved = decision.args, True
         _usage_of(run.saga).usage.tool_calls += 1
         if name in agent.step_tools:
-            return await run.saga.call(step, **args)
+            try:
+                return await run.saga.call(step, **args)
+            except ApprovalDenied as e:  # the step itself asks (``@app.step(approval=True)``)
+                return _denial(e.reason)
         context = DurableRunContext.serialize_run_context(ctx)
         context["tool_call_approved"] = approved
         # the context as JSON; what is not JSON (a policy's functions in the tool's metadata)

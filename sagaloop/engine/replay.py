@@ -27,6 +27,7 @@ from sagaloop.engine.loop import DeterministicLoop, refuse_threads_in_saga_code
 from sagaloop.engine.messages import derived_id
 from sagaloop.engine.watchdog import Watchdog
 from sagaloop.errors import (
+    ApprovalDenied,
     ErrorInfo,
     EventTimeoutError,
     NonDeterminismError,
@@ -366,6 +367,14 @@ class _Context(SagaContext):
                 f"step {step.name!r} is not registered in app {self._r.app.name!r}"
             )
         args_json = step.signature.args_to_json(args, kwargs, what=f"step {step.name!r}")
+        if step.approval:
+            decision = await self.approval(step.name, args_json, timeout=step.approval_timeout)
+            if not decision.approved:
+                raise ApprovalDenied(step.name, decision.reason)
+            if decision.edited:  # the approver's arguments, checked as the caller's were
+                what = f"step {step.name!r} (edited arguments)"
+                edited = step.signature.args_from_json(decision.args, what=what)
+                args_json = step.signature.args_to_json((), edited, what=what)
         data = {"args": args_json, "queue": step.queue}
         _, future = self._r.command(h.STEP_SCHEDULED, step.name, data, step.result)
         return await future

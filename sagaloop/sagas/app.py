@@ -48,8 +48,12 @@ class StepDef(Generic[P, R_co]):
         aliases: Sequence[str],
         heartbeat_timeout: timedelta | None = None,
         schedule_to_close: timedelta | None = None,
+        approval: bool = False,
+        approval_timeout: timedelta | None = None,
     ) -> None:
         self.fn = fn
+        self.approval = approval
+        self.approval_timeout = approval_timeout
         self.name = _check_name("step", name)
         self.queue = _check_name("queue", queue)
         self.retry = retry
@@ -195,6 +199,8 @@ class App:
         aliases: Sequence[str] = (),
         heartbeat_timeout: timedelta | None = None,
         schedule_to_close: timedelta | None = None,
+        approval: bool = False,
+        approval_timeout: timedelta | None = None,
     ) -> Callable[[Callable[P, R]], StepDef[P, R]]: ...
 
     def step(
@@ -210,6 +216,8 @@ class App:
         aliases: Sequence[str] = (),
         heartbeat_timeout: timedelta | None = None,
         schedule_to_close: timedelta | None = None,
+        approval: bool = False,
+        approval_timeout: timedelta | None = None,
     ) -> Any:
         """Declare a step ``fn(ctx: StepContext, ...) -> result`` (sync or async).
 
@@ -224,6 +232,9 @@ class App:
           fails (in doubt) early, instead of waiting for ``timeout`` or the lease.
         - ``schedule_to_close``: bounds all attempts together, from the first scheduling: no
           attempt runs past it and no retry starts after it.
+        - ``approval=True``: each ``ctx.call`` first asks a person (``ctx.approval`` with the
+          step's name and arguments, waiting at most ``approval_timeout``); the approved, maybe
+          edited, arguments are used; a denial raises ``ApprovalDenied`` in the saga.
         """
 
         def register(f: Callable[..., Any]) -> StepDef[Any, Any]:
@@ -238,6 +249,8 @@ class App:
                 aliases=aliases,
                 heartbeat_timeout=heartbeat_timeout,
                 schedule_to_close=schedule_to_close,
+                approval=approval,
+                approval_timeout=approval_timeout,
             )
             self._register(definition, self.steps, self._step_aliases, "step")
             return definition

@@ -569,3 +569,34 @@ def test_streamed_deltas_reach_the_runs_channel_and_the_response_is_recorded_onc
     late = list(env.client.stream(run_id, follow=False))
     assert [i["kind"] for i in late][-1] == h.RUN_FINISHED
     assert all(i["source"] == "history" for i in late)
+
+
+def test_a_step_that_asks_for_approval_is_asked_once_when_a_tool() -> None:
+    app = App("agents")
+    paid: list[int] = []
+
+    @app.step(approval=True)
+    def pay(ctx: StepContext, cents: int) -> int:
+        paid.append(cents)
+        return cents
+
+    script = Script([("pay", {"cents": 900})])
+    saga_agent = SagaAgent(
+        Agent(
+            FunctionModel(script), name="payer", tools=[step_as_tool(pay, requires_approval=True)]
+        ),
+        app=app,
+    )
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> str:
+        return str((await saga_agent.run("x")).output)
+
+    env = Harness(app)
+    run_id = env.start(s)
+    env.run_until_idle()
+    [pending] = env.approvals(run_id)
+    env.deny(run_id, pending.call_id, reason="too much")
+    env.run_until_idle()
+    assert env.approvals(run_id) == [] and paid == []
+    assert json.loads(env.result(run_id)) == ["The tool call was denied: too much"]

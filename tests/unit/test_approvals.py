@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import pytest
 
+import sagaloop
 from sagaloop import App, Approval, SagaContext, StepContext
 from sagaloop.engine import history as h
 from sagaloop.errors import ValidationError
@@ -400,3 +401,49 @@ def test_bad_arguments_fail_the_saga_code(kwargs: dict[str, Any], words: str) ->
     run = env.get(run_id)
     assert run.status == "failed" and run.error is not None
     assert words in run.error["message"], run.error
+
+
+# --- a step declared approval=True -----------------------------------------------------------
+
+
+def _approval_step_app() -> tuple[sagaloop.App, list[int], Any]:
+    app = sagaloop.App("stepapproval")
+    paid: list[int] = []
+
+    @app.step(approval=True, approval_timeout=timedelta(days=2))
+    def pay(ctx: sagaloop.StepContext, cents: int) -> int:
+        paid.append(cents)
+        return cents
+
+    @app.saga
+    async def s(ctx: sagaloop.SagaContext) -> str:
+        try:
+            return f"paid {await ctx.call(pay, 500)}"
+        except sagaloop.ApprovalDenied as e:
+            return f"denied: {e.reason}"
+
+    return app, paid, s
+
+
+def test_a_step_declared_with_approval_asks_before_each_call() -> None:
+    app, paid, saga = _approval_step_app()
+    env = Harness(app)
+    run_id = env.start(saga)
+    env.run_until_idle(skip_time=False)  # the deadline is two days away
+    [pending] = env.approvals(run_id)
+    assert (pending.action, pending.args) == ("pay", {"cents": 500})
+    assert paid == []
+    env.approve(run_id, pending.call_id, args={"cents": 300})
+    env.run_until_idle()
+    assert env.result(run_id) == "paid 300" and paid == [300]
+
+
+def test_a_denied_step_raises_approval_denied_in_the_saga() -> None:
+    app, paid, saga = _approval_step_app()
+    env = Harness(app)
+    run_id = env.start(saga)
+    env.run_until_idle(skip_time=False)  # the deadline is two days away
+    [pending] = env.approvals(run_id)
+    env.deny(run_id, pending.call_id, reason="not today")
+    env.run_until_idle()
+    assert env.result(run_id) == "denied: not today" and paid == []

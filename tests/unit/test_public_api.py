@@ -10,6 +10,7 @@ def test_exported_names_are_pinned() -> None:
             "ALL_STATUSES",
             "App",
             "ApplicationError",
+            "ApprovalDenied",
             "Approval",
             "Client",
             "DeclarationError",
