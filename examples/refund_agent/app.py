@@ -1,21 +1,30 @@
-"""The customer refund agent as a durable saga.
+"""The customer refund agent: a Pydantic AI agent run as a durable saga.
 
-A dispute comes in; the agent loop asks a model for the next action, runs it as a durable step,
-adds what it observed to the transcript and asks again, until the model closes the dispute.
-Along the way it may ask the customer a question and wait up to two days for the answer (a
-durable timer: no process is held while it waits), and it may issue a refund, which must never
-happen twice: ``issue_refund`` is declared ``idempotent=False`` with a ``reconcile`` that asks the
-provider whether an in-doubt attempt went through, and a ``compensation`` that reverses it if the
-saga fails later (say, the ledger refuses the posting).
+A dispute comes in; the saga hands it to ``agent``, a Pydantic AI ``Agent`` wrapped in
+``SagaAgent``: each model request and each tool call is a step of the run, recorded in its
+history, so after a crash the model is not asked again and no recorded tool runs again. The
+tools are the ``@app.step``s below, handed to the model with ``step_as_tool``: each keeps its
+queue, retry policy, timeout, reconcile and compensation. The agent answers with one of two
+outputs: a ``Question`` for the customer, or a ``Verdict`` that closes the dispute.
 
-Run it with ``sagaloop dev --app examples.refund_agent.app`` from the repository root, or see it
-survive a SIGKILL with ``sagaloop demo``.
+On a question the saga sends it and waits up to two days for the customer's answer (a durable
+timer: no process is held while it waits), then runs the agent again on the same conversation
+with the answer. The refund must never happen twice: ``issue_refund`` is declared
+``idempotent=False`` with a ``reconcile`` that asks the provider whether an in-doubt attempt went
+through, and a ``compensation`` that reverses it if the saga fails later (say, the ledger refuses
+the posting). Refunds above 200.00 need a person's approval (``sagaloop approve``), and a
+``Budget`` caps the model requests of a run. The saga books the refund the provider returned,
+not what the model says, and tells the customer.
 
-Environment (read when a step runs): ``REFUNDS_PROVIDER_DB`` (the fake services' SQLite file),
-``REFUNDS_PROVIDER_IDEMPOTENCY=off`` (the provider ignores idempotency keys),
-``REFUNDS_HANG_AFTER_ACCEPT=1`` (``issue_refund`` hangs right after the provider accepted the
-refund, so that a demo can kill the process at the worst moment), ``REFUNDS_MODEL`` (see
-``model.py``).
+Run it with ``sagaloop dev --app examples.refund_agent.app`` from the repository root (with
+``pip install -e '.[pydantic-ai]'``), or see it survive a SIGKILL with ``sagaloop demo``.
+
+Environment: ``REFUNDS_MODEL`` (read when the agent is built: a Pydantic AI model name such as
+``openai:gpt-5``; default, an offline policy, see ``model.py``), ``REFUNDS_PROVIDER_DB`` (the
+fake services' SQLite file), ``REFUNDS_PROVIDER_IDEMPOTENCY=off`` (the provider ignores
+idempotency keys), ``REFUNDS_HANG_AFTER_ACCEPT=1`` (a refund step hangs right after the provider
+accepted the refund, so that a demo can kill the process at the worst moment); the last three are
+read when a step runs.
 """
 
 from __future__ import annotations
@@ -24,11 +33,26 @@ import hashlib
 import os
 import time
 from datetime import timedelta
-from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic_ai import Agent, ToolOutput
+from pydantic_ai.messages import ModelMessage, ModelRequest, ToolReturnPart
 
-from examples.refund_agent.model import Decision, Outcome, Transcript, Turn, current_model
+from examples.refund_agent.data import (
+    APPROVAL_OVER_CENTS,
+    AccountHistory,
+    CustomerReply,
+    Dispute,
+    FraudVerdict,
+    LargeRefundRequest,
+    Outcome,
+    Policy,
+    Question,
+    RefundRequest,
+    Resolution,
+    Transaction,
+    Verdict,
+)
+from examples.refund_agent.model import dispute_prompt, refund_model, reply_prompt
 from examples.refund_agent.provider import Ledger, Mailbox, PaymentProvider, Posting, Refund
 from sagaloop import (
     App,
@@ -38,76 +62,19 @@ from sagaloop import (
     SagaContext,
     StepContext,
 )
+from sagaloop.agents import Budget
+from sagaloop.agents.pydantic_ai import SagaAgent, step_as_tool
 
 app = App("refunds")
 
 REPLY_TIMEOUT = timedelta(days=2)
-MAX_TURNS = 20
+APPROVAL_TIMEOUT = timedelta(days=2)
+BUDGET = Budget(requests=20, on_exceed="wait")
 FAST = RetryPolicy(
     max_attempts=5,
     initial_interval=timedelta(milliseconds=200),
     maximum_interval=timedelta(seconds=5),
 )
-
-
-# --- what the saga exchanges -------------------------------------------------------------------
-
-
-class Dispute(BaseModel):
-    dispute_id: str
-    customer_id: str
-    transaction_id: str
-    amount_cents: int = Field(gt=0)
-    reason: str
-
-
-class Transaction(BaseModel):
-    transaction_id: str
-    customer_id: str
-    amount_cents: int
-    merchant: str
-    date: str
-
-
-class Policy(BaseModel):
-    statement_required_over_cents: int
-    max_disputes_per_year: int
-    window_days: int
-    text: str
-
-
-class AccountHistory(BaseModel):
-    customer_id: str
-    account_age_days: int
-    disputes_last_year: int
-
-
-class FraudVerdict(BaseModel):
-    score: float
-    risk: Literal["low", "medium", "high"]
-
-
-class CustomerReply(BaseModel):
-    message: str
-
-
-class Assessment(BaseModel):
-    supports_refund: bool
-    summary: str
-
-
-class RefundRequest(BaseModel):
-    dispute_id: str
-    transaction_id: str
-    amount_cents: int
-
-
-class Resolution(BaseModel):
-    dispute_id: str
-    outcome: Outcome
-    refund_id: str | None = None
-    summary: str
-    turns: int
 
 
 # --- fake data sources (stand-ins for the company's services) ----------------------------------
@@ -127,25 +94,24 @@ TRANSACTIONS = {
         merchant="Blue Bottle Books",
         date="2026-01-05",
     ),
+    "txn_5003": Transaction(
+        transaction_id="txn_5003",
+        customer_id="cus_linus",
+        amount_cents=48900,
+        merchant="Fjord Furniture",
+        date="2026-01-08",
+    ),
 }
-HISTORY = {"cus_ada": (2140, 0), "cus_grace": (380, 1)}
+HISTORY = {"cus_ada": (2140, 0), "cus_grace": (380, 1), "cus_linus": (920, 0)}
 POLICY = Policy(
     statement_required_over_cents=5000,
+    approval_required_over_cents=APPROVAL_OVER_CENTS,
     max_disputes_per_year=3,
     window_days=120,
     text="Refund undelivered or damaged goods within 120 days; above 50.00 ask the customer "
-    "for a statement first; escalate repeat disputers and high fraud risk.",
+    "for a statement first; above 200.00 a person approves the refund; escalate repeat "
+    "disputers and high fraud risk.",
 )
-SUPPORTING_WORDS = ("never arrived", "not received", "never received", "damaged", "broken")
-
-
-# --- the model step ----------------------------------------------------------------------------
-
-
-@app.step(queue="model", retry=FAST, timeout=timedelta(seconds=60))
-def decide(ctx: StepContext, transcript: Transcript) -> Decision:
-    """Ask the model for the next action. Recorded in the history: a replay never asks again."""
-    return current_model().decide(transcript)
 
 
 # --- tools -------------------------------------------------------------------------------------
@@ -153,16 +119,19 @@ def decide(ctx: StepContext, transcript: Transcript) -> Decision:
 
 @app.step(queue="tools", retry=FAST)
 def lookup_transaction(ctx: StepContext, transaction_id: str) -> Transaction | None:
+    """The disputed payment, or null if there is no such transaction."""
     return TRANSACTIONS.get(transaction_id)
 
 
 @app.step(queue="tools", retry=FAST)
 def read_policy(ctx: StepContext, reason: str) -> Policy:
+    """The refund rules that apply to a dispute with this reason."""
     return POLICY
 
 
 @app.step(queue="tools", retry=FAST)
 def check_history(ctx: StepContext, customer_id: str) -> AccountHistory:
+    """The customer's account age and disputes of the last year."""
     age, disputes = HISTORY.get(customer_id, (30, 0))
     return AccountHistory(
         customer_id=customer_id, account_age_days=age, disputes_last_year=disputes
@@ -171,7 +140,7 @@ def check_history(ctx: StepContext, customer_id: str) -> AccountHistory:
 
 @app.step(queue="tools", retry=FAST, timeout=timedelta(seconds=10))
 def fraud_check(ctx: StepContext, dispute: Dispute) -> FraudVerdict:
-    """The fraud service's score (a deterministic fake)."""
+    """The fraud service's score of the dispute (a deterministic fake)."""
     if "fraud" in dispute.reason.lower():
         return FraudVerdict(score=0.93, risk="high")
     digest = hashlib.sha256(f"{dispute.customer_id}/{dispute.transaction_id}".encode()).digest()
@@ -179,44 +148,31 @@ def fraud_check(ctx: StepContext, dispute: Dispute) -> FraudVerdict:
     return FraudVerdict(score=round(score, 3), risk="medium" if score > 0.2 else "low")
 
 
-@app.step(queue="notify", retry=FAST)
-def ask_customer(ctx: StepContext, dispute: Dispute, question: str) -> None:
-    """Send the question; idempotent by key, so a retried send is not sent twice."""
-    Mailbox().send(
-        customer_id=dispute.customer_id,
-        dispute_id=dispute.dispute_id,
-        text=question,
-        reference=ctx.idempotency_key,
-    )
-
-
-@app.step(queue="tools", retry=FAST)
-def evaluate_reply(ctx: StepContext, dispute: Dispute, reply: CustomerReply) -> Assessment:
-    """Read the customer's answer against the dispute."""
-    text = reply.message.lower()
-    found = [w for w in SUPPORTING_WORDS if w in text]
-    if found:
-        return Assessment(supports_refund=True, summary=f"The customer confirms: {found[0]}.")
-    return Assessment(supports_refund=False, summary="The answer does not back the dispute.")
-
-
-@app.step(queue="notify", retry=FAST)
-def notify_customer(ctx: StepContext, dispute: Dispute, text: str) -> None:
-    Mailbox().send(
-        customer_id=dispute.customer_id,
-        dispute_id=dispute.dispute_id,
-        text=text,
-        reference=ctx.idempotency_key,
-    )
-
-
 # --- money -------------------------------------------------------------------------------------
+#
+# Refunds above APPROVAL_OVER_CENTS need a person's approval. `step_as_tool(...,
+# requires_approval=True)` is a fixed flag per tool, so the limit makes two tools over two steps
+# that share the payment, its reconcile and its compensation. `issue_refund` takes amounts up to
+# the limit: its argument's type says so, and Pydantic AI refuses a larger amount (telling the
+# model why) before any step runs. `issue_large_refund` takes the larger ones, and the adapter
+# pauses the run on it for `sagaloop approve` (ctx.approval, within the same run). The rule holds
+# whatever the model decides; it does not rely on the model picking the right tool.
 
 
 @app.step(queue="payments", retry=FAST, timeout=timedelta(seconds=30), idempotent=False)
 def issue_refund(ctx: StepContext, req: RefundRequest) -> Refund:
-    """Pay the customer back. Must never run twice: when an attempt is in doubt, sagaloop calls
-    ``find_refund`` first and records what it finds instead of paying again."""
+    """Refund the customer, up to 200.00. Never runs twice: when an attempt is in doubt,
+    sagaloop calls ``find_refund`` first and records what it finds instead of paying again."""
+    return _refund(ctx, req)
+
+
+@app.step(queue="payments", retry=FAST, timeout=timedelta(seconds=30), idempotent=False)
+def issue_large_refund(ctx: StepContext, req: LargeRefundRequest) -> Refund:
+    """Refund the customer above 200.00, once a person has approved it."""
+    return _refund(ctx, req)
+
+
+def _refund(ctx: StepContext, req: RefundRequest) -> Refund:
     refund = PaymentProvider().refund(
         dispute_id=req.dispute_id,
         transaction_id=req.transaction_id,
@@ -231,12 +187,14 @@ def issue_refund(ctx: StepContext, req: RefundRequest) -> Refund:
 
 
 @issue_refund.reconcile
+@issue_large_refund.reconcile
 def find_refund(ctx: StepContext, req: RefundRequest) -> Refund | None:
     """Did an in-doubt attempt go through? Look the refund up by its idempotency key."""
     return PaymentProvider().find_refund(ctx.idempotency_key)
 
 
 @issue_refund.compensation
+@issue_large_refund.compensation
 def reverse_refund(ctx: StepContext, req: RefundRequest, result: Refund) -> None:
     """Take the refund back; the compensation's own key makes a retried reversal a no-op."""
     PaymentProvider().reverse(result.refund_id, idempotency_key=ctx.idempotency_key)
@@ -257,74 +215,113 @@ def post_to_ledger(ctx: StepContext, refund: Refund, reason: str) -> Posting:
     )
 
 
-# --- the agent loop ----------------------------------------------------------------------------
+# --- talking to the customer (the saga's steps, not the model's tools) --------------------------
+
+
+@app.step(queue="notify", retry=FAST)
+def ask_customer(ctx: StepContext, dispute: Dispute, question: str) -> None:
+    """Send the question; idempotent by key, so a retried send is not sent twice."""
+    Mailbox().send(
+        customer_id=dispute.customer_id,
+        dispute_id=dispute.dispute_id,
+        text=question,
+        reference=ctx.idempotency_key,
+    )
+
+
+@app.step(queue="notify", retry=FAST)
+def notify_customer(ctx: StepContext, dispute: Dispute, text: str) -> None:
+    Mailbox().send(
+        customer_id=dispute.customer_id,
+        dispute_id=dispute.dispute_id,
+        text=text,
+        reference=ctx.idempotency_key,
+    )
+
+
+# --- the agent ---------------------------------------------------------------------------------
+
+INSTRUCTIONS = """\
+You resolve a customer's payment dispute. Gather the facts with the tools (the transaction, the
+refund rules, the customer's history, the fraud score), then either ask the customer a question
+(ask_customer) or close the dispute (close) as refunded, denied or escalated. Follow the rules
+that read_policy returns. Refund with issue_refund up to 200.00 and with issue_large_refund
+above, which a person approves; never refund more than the disputed amount."""
+
+agent = SagaAgent(
+    Agent[None, Question | Verdict](
+        refund_model(),
+        name="refunds",
+        instructions=INSTRUCTIONS,
+        output_type=[ToolOutput(Question, name="ask_customer"), ToolOutput(Verdict, name="close")],
+        tools=[
+            step_as_tool(lookup_transaction),
+            step_as_tool(read_policy),
+            step_as_tool(check_history),
+            step_as_tool(fraud_check),
+            step_as_tool(issue_refund),
+            step_as_tool(issue_large_refund, requires_approval=True),
+        ],
+        defer_model_check=True,  # a model name is resolved at the first request, not at import
+    ),
+    app=app,
+    model_queue="model",
+    tool_queue="tools",
+    budget=BUDGET,  # reached: the run waits for a person to raise it (the event `budget`)
+    approval_timeout=APPROVAL_TIMEOUT,
+    on_approval_timeout="escalate",  # unanswered after two days: escalated, still waiting
+)
+
+
+# --- the saga ----------------------------------------------------------------------------------
 
 
 @app.saga(name="refund-dispute")
 async def refund_dispute(ctx: SagaContext, dispute: Dispute) -> Resolution:
-    transcript = Transcript().add(Turn(role="dispute", content=dispute.model_dump()))
-    refund: Refund | None = None
-    turns = 0
-    while True:
-        turns += 1
-        if turns > MAX_TURNS:
-            decision = Decision(action="close", reason="Too many turns.", outcome="escalated")
-        else:
-            decision = await ctx.call(decide, transcript)
-        ctx.logger.info("turn %d: %s (%s)", turns, decision.action, decision.reason)
-        transcript = transcript.add(
-            Turn(role="agent", action=decision.action, content=decision.model_dump())
-        )
-        observation: dict[str, Any]
-        if decision.action == "lookup_transaction":
-            txn = await ctx.call(lookup_transaction, dispute.transaction_id)
-            observation = txn.model_dump() if txn else {"transaction_id": None}
-        elif decision.action == "read_policy":
-            observation = (await ctx.call(read_policy, dispute.reason)).model_dump()
-        elif decision.action == "check_history":
-            observation = (await ctx.call(check_history, dispute.customer_id)).model_dump()
-        elif decision.action == "fraud_check":
-            observation = (await ctx.call(fraud_check, dispute)).model_dump()
-        elif decision.action == "ask_customer":
-            question = decision.question or "Please tell us more about your dispute."
-            await ctx.call(ask_customer, dispute, question)
-            try:
-                reply = await ctx.wait_for_event(
-                    "customer-reply", timeout=REPLY_TIMEOUT, model=CustomerReply
-                )
-            except EventTimeoutError:
-                observation = {"timed_out": True}
-            else:
-                transcript = transcript.add(Turn(role="customer", content=reply.model_dump()))
-                observation = (await ctx.call(evaluate_reply, dispute, reply)).model_dump()
-        elif decision.action == "refund":
-            request = RefundRequest(
-                dispute_id=dispute.dispute_id,
-                transaction_id=dispute.transaction_id,
-                amount_cents=dispute.amount_cents,
+    result = await agent.run(dispute_prompt(dispute.model_dump()))
+    while isinstance(result.output, Question):
+        # The agent's run ends with its question; the wait for the answer is the saga's. Then
+        # the agent goes on with the same conversation (and the same usage count).
+        await ctx.call(ask_customer, dispute, result.output.question)
+        try:
+            reply = await ctx.wait_for_event(
+                "customer-reply", timeout=REPLY_TIMEOUT, model=CustomerReply
             )
-            issued = await ctx.call(issue_refund, request)
-            refund = issued
-            posting = await ctx.call(post_to_ledger, issued, dispute.reason)
-            observation = {"refund": issued.model_dump(), "posting": posting.model_dump()}
-        else:
-            return await _close(ctx, dispute, decision, refund, turns)
-        transcript = transcript.add(Turn(role="tool", action=decision.action, content=observation))
-
-
-async def _close(
-    ctx: SagaContext, dispute: Dispute, decision: Decision, refund: Refund | None, turns: int
-) -> Resolution:
-    outcome: Outcome = decision.outcome or "escalated"
-    resolution = Resolution(
+            answer: str | None = reply.message
+        except EventTimeoutError:
+            answer = None
+        result = await agent.run(
+            reply_prompt(answer), message_history=result.all_messages(), usage=result.usage
+        )
+    verdict = result.output
+    # Money is booked from the provider's answer, not from what the model says it did.
+    refund = issued_refund(result.all_messages())
+    if refund is not None:
+        await ctx.call(post_to_ledger, refund, dispute.reason)
+        outcome: Outcome = "refunded"
+        summary = verdict.reason
+    elif verdict.outcome == "refunded":
+        outcome, summary = "escalated", "The agent reported a refund that the provider never made."
+    else:
+        outcome, summary = verdict.outcome, verdict.reason
+    await ctx.call(notify_customer, dispute, _message(outcome, dispute, summary))
+    return Resolution(
         dispute_id=dispute.dispute_id,
         outcome=outcome,
-        refund_id=refund.refund_id if refund and outcome == "refunded" else None,
-        summary=decision.reason,
-        turns=turns,
+        refund_id=refund.refund_id if refund else None,
+        summary=summary,
+        model_requests=result.usage.requests,
     )
-    await ctx.call(notify_customer, dispute, _message(outcome, dispute, decision.reason))
-    return resolution
+
+
+def issued_refund(messages: list[ModelMessage]) -> Refund | None:
+    """The refund a refund tool returned in the conversation: the provider's answer."""
+    for message in messages:
+        for part in message.parts if isinstance(message, ModelRequest) else ():
+            # a refund tool's result is a Refund, or the text of a denial: no money moved
+            if isinstance(part, ToolReturnPart) and isinstance(part.content, Refund):
+                return part.content
+    return None
 
 
 def _message(outcome: Outcome, dispute: Dispute, reason: str) -> str:

@@ -1,145 +1,153 @@
-"""The agent's brain: a ``Model`` chooses the next action from the transcript.
+"""The agent's model: any Pydantic AI model; by default a deterministic policy, no network.
 
-The saga calls it through the ``decide`` step, so every decision is recorded in the run's history
-and replayed, never asked again, when the saga code runs again after a crash. The default
-:class:`ScriptedModel` is a deterministic policy that needs no network; a real LLM client plugs in
-by implementing :class:`Model` and passing it to :func:`use_model` (or naming a factory in
-``$REFUNDS_MODEL`` as ``module:attribute``), without touching the saga.
+:func:`refund_model` returns ``$REFUNDS_MODEL`` when it is set: a Pydantic AI model name such as
+``openai:gpt-5`` or ``anthropic:claude-sonnet-4-5``, which the agent then asks unchanged (install
+the provider's extra where the engine and the workers run, e.g. ``pip install
+'pydantic-ai-slim[openai]'``, and set its API key).
+Otherwise it returns ``FunctionModel(policy)``: :func:`policy` plays the LLM. Like one, it reads
+the conversation (the dispute, the tools' results, the customer's answer) and answers with tool
+calls or with one of the agent's outputs, ``ask_customer`` or ``close``.
+
+Wherever the answer comes from, it is recorded in the run's history by the model-request step,
+so a replay after a crash never asks the model again.
 """
 
 from __future__ import annotations
 
-import importlib
+import json
 import os
-from typing import Any, Literal, Protocol
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models import Model
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_core import to_jsonable_python
 
-Action = Literal[
-    "lookup_transaction",
-    "read_policy",
-    "check_history",
-    "fraud_check",
-    "ask_customer",
-    "refund",
-    "close",
-]
-Outcome = Literal["refunded", "denied", "escalated"]
+from examples.refund_agent.data import Outcome
 
-
-class Turn(BaseModel):
-    """One entry of the transcript: the dispute, an agent decision, a tool's observation or the
-    customer's words."""
-
-    model_config = ConfigDict(frozen=True)
-
-    role: Literal["dispute", "agent", "tool", "customer"]
-    action: Action | None = None
-    content: dict[str, Any] = Field(default_factory=dict)
+REFUND_TOOLS = ("issue_refund", "issue_large_refund")
+SUPPORTING_WORDS = ("never arrived", "not received", "never received", "damaged", "broken")
 
 
-class Transcript(BaseModel):
-    """Everything the agent saw and did so far, oldest first."""
-
-    model_config = ConfigDict(frozen=True)
-
-    turns: tuple[Turn, ...] = ()
-
-    def add(self, turn: Turn) -> Transcript:
-        return Transcript(turns=(*self.turns, turn))
-
-    def observed(self, action: Action) -> dict[str, Any] | None:
-        """The latest tool observation of ``action``, if any."""
-        for turn in reversed(self.turns):
-            if turn.role == "tool" and turn.action == action:
-                return turn.content
-        return None
-
-    @property
-    def dispute(self) -> dict[str, Any]:
-        return self.turns[0].content if self.turns else {}
+# --- what the saga tells the model -------------------------------------------------------------
 
 
-class Decision(BaseModel):
-    """The next action and why. ``question`` goes with ``ask_customer``, ``outcome`` with
-    ``close``."""
-
-    action: Action
-    reason: str
-    question: str | None = None
-    outcome: Outcome | None = None
+def dispute_prompt(dispute: dict[str, Any]) -> str:
+    return json.dumps({"dispute": dispute})
 
 
-class Model(Protocol):
-    def decide(self, transcript: Transcript) -> Decision: ...
+def reply_prompt(message: str | None) -> str:
+    """The customer's answer, or ``None`` when none came before the deadline."""
+    if message is None:
+        return json.dumps({"customer_reply": None, "note": "no answer within two days"})
+    return json.dumps({"customer_reply": message})
 
 
-class ScriptedModel:
-    """A deterministic refund policy standing in for an LLM: gather facts, ask the customer when
-    the policy wants a statement, refund when everything supports it, close otherwise."""
-
-    def decide(self, transcript: Transcript) -> Decision:
-        dispute = transcript.dispute
-        amount = int(dispute.get("amount_cents", 0))
-        txn = transcript.observed("lookup_transaction")
-        if txn is None:
-            return Decision(action="lookup_transaction", reason="I need the disputed payment.")
-        if txn.get("customer_id") != dispute.get("customer_id") or amount > txn["amount_cents"]:
-            return _close("denied", "The dispute does not match the transaction.")
-        policy = transcript.observed("read_policy")
-        if policy is None:
-            return Decision(action="read_policy", reason="Which refund rules apply?")
-        history = transcript.observed("check_history")
-        if history is None:
-            return Decision(action="check_history", reason="Is this customer a repeat disputer?")
-        if history["disputes_last_year"] > policy["max_disputes_per_year"]:
-            return _close("escalated", "Too many disputes this year: a person must look.")
-        fraud = transcript.observed("fraud_check")
-        if fraud is None:
-            return Decision(action="fraud_check", reason="Ask the fraud service for a score.")
-        if fraud["risk"] == "high":
-            return _close("escalated", f"Fraud risk is high ({fraud['score']:.2f}).")
-        if amount > policy["statement_required_over_cents"]:
-            reply = transcript.observed("ask_customer")
-            if reply is None:
-                return Decision(
-                    action="ask_customer",
-                    reason="The policy asks for the customer's statement above "
-                    f"{policy['statement_required_over_cents'] / 100:.2f}.",
-                    question="Did you receive the goods? Please describe what went wrong.",
-                )
-            if reply.get("timed_out"):
-                return _close("denied", "The customer did not answer within two days.")
-            if not reply.get("supports_refund"):
-                return _close("denied", "The customer's answer does not support a refund.")
-        refund = transcript.observed("refund")
-        if refund is None:
-            return Decision(action="refund", reason="The facts support a full refund.")
-        return _close("refunded", f"Refund {refund['refund']['refund_id']} issued and booked.")
+def refund_model() -> Model | str:
+    """``$REFUNDS_MODEL`` (a Pydantic AI model name), else the offline policy."""
+    return os.environ.get("REFUNDS_MODEL") or FunctionModel(policy, model_name="refund-policy")
 
 
-def _close(outcome: Outcome, reason: str) -> Decision:
-    return Decision(action="close", reason=reason, outcome=outcome)
+# --- the offline policy ------------------------------------------------------------------------
 
 
-_model: Model | None = None
+class Seen:
+    """What the conversation holds: the saga's JSON prompts and the latest result of each tool
+    (as JSON: on a worker the messages come back from the history). A call the framework sent
+    back for a retry (arguments that did not validate) is no result: the policy decides again."""
+
+    def __init__(self, messages: list[ModelMessage]) -> None:
+        self.prompts: dict[str, Any] = {}
+        self.results: dict[str, Any] = {}
+        for message in messages:
+            if not isinstance(message, ModelRequest):
+                continue
+            for part in message.parts:
+                if isinstance(part, ToolReturnPart) and part.outcome == "success":
+                    self.results[part.tool_name] = to_jsonable_python(part.content)
+                elif isinstance(part, UserPromptPart) and isinstance(part.content, str):
+                    try:
+                        data = json.loads(part.content)
+                    except ValueError:
+                        continue
+                    if isinstance(data, dict):
+                        self.prompts.update(data)
 
 
-def use_model(model: Model | None) -> None:
-    """Make ``decide`` use ``model`` in this process (None: back to the default)."""
-    global _model
-    _model = model
+def policy(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """A refund policy standing in for an LLM: gather the facts, ask the fraud service, ask the
+    customer when the rules want a statement, refund when everything supports it (with the
+    tool that asks a person above the approval limit), close otherwise."""
+    seen = Seen(messages)
+    dispute: dict[str, Any] = seen.prompts["dispute"]
+    amount = int(dispute["amount_cents"])
+    facts = {
+        "lookup_transaction": {"transaction_id": dispute["transaction_id"]},
+        "read_policy": {"reason": dispute["reason"]},
+        "check_history": {"customer_id": dispute["customer_id"]},
+    }
+    missing = {name: args for name, args in facts.items() if name not in seen.results}
+    if missing:
+        return _call("I need the payment, the rules and the customer's history.", missing)
+    txn, rules, history = (seen.results[name] for name in facts)
+    if not txn or txn["customer_id"] != dispute["customer_id"] or amount > txn["amount_cents"]:
+        return _close("denied", "The dispute does not match the transaction.")
+    if history["disputes_last_year"] > rules["max_disputes_per_year"]:
+        return _close("escalated", "Too many disputes this year: a person must look.")
+    fraud = seen.results.get("fraud_check")
+    if fraud is None:
+        return _call("Ask the fraud service for a score.", {"fraud_check": {"dispute": dispute}})
+    if fraud["risk"] == "high":
+        return _close("escalated", f"Fraud risk is high ({fraud['score']:.2f}).")
+    if amount > rules["statement_required_over_cents"]:
+        if "customer_reply" not in seen.prompts:
+            return _ask(
+                "The rules ask for the customer's statement above "
+                f"{_money(rules['statement_required_over_cents'])}.",
+                "Did you receive the goods? Please describe what went wrong.",
+            )
+        reply = seen.prompts["customer_reply"]
+        if reply is None:
+            return _close("denied", "The customer did not answer within two days.")
+        if not any(word in reply.lower() for word in SUPPORTING_WORDS):
+            return _close("denied", "The customer's answer does not support a refund.")
+    for tool in REFUND_TOOLS:
+        if tool in seen.results:
+            result = seen.results[tool]
+            if isinstance(result, dict):
+                return _close("refunded", f"Refund {result['refund_id']} issued.")
+            return _close("denied", f"No refund: {result}")  # a person denied it
+    request = {k: dispute[k] for k in ("dispute_id", "transaction_id", "amount_cents")}
+    limit = rules["approval_required_over_cents"]
+    if amount > limit:
+        return _call(
+            f"The facts support a refund of {_money(amount)}; above {_money(limit)} a person "
+            "approves it.",
+            {"issue_large_refund": {"req": request}},
+        )
+    return _call("The facts support a full refund.", {"issue_refund": {"req": request}})
 
 
-def current_model() -> Model:
-    """The model set by :func:`use_model`, else the factory named by ``$REFUNDS_MODEL``
-    (``module:attribute``), else :class:`ScriptedModel`."""
-    if _model is not None:
-        return _model
-    spec = os.environ.get("REFUNDS_MODEL", "")
-    if spec:
-        module, _, attr = spec.partition(":")
-        factory = getattr(importlib.import_module(module), attr or "model")
-        model: Model = factory()
-        return model
-    return ScriptedModel()
+def _call(reason: str, calls: dict[str, dict[str, Any]]) -> ModelResponse:
+    parts = [ToolCallPart(name, args) for name, args in calls.items()]
+    return ModelResponse(parts=[TextPart(reason), *parts])
+
+
+def _ask(reason: str, question: str) -> ModelResponse:
+    return _call(reason, {"ask_customer": {"question": question, "reason": reason}})
+
+
+def _close(outcome: Outcome, reason: str) -> ModelResponse:
+    return _call(reason, {"close": {"outcome": outcome, "reason": reason}})
+
+
+def _money(cents: int) -> str:
+    return f"{cents / 100:.2f}"

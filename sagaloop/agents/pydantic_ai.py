@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import inspect
+import logging
 import re
+import typing
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -60,6 +63,7 @@ _PARAMS: pydantic.TypeAdapter[ModelRequestParameters] = pydantic.TypeAdapter(Mod
 _RESPONSE: pydantic.TypeAdapter[_messages.ModelResponse] = pydantic.TypeAdapter(
     _messages.ModelResponse
 )
+logger = logging.getLogger(__name__)
 _STEP_NAME = re.compile(r"[^A-Za-z0-9_.:-]")
 DepsT = TypeVar("DepsT")
 OutputT = TypeVar("OutputT")
@@ -117,7 +121,13 @@ def step_as_tool(
     """A Pydantic AI tool that calls ``step`` (declared with ``@app.step``, with its own
     queue, retry, reconcile and compensation). In a saga the call is ``ctx.call(step, ...)``;
     outside one, the step's function runs in-process."""
-    params = list(step.signature.params)
+    # resolved here: under `from __future__ import annotations` they are strings naming types
+    # of the step's module, which the framework would look up in this one
+    hints = typing.get_type_hints(step.fn)
+    params = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints.get(p.name, p.annotation))
+        for p in step.signature.params
+    ]
 
     async def call(**kwargs: Any) -> Any:
         saga = current_saga()
@@ -125,15 +135,15 @@ def step_as_tool(
             return await saga.call(step, **kwargs)
         return await _run_plain(step, kwargs)
 
-    import inspect
-
+    returns = hints.get("return", inspect.Signature.empty)
     call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params],
-        return_annotation=inspect.signature(step.fn).return_annotation,
+        params, return_annotation=returns
     )
     call.__annotations__ = {
         p.name: p.annotation for p in params if p.annotation is not inspect.Parameter.empty
     }
+    if returns is not inspect.Signature.empty:
+        call.__annotations__["return"] = returns
     call.__name__ = step.name
     call.__doc__ = description or step.fn.__doc__
     return Tool(
@@ -200,6 +210,39 @@ def _usage_of(saga: SagaContext) -> _RunUsage:
     if found is None:
         found = _usage[saga] = _RunUsage(Usage(), saga.now())
     return found
+
+
+class _NamedModel(Model):
+    """Stands for a model the engine cannot build (its provider's package or key is only on
+    the workers): the saga side needs its name, never its requests."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self._system, _, self._name = name.rpartition(":")
+
+    @property
+    def model_name(self) -> str:
+        return self._name
+
+    @property
+    def system(self) -> str:
+        return self._system or "unknown"
+
+    async def request(self, *args: Any, **kwargs: Any) -> _messages.ModelResponse:
+        raise UserError("this model only runs on the workers, as a step")
+
+
+def _profile_model(model: Model | str) -> Model:
+    """The model as the engine shapes requests for it: the real one when it can be built here
+    (its profile, settings and request preparation), else one that only knows its name (with
+    the default profile: build the model in the engine too when a provider needs its own)."""
+    if isinstance(model, Model):
+        return model
+    try:
+        return infer_model(model)
+    except Exception as e:  # the provider's package or its API key is missing here
+        logger.info("the engine uses a default profile for model %s: %s", model, e)
+        return _NamedModel(model)
 
 
 class _SagaModel(WrapperModel):
@@ -488,7 +531,7 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
             model = self.wrapped.model
             if model is None:
                 raise ValidationError(f"agent {self.saga_name!r} has no model")
-            self._saga_model = _SagaModel(self, infer_model(model))
+            self._saga_model = _SagaModel(self, _profile_model(model))
         return self._saga_model
 
     @asynccontextmanager

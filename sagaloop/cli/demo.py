@@ -1,5 +1,6 @@
-"""``sagaloop demo``: the refund agent of ``examples/refund_agent`` in real processes, killed with
-SIGKILL at the worst moment, and the invariants checked from outside the engine.
+"""``sagaloop demo``: the refund agent of ``examples/refund_agent`` (a Pydantic AI agent run as a
+saga) in real processes, killed with SIGKILL at the worst moment, a refund approved by a person,
+and the invariants checked from outside the engine.
 
 Everything happens in a fresh temporary folder (removed at the end) on the embedded default
 (SQLite); the ``sagaloop dev`` processes are started as children and killed in any case.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import shutil
 import signal
@@ -23,6 +25,7 @@ from typing import Any, Protocol
 import click
 
 import sagaloop
+from sagaloop.cli.approvals import approvals_text
 from sagaloop.cli.render import timeline_text
 from sagaloop.engine import history as h
 from sagaloop.engine.client import Client
@@ -34,6 +37,9 @@ ROOT = Path(sagaloop.__file__).resolve().parent.parent
 APP_MODULE = "examples.refund_agent.app"
 APP_NAME = "refunds"
 SAGA = "refund-dispute"
+MODEL_STEP = "agent__refunds__model_request"
+USAGE_KEY = "agent usage"  # what the agent adapter publishes after each model request
+APPROVER = "maria"
 LEASE_S = 2
 POLL_S = 0.2
 REPLY_DELAY_S = 1.0
@@ -52,9 +58,17 @@ DISPUTE_2: dict[str, Any] = {
     "amount_cents": 2500,
     "reason": "book arrived damaged (ledger-down)",
 }
+DISPUTE_3: dict[str, Any] = {
+    "dispute_id": "D-1003",
+    "customer_id": "cus_linus",
+    "transaction_id": "txn_5003",
+    "amount_cents": 48900,
+    "reason": "standing desk arrived broken",
+}
 REPLY: dict[str, Any] = {
     "message": "The parcel never arrived; tracking stopped at the depot on 4 January."
 }
+REPLY_3: dict[str, Any] = {"message": "It arrived broken: one leg snapped off in the box."}
 
 
 class _Refund(Protocol):
@@ -84,7 +98,10 @@ class DemoFailed(click.ClickException):
 
 def _heading(number: int, title: str) -> None:
     click.echo()
-    click.secho(f"[{number}/8] {title}", bold=True)
+    click.secho(f"[{number}/{SECTIONS}] {title}", bold=True)
+
+
+SECTIONS = 10
 
 
 def _say(text: str) -> None:
@@ -199,29 +216,32 @@ class _Demo:
 
     def _print_changes(self, run_id: str, tl: Timeline, seen: dict[Any, Any]) -> None:
         history = self.client.history(run_id)
-        decisions = {
-            ev.pos: ev.data["result"]
+        answers = {
+            ev.pos: _model_answer(ev.data["result"])
             for ev in history
-            if ev.kind == h.STEP_COMPLETED
-            and isinstance(ev.data.get("result"), dict)
-            and "action" in ev.data["result"]
+            if ev.kind == h.STEP_COMPLETED and ev.name == MODEL_STEP
         }
         arrived = {ev.name for ev in history if ev.kind == h.EVENT_ARRIVED}
         rows: list[tuple[int, Any, str]] = []
         for line in tl.steps:
             note = ""
-            d = decisions.get(line.position)
-            if line.step == "decide" and d is not None:
-                note = f"  -> {d.get('action')}: {d.get('reason')}"
+            if line.position in answers:
+                note = f"  -> {answers[line.position]}"
             elif line.error and line.state in ("retrying", "failed"):
                 note = f"  ({line.error})"
             state = f"{line.state}, {line.compensation}" if line.compensation else line.state
             key = (line.position, line.state, line.compensation)
-            rows.append((line.position, key, f"{line.step:<18} {state}{note}"))
+            name = "model_request" if line.step == MODEL_STEP else line.step
+            rows.append((line.position, key, f"{name:<18} {state}{note}"))
         for ev in history:
-            if ev.kind == h.EVENT_WAITING and ev.pos is not None:
-                state = "event arrived" if ev.name in arrived else "waiting"
-                rows.append((ev.pos, (ev.pos, state), f"{'wait_for_event':<18} {state}: {ev.name}"))
+            if ev.kind == h.EVENT_WAITING and ev.pos is not None and ev.name:
+                label, done, what = "wait_for_event", "event arrived", ev.name
+                prompt = ev.data.get("prompt")
+                if ev.name.startswith("approval:") and isinstance(prompt, dict):
+                    label, done = "approval", "answered"
+                    what = f"{prompt.get('approve')} (call {ev.name.partition(':')[2]})"
+                state = done if ev.name in arrived else "waiting"
+                rows.append((ev.pos, (ev.pos, state), f"{label:<18} {state}: {what}"))
         for pos, key, text in sorted(rows, key=lambda r: r[0]):
             if key not in seen:
                 seen[key] = True
@@ -248,6 +268,23 @@ class _Demo:
         return "\n".join(lines) or "(no refunds)"
 
 
+def _model_answer(result: Any) -> str:
+    """What a recorded model response says, in one line: the tools it calls (or the output it
+    gives: ask_customer, close) and its words."""
+    parts = result.get("response", {}).get("parts", []) if isinstance(result, dict) else []
+    words = " ".join(p["content"] for p in parts if p.get("part_kind") == "text").strip()
+    calls = []
+    for part in parts:
+        if part.get("part_kind") == "tool-call":
+            args = part.get("args")
+            if isinstance(args, str):
+                with contextlib.suppress(ValueError):
+                    args = json.loads(args)
+            outcome = args.get("outcome") if isinstance(args, dict) else None
+            calls.append(f"{part['tool_name']} {outcome}" if outcome else part["tool_name"])
+    return f"{', '.join(calls) or 'answers'}: {words}" if words else ", ".join(calls)
+
+
 def _step(tl: Timeline, name: str) -> Any:
     return next((s for s in tl.steps if s.step == name), None)
 
@@ -257,6 +294,9 @@ def _run_demo(demo: _Demo) -> None:
     click.secho("sagaloop demo: an AI refund agent that survives kill -9", bold=True)
     _say(f"working folder {demo.tmp} (removed at the end)")
     _say(f"store {demo.url} (the embedded default: SQLite, no services)")
+    _say("the agent is a Pydantic AI agent wrapped in SagaAgent: each model request and each")
+    _say("tool call is a step of the run. Its model is an offline policy (a FunctionModel;")
+    _say("REFUNDS_MODEL=openai:gpt-5 would ask a real one).")
     _say("the payment provider is a local fake with its own SQLite file, run WITHOUT idempotency")
     _say("keys: only sagaloop's reconcile can stop a second refund after a crash.")
 
@@ -273,7 +313,8 @@ def _run_demo(demo: _Demo) -> None:
     )
 
     _heading(2, "The agent works: each step as the timeline records it")
-    _say("every action is chosen at run time by the `decide` model step (recorded, never re-asked)")
+    _say(f"each model request is the step {MODEL_STEP} (shown as model_request):")
+    _say("its answer is recorded and never asked again; the tools it calls are the app's steps")
     seen1: dict[Any, Any] = {}
     tl = demo.watch(
         run1,
@@ -285,7 +326,8 @@ def _run_demo(demo: _Demo) -> None:
     _heading(3, "The run waits for the customer's reply")
     for w in tl.waiting_for:
         _say(f"why it waits: {w}")
-    _say("the saga called ctx.wait_for_event('customer-reply', timeout=timedelta(days=2)).")
+    _say("the agent answered ask_customer; the saga sent the question and called")
+    _say("ctx.wait_for_event('customer-reply', timeout=timedelta(days=2)).")
     _say("The timeout is a durable timer row: no process, thread or memory holds the run while")
     _say("it waits. We do not wait two days: we simulate the customer answering early by")
     _say(f"sending the event after {REPLY_DELAY_S:.0f} s.")
@@ -360,9 +402,10 @@ def _run_demo(demo: _Demo) -> None:
         f"  dispute D-1002: customer cus_grace wants {_money(DISPUTE_2['amount_cents'])} back: "
         f"{DISPUTE_2['reason']!r}"
     )
-    _say("below 50.00 the policy needs no statement, so the agent refunds at once; then the")
-    _say("ledger refuses the posting for good (ApplicationError(..., non_retryable=True)), the")
-    _say("saga fails, and the engine runs issue_refund's compensation, reverse_refund.")
+    _say("below 50.00 the rules need no statement, so the agent refunds at once and closes the")
+    _say("dispute; then the ledger refuses the saga's posting for good (ApplicationError(...,")
+    _say("non_retryable=True)), the saga fails, and the engine runs issue_refund's compensation,")
+    _say("reverse_refund.")
     seen2: dict[Any, Any] = {}
     tl2 = demo.watch(run2, lambda t: t.status in FINAL_STATUSES, "dispute 2 to finish", seen=seen2)
     click.echo()
@@ -385,13 +428,96 @@ def _run_demo(demo: _Demo) -> None:
         line2 is not None and line2.compensation == "compensated",
     )
 
+    _heading(8, "Dispute 3: a refund above 200.00 waits for a person's approval")
+    run3 = c.start(SAGA, DISPUTE_3, run_id="dispute-D-1003")
+    _say(f"$ sagaloop start {SAGA} --run-id {run3} --input '{{...}}'")
+    _say(
+        f"  dispute D-1003: customer cus_linus wants {_money(DISPUTE_3['amount_cents'])} back: "
+        f"{DISPUTE_3['reason']!r}"
+    )
+    _say("above 50.00 the rules want the customer's statement (this time the customer answers")
+    _say("at once); above 200.00 a person approves the refund: the only tool that takes such an")
+    _say("amount is issue_large_refund, given to the model with step_as_tool(issue_large_refund,")
+    _say("requires_approval=True).")
+    seen3: dict[Any, Any] = {}
+    demo.watch(
+        run3,
+        lambda t: any("customer-reply" in w for w in t.waiting_for),
+        "dispute 3 to wait for the customer's reply",
+        seen=seen3,
+    )
+    c.send_event(run3, "customer-reply", REPLY_3)
+    _say(f"$ sagaloop send-event {run3} customer-reply --data '{{\"message\": ...}}'")
+    _say(f"  customer: {REPLY_3['message']!r}")
+    demo.watch(run3, lambda t: bool(c.approvals(run3)), "dispute 3 to ask for approval", seen=seen3)
+    _say("the model called issue_large_refund: the run waits for a person's answer")
+    _say("(ctx.approval, a durable wait: no process is held). What a person sees and types:")
+    pending = c.approvals(run3)
+    _say("$ sagaloop approvals")
+    click.echo(_indent(approvals_text(pending)))
+    [request] = pending
+    _say(f"asked: {request.action} {json.dumps(request.args)}")
+    _say(f"why, in the model's words: {request.reason}")
+    refunds_before = len(demo.provider.refunds("D-1003"))
+    c.approve(run3, request.call_id, by=APPROVER)
+    _say(f"$ sagaloop approve {run3} {request.call_id} --by {APPROVER}")
+    _say(f"  approved: run {run3}, call {request.call_id}")
+    tl3 = demo.watch(run3, lambda t: t.status in FINAL_STATUSES, "dispute 3 to finish", seen=seen3)
+    click.echo()
+    _say("payment provider, dispute D-1003:")
+    click.echo(_indent(demo.ledger_text("D-1003")))
+    refunds3 = demo.provider.refunds("D-1003")
+    record = c.get_published(run3, f"approval:{request.call_id}")
+    output3 = tl3.output if isinstance(tl3.output, dict) else {}
+    demo.check(
+        f"dispute 3: one approval asked, and approved once, by {APPROVER}",
+        len(pending) == 1
+        and isinstance(record, dict)
+        and record.get("status") == "approved"
+        and record.get("by") == APPROVER
+        and not c.approvals(run3),
+    )
+    demo.check(
+        "dispute 3: no refund before the approval, exactly one after it",
+        refunds_before == 0 and len(refunds3) == 1,
+    )
+    demo.check(
+        "dispute 3: the run completed 'refunded' with the provider's refund",
+        tl3.status == "completed"
+        and output3.get("outcome") == "refunded"
+        and len(refunds3) == 1
+        and output3.get("refund_id") == refunds3[0].refund_id,
+    )
+
+    _heading(9, "What each run used of its budget")
+    _say("SagaAgent(..., budget=Budget(requests=20, on_exceed='wait')): a run that reaches it")
+    _say("waits for a person to raise it. The adapter counts usage from the recorded model")
+    _say("responses (a replay never counts twice) and publishes it (`sagaloop status` shows it):")
+    for number, run_id in enumerate((run1, run2, run3), start=1):
+        usage = c.get_published(run_id, USAGE_KEY)
+        usage = usage if isinstance(usage, dict) else {}
+        limit = (usage.get("budget") or {}).get("requests")
+        requests = usage.get("requests")
+        recorded = sum(
+            1 for ev in c.history(run_id) if ev.kind == h.STEP_COMPLETED and ev.name == MODEL_STEP
+        )
+        _say(
+            f"{run_id}  model requests {requests} of {limit}, tokens "
+            f"{usage.get('input_tokens')} in / {usage.get('output_tokens')} out"
+        )
+        demo.check(
+            f"dispute {number}: {recorded} model requests, as the history records them, "
+            f"within the budget of {limit}",
+            requests == recorded and isinstance(limit, int) and recorded <= limit,
+        )
+
 
 @click.command()
 @click.option("--keep", is_flag=True, help="Keep the temporary folder (databases, logs).")
 def demo(keep: bool) -> None:
     """Run the refund agent in real processes, kill one with SIGKILL at the worst moment, and
-    check from the payment provider's books that the refund happened exactly once (about 5 s;
-    leaves nothing behind)."""
+    check from the payment provider's books that the refund happened exactly once; then a
+    refund reversed, and one approved by a person (about 10 s; leaves nothing behind)."""
     if not (ROOT / "examples" / "refund_agent" / "app.py").exists():
         raise click.ClickException(
             f"the demo runs examples/refund_agent from a sagaloop checkout, not found under "
@@ -418,7 +544,7 @@ def demo(keep: bool) -> None:
 
 
 def _summary(demo_: _Demo) -> None:
-    _heading(8, "Invariants, checked from outside the engine")
+    _heading(10, "Invariants, checked from outside the engine")
     for what, ok in demo_.checks:
         click.echo(f"      {'ok    ' if ok else 'FAILED'}  {what}")
     alive = [p.pid for p, _ in demo_.procs if p.poll() is None]
@@ -429,5 +555,6 @@ def _summary(demo_: _Demo) -> None:
         raise click.ClickException(f"{failed} invariant(s) did not hold")
     click.echo(
         f"All {len(demo_.checks) + 1} invariants hold ({demo_.elapsed():.1f} s). One refund, "
-        "issued once, despite kill -9; the failed dispute's refund reversed."
+        "issued once, despite kill -9; the failed dispute's refund reversed; the large refund "
+        "issued once, after a person approved it."
     )

@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 from pydantic_ai import Agent, ModelRetry, RunContext, models
 from pydantic_ai.messages import (
     ModelMessage,
@@ -26,7 +27,7 @@ from pydantic_ai.usage import UsageLimits
 
 from sagaloop import App, SagaContext, StepContext
 from sagaloop.agents import Budget, BudgetExceeded
-from sagaloop.agents.pydantic_ai import SagaAgent, ToolPolicy, step_as_tool
+from sagaloop.agents.pydantic_ai import _RESPONSE, SagaAgent, ToolPolicy, step_as_tool
 from sagaloop.engine import history as h
 from sagaloop.errors import ValidationError
 from sagaloop.testing import Harness
@@ -600,3 +601,55 @@ def test_a_step_that_asks_for_approval_is_asked_once_when_a_tool() -> None:
     env.run_until_idle()
     assert env.approvals(run_id) == [] and paid == []
     assert json.loads(env.result(run_id)) == ["The tool call was denied: too much"]
+
+
+class RefundRequest(BaseModel):
+    order: str
+    cents: int
+
+
+def test_step_as_tool_resolves_postponed_annotations_of_the_steps_module() -> None:
+    """This module has `from __future__ import annotations`: the step's types are strings
+    naming classes of this module, which the adapter resolves here, not in its own module."""
+    app = App("agents")
+
+    @app.step
+    def refund(ctx: StepContext, req: RefundRequest) -> RefundRequest:
+        return req
+
+    script = Script([("refund", {"req": {"order": "o1", "cents": 5}})])
+    saga_agent = SagaAgent(
+        Agent(FunctionModel(script), name="typed", tools=[step_as_tool(refund)]), app=app
+    )
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> str:
+        return str((await saga_agent.run("x")).output)
+
+    env = Harness(app)
+    run_id = env.start(s)
+    env.run_until_idle()
+    assert json.loads(env.result(run_id)) == [{"order": "o1", "cents": 5}]
+
+
+def test_the_engine_needs_neither_the_providers_package_nor_its_key() -> None:
+    """`Agent("openai:gpt-5", defer_model_check=True)`: the engine shapes requests without
+    building the provider (not installed here); the model step, on a worker that has the
+    package and key (here, replaced), answers."""
+    app = App("agents")
+    agent = Agent("openai:gpt-5", name="remote", defer_model_check=True)
+    saga_agent = SagaAgent(agent, app=app)
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> str:
+        return str((await saga_agent.run("hello")).output)
+
+    def fake_worker(ctx: StepContext, request: dict[str, Any]) -> dict[str, Any]:
+        response = ModelResponse(parts=[TextPart("hi from the worker")], model_name="gpt-5")
+        return {"response": _RESPONSE.dump_python(response, mode="json"), "cost": None}
+
+    env = Harness(app)
+    with env.override(saga_agent.model_step, fake_worker):
+        run_id = env.start(s)
+        env.run_until_idle()
+    assert env.result(run_id) == "hi from the worker"
