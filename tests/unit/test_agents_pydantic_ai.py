@@ -653,3 +653,37 @@ def test_the_engine_needs_neither_the_providers_package_nor_its_key() -> None:
         run_id = env.start(s)
         env.run_until_idle()
     assert env.result(run_id) == "hi from the worker"
+
+
+def test_a_tool_may_ask_for_approval_at_run_time() -> None:
+    """`ApprovalRequired` raised by the tool on the worker crosses the step as a value: the run
+    asks a person, then runs the tool again with `ctx.tool_call_approved`."""
+    from pydantic_ai import ApprovalRequired
+
+    app = App("agents")
+    attempts: list[tuple[int, bool]] = []
+    script = Script([("refund", {"cents": 50})], [("refund", {"cents": 5000})])
+    agent = Agent(FunctionModel(script), name="conditional")
+
+    @agent.tool
+    def refund(ctx: RunContext[None], cents: int) -> str:
+        attempts.append((cents, ctx.tool_call_approved))
+        if cents > 100 and not ctx.tool_call_approved:
+            raise ApprovalRequired(metadata={"limit": 100})
+        return f"refunded {cents}"
+
+    saga_agent = SagaAgent(agent, app=app)
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> str:
+        return str((await saga_agent.run("x")).output)
+
+    env = Harness(app)
+    run_id = env.start(s)
+    env.run_until_idle()
+    [pending] = env.approvals(run_id)
+    assert pending.args == {"cents": 5000}
+    env.approve(run_id, pending.call_id)
+    env.run_until_idle()
+    assert json.loads(env.result(run_id)) == ["refunded 5000"]
+    assert attempts == [(50, False), (5000, False), (5000, True)]
