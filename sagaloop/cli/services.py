@@ -95,7 +95,9 @@ class Runtime:
             self.engine_problems.append(watchdog.stalled)
             self._spawn("engine", self._consume, [consumer.queue], consumer.process_batch, batch)
         if step_queues:
-            worker = WorkerConsumer(app, store, self.runner, self.clock, heartbeat=heartbeat)
+            worker = WorkerConsumer(
+                app, store, self.runner, self.clock, heartbeat=heartbeat, lease=relay_lease
+            )
             for i in range(concurrency):
                 self._spawn(f"worker-{i}", self._consume, step_queues, worker.process_batch, 1)
         if timers:

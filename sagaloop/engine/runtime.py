@@ -13,8 +13,9 @@ import contextlib
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sagaloop.engine import state as s
@@ -30,7 +31,7 @@ from sagaloop.engine.messages import (
     step_result,
 )
 from sagaloop.engine.ports import Clock, Delivery, Outgoing, Store
-from sagaloop.engine.steps import UNENCODABLE_RESULT, StepRunner
+from sagaloop.engine.steps import DO, UNENCODABLE_RESULT, StepRunner
 from sagaloop.errors import (
     BrokerError,
     ErrorInfo,
@@ -47,6 +48,9 @@ from sagaloop.sagas.convert import encode_value
 logger = logging.getLogger(__name__)
 
 WORKER_CONSUMER = "worker"
+STARTED = "worker.started"
+"""The inbox consumer under which a worker records that an attempt of a guarded step (one whose
+in-doubt attempts are reconciled or halted) starts, before its body runs."""
 RETRY_DELAY = timedelta(seconds=1)
 MAX_FAILURES = 5
 """How often a message may fail (other than for an outage) before its run is parked."""
@@ -236,6 +240,7 @@ class WorkerConsumer:
         *,
         heartbeat: float | None = None,
         max_failures: int = MAX_FAILURES,
+        lease: timedelta = timedelta(seconds=60),
     ) -> None:
         self.app = app
         self.store = store
@@ -243,8 +248,12 @@ class WorkerConsumer:
         self.clock = clock
         self.reply_queue = engine_queue(app.name)
         self.max_failures = max_failures
+        self.lease = lease
         self._keep_alive = _KeepAlive(heartbeat)
         self._troubles = _Troubles()
+        self._instance = uuid.uuid4().hex
+        self._running: set[str] = set()
+        self._running_lock = threading.Lock()
 
     def process_batch(self, deliveries: Sequence[Delivery]) -> None:
         """One at a time: each attempt commits on its own (steps run for long)."""
@@ -266,6 +275,9 @@ class WorkerConsumer:
             self._commit(delivery, env, key, None if done else reply)
         except UnknownStepError as e:
             delivery.dead_letter(str(e))
+        except _CopyRunning as e:
+            logger.info("%s", e)
+            delivery.retry_later(RETRY_DELAY)
         except BrokerError as e:
             logger.warning("%s", e)
         except TransientStoreError as e:
@@ -293,12 +305,59 @@ class WorkerConsumer:
                 ),
             )
         else:
-            with self._keep_alive.hold(delivery):
-                beat = _Heartbeat(self.store, delivery, env.run_id)
-                reply = self.runner.run(env, redelivered=delivery.deliveries > 1, beat=beat)
+            earlier = self._start(env, key, delivery.deliveries > 1)
+            try:
+                with self._keep_alive.hold(delivery):
+                    beat = _Heartbeat(self.store, delivery, env.run_id)
+                    redelivered = delivery.deliveries > 1 or earlier
+                    reply = self.runner.run(env, redelivered=redelivered, beat=beat)
+            finally:
+                with self._running_lock:
+                    self._running.discard(key)
             reply = _storable_reply(env, reply)
         self._troubles.keep(key, reply)
         return reply
+
+    def _start(self, env: Envelope, key: str, redelivered: bool) -> bool:
+        """Before the body of a guarded step runs (``idempotent=False`` or a reconcile, doing
+        it), record that this attempt starts, so that a *copy* of its message (a relay that
+        died after publishing and before deleting its outbox row publishes it again) knows it
+        may have taken effect: True when an earlier copy started it (the attempt is in doubt);
+        raises _CopyRunning while that copy may still be running (in this process, or, for a
+        first delivery, within its lease: the step's timeout plus the lease), so the copy comes
+        back later. A redelivered message does not wait: the broker gave it back because its
+        holder died, and it is in doubt at once, as before."""
+        step = self.app.get_step(str(env.payload.get("step")))
+        if step is None or env.payload.get("direction", DO) != DO:
+            return False
+        if step.idempotent and step.reconcile_fn is None:
+            return False  # at least once anyway: nothing to guard
+        with self._running_lock:
+            if key in self._running:
+                raise _CopyRunning(f"a copy of message {env.message_id} runs here: later")
+            self._running.add(key)
+        try:
+            now = self.clock.now()
+            found, marker = self.store.inbox_get(None, STARTED, key)
+            if not found:
+                until = now + self.lease + (step.timeout or timedelta(0))
+                record = {"by": self._instance, "until": until.isoformat()}
+                with self.store.transaction() as tx:
+                    if self.store.inbox_put(tx, STARTED, key, record, now):
+                        return False
+                found, marker = self.store.inbox_get(None, STARTED, key)  # a copy won the race
+            by, until_text = (marker or {}).get("by"), (marker or {}).get("until")
+            live = until_text is not None and datetime.fromisoformat(until_text) > now
+            if by != self._instance and live and not redelivered:
+                raise _CopyRunning(
+                    f"a copy of message {env.message_id} started at another worker until "
+                    f"{until_text}: later"
+                )
+            return True
+        except BaseException:
+            with self._running_lock:
+                self._running.discard(key)
+            raise
 
     def _commit(
         self, delivery: Delivery, env: Envelope, key: str, reply: dict[str, Any] | None
@@ -476,6 +535,10 @@ class _Heartbeat:
         run = self.store.get_run(self.run_id)
         if run is not None and run.status in self.STOPPING:
             raise StepCancelled(f"run {self.run_id!r} is {run.status}: the step should stop")
+
+
+class _CopyRunning(Exception):
+    """Another copy of this step message may be running its attempt now: come back later."""
 
 
 class _KeepAlive:

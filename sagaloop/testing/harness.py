@@ -148,7 +148,9 @@ class Harness:
             self.app, self.store, clock=self.clock, cache_size=self.cache_size, runner=local
         )
         self._engine_consumer = EngineConsumer(self.engine, self.store)
-        self._worker_consumer = WorkerConsumer(self.app, self.store, runner, self.clock)
+        self._worker_consumer = WorkerConsumer(
+            self.app, self.store, runner, self.clock, lease=self.lease
+        )
 
     # --- client operations -------------------------------------------------------------------
 

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 import sagaloop
 from sagaloop import App, ApplicationError, NotAppliedError, RetryPolicy, SagaContext, StepContext
 from sagaloop.engine import history as h
-from sagaloop.engine.messages import Envelope
+from sagaloop.engine.crashpoints import CrashPointRaised
+from sagaloop.engine.messages import Envelope, step_queue
 from sagaloop.engine.ports import Delivery
 from sagaloop.engine.steps import StepRunner
 from sagaloop.testing import Crash, Harness
@@ -403,3 +404,61 @@ def test_compensation_of_a_step_failed_in_doubt_reconciles_with_the_steps_key(
         assert refunds == [("ch_1", f"{run_id}/0/undo")], "the found charge is refunded once"
     else:
         assert refunds == [], "nothing happened, so nothing is undone"
+
+
+# --- a copy of a step message ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("broker", ["database", "memory"])
+@pytest.mark.parametrize("reconcile", [True, False])
+def test_a_copy_of_a_step_message_is_in_doubt_after_the_first_copy_ran(
+    broker: Literal["database", "memory"], reconcile: bool
+) -> None:
+    """A relay that dies after publishing a step message and before deleting its outbox row
+    publishes it again: two copies of one attempt. The first copy's body charges and its worker
+    dies before the commit; the second copy must be in doubt (reconciled, or halted for a
+    non-idempotent step), never a first attempt that charges again."""
+    charges: list[tuple[int, bool]] = []  # the provider: it does not deduplicate
+    app = App("dup")
+    state = {"kill": True}
+
+    @app.step(queue="pay", idempotent=False)
+    def charge(ctx: StepContext, order: str) -> str:
+        charges.append((ctx.attempt, ctx.in_doubt))
+        if state["kill"]:
+            state["kill"] = False
+            raise CrashPointRaised("the worker dies after the charge, before its commit")
+        return f"charged {order}"
+
+    if reconcile:
+
+        @charge.reconcile
+        def find(ctx: StepContext, order: str) -> str | None:
+            return f"charged {order}" if charges else None
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> str:
+        return await ctx.call(charge, "o-1")
+
+    env = Harness(app, broker=broker)
+    copied: list[bytes] = []
+
+    def publish_a_copy(role: str, delivery: Delivery) -> None:
+        if role == "worker" and not copied:
+            copied.append(delivery.body)
+            env.broker.publish_raw(step_queue("dup", "pay"), delivery.body, trusted=True)  # type: ignore[attr-defined]
+
+    env.crash_hook = publish_a_copy
+    run_id = env.start(s)
+    while True:
+        try:
+            env.run_until_idle()
+            break
+        except CrashPointRaised:
+            env.restart()  # the worker's process died
+    assert len(charges) == 1, f"charged again: {charges}"
+    if reconcile:
+        assert env.get(run_id).status == "completed"
+        assert env.status(run_id).steps[0].state == "reconciled"
+    else:
+        assert env.get(run_id).status == "needs_attention"
