@@ -36,7 +36,7 @@ clean:
 # Benchmarks against a hand-made floor and DBOS (about 4-6 minutes; BENCH_ARGS=--quick: about 1-2).
 .PHONY: bench
 bench: $(STAMP)
-	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/pip install --quiet -e '.[bench,pydantic-ai]'
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 .PHONY: chaos

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks import floor, peer_dbos, profile, roundtrips, sagaloop_bench
+from benchmarks import agent_transcript, floor, peer_dbos, profile, roundtrips, sagaloop_bench
 from benchmarks.common import Figure, fmt_ms, fmt_ratio, latency, load_average
 
 FULL: dict[str, Any] = {
@@ -35,6 +35,7 @@ FULL: dict[str, Any] = {
     "recovery_runs": 1000,
     "profile_steps": 300,
     "roundtrip_steps": 50,
+    "transcript_turns": agent_transcript.TURNS,
 }
 QUICK: dict[str, Any] = {
     "sequential_steps": 100,
@@ -47,6 +48,7 @@ QUICK: dict[str, Any] = {
     "recovery_runs": 200,
     "profile_steps": 0,
     "roundtrip_steps": 20,
+    "transcript_turns": agent_transcript.QUICK_TURNS,
 }
 FLAT = 1.25  # "flat": the per-iteration cost of the longest loop within 25 % of the shortest
 
@@ -91,6 +93,7 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, Callable[[], Any]]]:
             ),
         ),
         ("roundtrips", lambda: roundtrips.count(plan["roundtrip_steps"])),
+        ("agent_transcript", lambda: agent_transcript.measure(plan["transcript_turns"])),
         (
             "profile",
             lambda: (
@@ -383,6 +386,9 @@ def table(results: dict[str, Any], plan: dict[str, Any]) -> list[Figure]:
             )
     else:
         figs.append(Figure("8 embedded", "", _err(results, "sqlite")))
+
+    # 9. an agent's transcript stored once (offline: the harness, a FunctionModel)
+    figs.extend(agent_transcript.figures(results.get("agent_transcript"), plan["transcript_turns"]))
     return figs
 
 

@@ -202,7 +202,7 @@ class _RunUsage:
 
 _current: ContextVar[_Run | None] = ContextVar("sagaloop_agent_run", default=None)
 _usage: weakref.WeakKeyDictionary[SagaContext, _RunUsage] = weakref.WeakKeyDictionary()
-_decoder = transcript.Decoder()
+_decoder = transcript.Decoder(parse=_messages.ModelMessagesTypeAdapter.validate_python)
 
 
 def _usage_of(saga: SagaContext) -> _RunUsage:
@@ -629,13 +629,12 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
 
     async def _model_request(self, ctx: StepContext, request: dict[str, Any]) -> dict[str, Any]:
         delta = request["transcript"]
-        messages_json = _decoder.messages(
+        messages = _decoder.messages(
             ctx.run_id,
             delta,
             step=self.model_step.name,
             history=getattr(ctx, "load_history", None),
         )
-        messages = _messages.ModelMessagesTypeAdapter.validate_python(messages_json)
         params = _PARAMS.validate_python(request.get("params") or {})
         model = self._model()
         settings = request.get("settings")

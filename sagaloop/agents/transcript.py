@@ -64,7 +64,12 @@ class Decoder:
     of each run (bounded), so a loop costs what is new, not its length; after a restart or on
     another worker it reads the run's history once."""
 
-    def __init__(self, size: int = 256) -> None:
+    def __init__(
+        self, parse: Callable[[list[Any]], list[Any]] | None = None, size: int = 256
+    ) -> None:
+        self._parse = parse or (lambda messages: messages)
+        """JSON messages to the framework's objects: run on what is new only (the cache holds
+        parsed messages, shared between requests: the framework must not change them)."""
         self._lock = threading.Lock()
         self._last: collections.OrderedDict[tuple[str, str], tuple[int, list[Any]]] = (
             collections.OrderedDict()
@@ -80,7 +85,8 @@ class Decoder:
         step: str,
         history: Callable[[str], list[Event]] | None,
     ) -> list[Any]:
-        """The full transcript of the request ``delta`` describes (of the step ``step``)."""
+        """The full transcript of the request ``delta`` describes (of the step ``step``),
+        parsed."""
         prev, keep = delta.get("prev"), int(delta.get("keep", 0))
         position = int(delta.get("n", 0))
         key = (run_id, str(delta.get("conversation")))
@@ -96,13 +102,14 @@ class Decoder:
                         f"the transcript of run {run_id!r} at position {prev} is not in this "
                         "process and it cannot read the run's history"
                     )
-                base = _from_history(history(run_id), step, delta.get("conversation"), prev)
+                found = _from_history(history(run_id), step, delta.get("conversation"), prev)
+                base = self._parse(found)
         if keep > len(base):
             raise TranscriptError(
                 f"request {position} of run {run_id!r} keeps {keep} messages of request {prev},"
                 f" which had {len(base)}"
             )
-        full = [*base[:keep], *delta.get("append", [])]
+        full = [*base[:keep], *self._parse(list(delta.get("append", [])))]
         with self._lock:
             self._last[key] = (position, full)
             self._last.move_to_end(key)
