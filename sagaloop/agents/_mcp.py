@@ -32,7 +32,7 @@ import contextlib
 import dataclasses
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pydantic
@@ -52,6 +52,7 @@ from sagaloop.agents.pydantic_ai import (
     _jsonable,
     _SagaToolset,
     _step_part,
+    _tool_step,
     _usage_of,
 )
 from sagaloop.errors import ValidationError
@@ -237,38 +238,6 @@ def _declare_server(
         policies=dict(tool_policies),
     )
     return server
-
-
-def _tool_step(
-    agent: SagaAgent[Any, Any], name: str, policy: ToolPolicy, queue: str
-) -> Callable[[Callable[..., Any]], StepDef[Any, Any]]:
-    def register(fn: Callable[..., Any]) -> StepDef[Any, Any]:
-        step: StepDef[Any, Any] = agent.app.step(
-            name=name,
-            queue=queue,
-            retry=policy.retry,
-            timeout=policy.timeout,
-            idempotent=policy.idempotent,
-        )(fn)
-        if policy.compensation is not None:
-            undo = policy.compensation
-
-            def compensate(ctx: StepContext, call: dict[str, Any], result: Any) -> Any:
-                value = result.get("value") if isinstance(result, dict) else None
-                return undo(ctx, call.get("args", {}), value)
-
-            step.compensation(compensate)
-        if policy.reconcile is not None:
-            look_up = policy.reconcile
-
-            def reconcile(ctx: StepContext, call: dict[str, Any]) -> Any:
-                found = look_up(ctx, call.get("args", {}))
-                return None if found is None else {"value": _jsonable(found, "a found result")}
-
-            step.reconcile(reconcile)
-        return step
-
-    return register
 
 
 # --- the worker side ---------------------------------------------------------------------------

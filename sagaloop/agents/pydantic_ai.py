@@ -370,6 +370,41 @@ def _text_of(event: Any) -> str | None:
     return None
 
 
+def _tool_step(
+    agent: SagaAgent[Any, Any], name: str, policy: ToolPolicy, queue: str
+) -> Callable[[Callable[..., Any]], StepDef[Any, Any]]:
+    """Declares the step of a tool (its call is ``{"args", ...}``, its result ``{"value"}``)
+    with the tool's policy; its compensation and reconcile get the tool's arguments."""
+
+    def register(fn: Callable[..., Any]) -> StepDef[Any, Any]:
+        step: StepDef[Any, Any] = agent.app.step(
+            name=name,
+            queue=queue,
+            retry=policy.retry,
+            timeout=policy.timeout,
+            idempotent=policy.idempotent,
+        )(fn)
+        if policy.compensation is not None:
+            undo = policy.compensation
+
+            def compensate(ctx: StepContext, call: dict[str, Any], result: Any) -> Any:
+                value = result.get("value") if isinstance(result, dict) else None
+                return undo(ctx, call.get("args", {}), value)
+
+            step.compensation(compensate)
+        if policy.reconcile is not None:
+            look_up = policy.reconcile
+
+            def reconcile(ctx: StepContext, call: dict[str, Any]) -> Any:
+                found = look_up(ctx, call.get("args", {}))
+                return None if found is None else {"value": _jsonable(found, "a found result")}
+
+            step.reconcile(reconcile)
+        return step
+
+    return register
+
+
 def _denial(reason: str | None) -> str:
     return f"The tool call was denied: {reason}" if reason else "The tool call was denied."
 
@@ -471,29 +506,8 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
         async def run_tool(ctx: StepContext, call: dict[str, Any]) -> dict[str, Any]:
             return await self._run_tool(tool_name, ctx, call)
 
-        step = self.app.step(
-            name=f"{self.prefix}__tool__{_step_part(tool_name)}",
-            queue=policy.queue or tool_queue,
-            retry=policy.retry,
-            timeout=policy.timeout,
-            idempotent=policy.idempotent,
-        )(run_tool)
-        if policy.compensation is not None:
-            undo = policy.compensation
-
-            def compensate(ctx: StepContext, call: dict[str, Any], result: Any) -> Any:
-                value = result.get("value") if isinstance(result, dict) else None
-                return undo(ctx, call.get("args", {}), value)
-
-            step.compensation(compensate)
-        if policy.reconcile is not None:
-            look_up = policy.reconcile
-
-            def reconcile(ctx: StepContext, call: dict[str, Any]) -> Any:
-                found = look_up(ctx, call.get("args", {}))
-                return None if found is None else {"value": _jsonable(found, "a found result")}
-
-            step.reconcile(reconcile)
+        name = f"{self.prefix}__tool__{_step_part(tool_name)}"
+        step = _tool_step(self, name, policy, policy.queue or tool_queue)(run_tool)
         self.tool_steps[tool_name] = step.name
 
     # --- the saga side -----------------------------------------------------------------------
