@@ -6,6 +6,6 @@ Framework-neutral parts: budgets (:mod:`sagaloop.agents.budgets`) and transcript
 (:mod:`sagaloop.agents.transcript`). Nothing in the core imports this package.
 """
 
-from sagaloop.agents.budgets import Budget, BudgetExceeded, Usage
+from sagaloop.agents.budgets import USAGE_KEY, Budget, BudgetExceeded, Usage
 
-__all__ = ["Budget", "BudgetExceeded", "Usage"]
+__all__ = ["USAGE_KEY", "Budget", "BudgetExceeded", "Usage"]

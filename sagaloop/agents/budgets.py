@@ -13,6 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sagaloop.errors import SagaloopError
 
+USAGE_KEY = "agent usage"
+"""The key under which an agent run publishes its usage (and budget) after each model request:
+``Client.get_published(run_id, USAGE_KEY)``, and ``sagaloop status``."""
+
 
 class Budget(BaseModel):
     """Limits of one run (all agent runs of a saga run together). ``None``: no limit.

@@ -47,7 +47,7 @@ from pydantic_ai.toolsets import AbstractToolset, CombinedToolset, FunctionTools
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
 from sagaloop.agents import transcript
-from sagaloop.agents.budgets import Budget, BudgetExceeded, Usage
+from sagaloop.agents.budgets import USAGE_KEY, Budget, BudgetExceeded, Usage
 from sagaloop.engine import sandbox
 from sagaloop.errors import ApprovalDenied, ValidationError
 from sagaloop.sagas.app import App, StepDef
@@ -608,7 +608,7 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
         shown: dict[str, Any] = _usage_of(run.saga).usage.model_dump()
         if run.budget is not None:
             shown["budget"] = run.budget.model_dump(mode="json", exclude_none=True)
-        run.saga.publish("agent usage", shown)
+        run.saga.publish(USAGE_KEY, shown)
 
     async def _ask(self, run: _Run, tool: str, args: Any) -> Any:
         policy = self.policies.get(tool, ToolPolicy())

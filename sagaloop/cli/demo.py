@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import click
 
 import sagaloop
+from sagaloop.agents.budgets import USAGE_KEY
 from sagaloop.cli.approvals import approvals_text
 from sagaloop.cli.render import timeline_text
 from sagaloop.engine import history as h
@@ -38,7 +39,6 @@ APP_MODULE = "examples.refund_agent.app"
 APP_NAME = "refunds"
 SAGA = "refund-dispute"
 MODEL_STEP = "agent__refunds__model_request"
-USAGE_KEY = "agent usage"  # what the agent adapter publishes after each model request
 APPROVER = "maria"
 LEASE_S = 2
 POLL_S = 0.2
