@@ -393,6 +393,8 @@ class Client:
         seq = 0
         try:
             while True:
+                # read before the history: a run that finished in between is read to its end
+                finished = not follow or self.get(run_id).status in s.FINAL_STATUSES
                 for ev in self.store.load_history(None, run_id, after_seq=seq):
                     seq = ev.seq
                     yield {
@@ -402,7 +404,7 @@ class Client:
                         "name": ev.name,
                         "data": ev.data,
                     }
-                if not follow or self.get(run_id).status in s.FINAL_STATUSES:
+                if finished:
                     return
                 if deadline is not None and time.monotonic() >= deadline:
                     return
