@@ -1,6 +1,8 @@
 """Durable agents: framework adapters on top of sagas (optional extras).
 
 - :mod:`sagaloop.agents.pydantic_ai` (``pip install sagaloop[pydantic-ai]``): ``SagaAgent``.
+- :mod:`sagaloop.agents.tools`: ``StepTools``, steps as tools for a tool-calling loop written
+  without a framework (OpenAI and Anthropic formats; no extra needed).
 
 Framework-neutral parts: budgets (:mod:`sagaloop.agents.budgets`) and transcripts stored once
 (:mod:`sagaloop.agents.transcript`). Nothing in the core imports this package.
