@@ -343,6 +343,7 @@ class Client:
         return request
 
     def _published(self, run_id: str) -> dict[str, Any]:
+        """The latest value of each key the run published, from its history."""
         state = RunState(run_id)
         for event in self.store.load_history(None, run_id):
             state.apply(event)
@@ -363,10 +364,8 @@ class Client:
     def get_published(self, run_id: str, key: str, default: Any = None) -> Any:
         """The latest value the run published under ``key`` (``ctx.publish``), or
         ``default`` if it published none."""
-        state = RunState(run_id)
-        for event in self.history(run_id):
-            state.apply(event)
-        return state.published.get(key, default)
+        self.get(run_id)  # RunNotFoundError
+        return self._published(run_id).get(key, default)
 
     def status(self, run_id: str) -> Timeline:
         run = self.get(run_id)
