@@ -68,6 +68,17 @@ class _Live:
     """A reason to park found while catching up (non-determinism, the deadline), not yet
     recorded as ``run_parked``."""
 
+    def drop_code(self) -> None:
+        """Forget the saga code, closing what it left suspended (see ``Replayer.close``)."""
+        if self.code is not None:
+            self.code.close()
+            self.code = None
+
+
+def _drop(live: _Live | None) -> None:
+    if live is not None:
+        live.drop_code()
+
 
 @dataclasses.dataclass
 class _Effects:
@@ -160,7 +171,7 @@ class Engine:
         if not self.store.inbox_put(tx, ENGINE_CONSUMER, key, None, now):
             logger.debug("duplicate message %s ignored", plan.env.message_id)
             run_id = plan.env.run_id  # what prepare staged for it did not happen
-            self._staged.pop(run_id, None)
+            _drop(self._staged.pop(run_id, None))
             self._staged_runs.pop(run_id, None)
             return
         run, effects = plan.run, plan.effects
@@ -199,8 +210,8 @@ class Engine:
         def triggers(st: RunState) -> list[NewEvent]:
             return [] if st.finished else [NewEvent(h.RUN_PARKED, data=data)]
 
-        self._cache.pop(run.run_id, None)  # its state may be what failed: start afresh
-        self._staged.pop(run.run_id, None)
+        _drop(self._cache.pop(run.run_id, None))  # its state may be what failed: start afresh
+        _drop(self._staged.pop(run.run_id, None))
         return self._activate(env, run, [triggers], run_code=False)
 
     def _read_run(self, run_id: str) -> RunRecord:
@@ -427,10 +438,12 @@ class Engine:
         self._staged_runs.clear()
         self._restarted.clear()
         while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
+            _drop(self._cache.popitem(last=False)[1])
 
     def rolled_back(self) -> None:
         """Forget what the failed transaction's plans did to in-memory state."""
+        for live in self._staged.values():
+            live.drop_code()
         self._staged.clear()
         self._staged_runs.clear()
         self._restarted.clear()
@@ -460,11 +473,11 @@ class Engine:
                             plan.run, status=s.RUNNING, last_seq=1, processed_seq=0, reason=None
                         )
         except BaseException:
-            self._staged.pop(run_id, None)
+            _drop(self._staged.pop(run_id, None))
             self._staged_runs.pop(run_id, None)
             raise
         if plan.effects is not None and plan.effects.restart is not None:
-            self._staged.pop(run_id, None)  # the next activation replays the fresh history
+            _drop(self._staged.pop(run_id, None))  # the next activation replays the fresh history
             self._restarted.add(run_id)
         else:
             self._staged[run_id] = live
@@ -492,6 +505,7 @@ class Engine:
                 newer = [e for e in newer if e.seq <= run.last_seq]  # as of the run row read
                 self._catch_up(live, newer, run.processed_seq)
             return live
+        _drop(live)  # newer than the run row read: this transaction lost a race
         events = self.store.load_history(None, run.run_id)
         events = [e for e in events if e.seq <= run.last_seq]  # as of the run row read
         live = _Live(RunState(run.run_id), None)
@@ -523,7 +537,7 @@ class Engine:
             live.code.feed([e for e in events if e.seq > processed_seq], replaying=False)
             live.code.take_rejections()  # recorded when they happened
         except (NonDeterminismError, ActivationDeadlineError) as e:
-            live.code = None
+            live.drop_code()
             live.divergence = _park_data(e)
 
     def _react(self, live: _Live, pending: list[NewEvent], effects: _Effects) -> None:
@@ -542,7 +556,7 @@ class Engine:
                         try:
                             live.code.feed([ev], replaying=False)
                         except (NonDeterminismError, ActivationDeadlineError) as e:
-                            live.code = None
+                            live.drop_code()
                             pending.append(NewEvent(h.RUN_PARKED, data=_park_data(e)))
                         else:
                             pending.extend(live.code.take_rejections())

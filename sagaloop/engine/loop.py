@@ -37,6 +37,8 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
         self._closed = False
         self._errors: list[BaseException] = []
         self._task_factory: Any = None
+        self._tasks: list[tuple[asyncio.Task[Any], contextvars.Context]] = []
+        """The tasks of saga code and the context each runs in (Task.get_context is 3.12+)."""
 
     # --- what coroutines, futures and tasks use -----------------------------------------------
 
@@ -56,12 +58,21 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
         name: str | None = None,
         context: contextvars.Context | None = None,
     ) -> asyncio.Task[T]:
+        context = context if context is not None else contextvars.copy_context()
         if self._task_factory is not None:
             task: asyncio.Task[T] = self._task_factory(self, coro, context=context)
             if name is not None:
                 task.set_name(name)
-            return task
-        return asyncio.Task(coro, loop=self, name=name, context=context)
+        else:
+            task = asyncio.Task(coro, loop=self, name=name, context=context)
+        if len(self._tasks) >= 64:
+            self._tasks = [(t, c) for t, c in self._tasks if not t.done()]
+        self._tasks.append((task, context))
+        return task
+
+    def suspended_tasks(self) -> list[tuple[asyncio.Task[Any], contextvars.Context]]:
+        """The tasks not done, each with its context."""
+        return [(t, c) for t, c in self._tasks if not t.done()]
 
     def get_task_factory(self) -> Any:
         """What anyio's task groups (which frameworks such as Pydantic AI use) ask for."""

@@ -134,6 +134,26 @@ class Replayer:
         self.rng = _random.Random(seed_for(run_id))
         self.ctx = _Context(self)
 
+    def close(self) -> None:
+        """Unwind the saga code left suspended (a run that waits, dropped between activations)
+        as ``asyncio.run`` does at its end: cancel its tasks and run them on this loop until
+        they finish or block. ``finally`` blocks, ``async with`` exits and async generators then
+        close inside their own task and context (a framework that resets a context variable
+        there, as the OpenAI Agents SDK and anyio do, finds the one it set), not wherever the
+        garbage collector happens to run. What the code issues while unwinding is not
+        recorded: this object is being dropped, the run's state is its history."""
+        tasks = [task for task, _ in self.loop.suspended_tasks()]
+        if not tasks or self.loop.is_closed():
+            return
+        self.stopped = self.replaying = True  # silent, and fed nothing more
+        for task in tasks:
+            task.cancel()
+        try:
+            self.loop.run_until_blocked()
+        except BaseException:  # raised by saga code while it unwinds: its own, harmless here
+            logger.debug("unwinding the saga code of run %r", self.run_id, exc_info=True)
+        self.loop.close()
+
     # --- feeding -----------------------------------------------------------------------------
 
     def feed(self, events: list[Event], *, replaying: bool) -> None:

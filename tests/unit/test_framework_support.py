@@ -85,3 +85,36 @@ def test_a_trusted_framework_may_name_its_objects_but_user_code_it_calls_may_not
     assert env.result(ok) == 32
     error = env.get(bad).error or {}
     assert error.get("type") == "SagaDeterminismViolation", error
+
+
+def test_saga_code_left_waiting_is_closed_in_its_own_context() -> None:
+    """A saga that waits is dropped between activations (the harness replays every one). Its
+    suspended code is then closed, and a framework's ``finally: var.reset(token)`` (the
+    OpenAI Agents SDK does this for its tracing and run state) must run in the context where
+    the token was made, in every task of the saga: never "created in a different Context"."""
+    import contextvars
+    import gc
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("framework_state", default="")
+    closed: list[str] = []
+    app = App("fw")
+
+    async def framework_call(ctx: SagaContext, label: str) -> None:
+        token = var.set(label)
+        try:
+            await ctx.wait_for_event(f"go-{label}")
+        finally:
+            var.reset(token)  # raises ValueError when run in another context
+            closed.append(label)
+
+    @app.saga
+    async def s(ctx: SagaContext) -> None:
+        await asyncio.gather(framework_call(ctx, "a"), framework_call(ctx, "b"))
+
+    env = Harness(app)
+    run_id = env.start(s)
+    env.run_until_idle()
+    assert env.get(run_id).status == "waiting"
+    env.restart()
+    gc.collect()
+    assert sorted(closed) >= ["a", "b"]
