@@ -1,13 +1,16 @@
 """Durable agents: framework adapters on top of sagas (optional extras).
 
 - :mod:`sagaloop.agents.pydantic_ai` (``pip install sagaloop[pydantic-ai]``): ``SagaAgent``.
+- :mod:`sagaloop.agents.openai_agents` (``pip install sagaloop[openai-agents]``): ``SagaRunner``.
 - :mod:`sagaloop.agents.tools`: ``StepTools``, steps as tools for a tool-calling loop written
   without a framework (OpenAI and Anthropic formats; no extra needed).
 
-Framework-neutral parts: budgets (:mod:`sagaloop.agents.budgets`) and transcripts stored once
-(:mod:`sagaloop.agents.transcript`). Nothing in the core imports this package.
+Framework-neutral parts: a tool's policy (:class:`ToolPolicy`), budgets
+(:mod:`sagaloop.agents.budgets`) and transcripts stored once (:mod:`sagaloop.agents.transcript`).
+Nothing in the core imports this package.
 """
 
+from sagaloop.agents._core import ToolPolicy
 from sagaloop.agents.budgets import USAGE_KEY, Budget, BudgetExceeded, Usage
 
-__all__ = ["USAGE_KEY", "Budget", "BudgetExceeded", "Usage"]
+__all__ = ["USAGE_KEY", "Budget", "BudgetExceeded", "ToolPolicy", "Usage"]

@@ -44,17 +44,15 @@ from pydantic_ai.tools import RunContext, ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, CombinedToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
-from sagaloop.agents.pydantic_ai import (
-    SagaAgent,
+from sagaloop.agents._core import (
     ToolPolicy,
-    _current,
     _denial,
     _jsonable,
-    _SagaToolset,
     _step_part,
     _tool_step,
     _usage_of,
 )
+from sagaloop.agents.pydantic_ai import SagaAgent, _current, _SagaToolset
 from sagaloop.errors import ValidationError
 from sagaloop.sagas.app import StepDef
 from sagaloop.sagas.context import StepContext
@@ -220,7 +218,7 @@ def _declare_server(
     tool_steps = {
         # the server's policy is the default of its tools'
         tool_name: _tool_step(
-            agent,
+            agent.app,
             f"{prefix}__call_tool__{_step_part(tool_name)}",
             dataclasses.replace(
                 p, retry=p.retry or policy.retry, timeout=p.timeout or policy.timeout

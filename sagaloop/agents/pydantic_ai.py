@@ -19,17 +19,14 @@ flight resolves its steps by these names (tests pin them).
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
 import inspect
 import logging
-import re
 import typing
-import weakref
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Generic, Literal, TypeVar
 
 import pydantic
@@ -47,10 +44,23 @@ from pydantic_ai.toolsets import AbstractToolset, CombinedToolset, FunctionTools
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
 from sagaloop.agents import transcript
-from sagaloop.agents.budgets import USAGE_KEY, Budget, BudgetExceeded, Usage
+from sagaloop.agents._core import (
+    ToolPolicy,
+    _denial,
+    _jsonable,
+    _run_plain,
+    _step_part,
+    _tool_step,
+    _usage_of,
+    ask,
+    check_budget,
+    publish_usage,
+)
+from sagaloop.agents.budgets import Budget
 from sagaloop.engine import sandbox
 from sagaloop.errors import ApprovalDenied, ValidationError
 from sagaloop.sagas.app import App, StepDef
+from sagaloop.sagas.approvals import Approval
 from sagaloop.sagas.context import SagaContext, StepContext, current_saga
 from sagaloop.sagas.policy import RetryPolicy
 
@@ -64,33 +74,10 @@ _RESPONSE: pydantic.TypeAdapter[_messages.ModelResponse] = pydantic.TypeAdapter(
     _messages.ModelResponse
 )
 logger = logging.getLogger(__name__)
-_STEP_NAME = re.compile(r"[^A-Za-z0-9_.:-]")
 DepsT = TypeVar("DepsT")
 OutputT = TypeVar("OutputT")
 METADATA_KEY = "sagaloop"
 """The key of a tool's ``metadata`` that holds its :class:`ToolPolicy` (or a dict of one)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ToolPolicy:
-    """How one tool runs as a step. Give it in the tool's metadata
-    (``@agent.tool(metadata={"sagaloop": ToolPolicy(...)})``) or in ``SagaAgent(tools={...})``.
-
-    ``compensation(ctx, args, result)`` undoes the tool's effect when the run fails;
-    ``reconcile(ctx, args) -> result | None`` says whether an attempt in doubt took effect; with
-    ``idempotent=False`` and no reconcile an attempt in doubt halts the run in
-    ``needs_attention`` instead of repeating. ``requires_approval`` pauses the run for a person
-    (``sagaloop approve``), waiting at most ``approval_timeout``, then ``on_timeout``."""
-
-    queue: str | None = None
-    retry: RetryPolicy | None = None
-    timeout: timedelta | None = None
-    idempotent: bool = True
-    compensation: Callable[[StepContext, dict[str, Any], Any], Any] | None = None
-    reconcile: Callable[[StepContext, dict[str, Any]], Any] | None = None
-    requires_approval: bool | None = None
-    approval_timeout: timedelta | None = None
-    on_timeout: Literal["deny", "escalate"] = "deny"
 
 
 def _policy_of(tool: Any, given: ToolPolicy | None) -> ToolPolicy:
@@ -156,28 +143,6 @@ def step_as_tool(
     )
 
 
-async def _run_plain(step: StepDef[Any, Any], kwargs: dict[str, Any]) -> Any:
-    from sagaloop.engine.messages import Envelope
-    from sagaloop.engine.steps import _StepContext
-
-    env = Envelope(type="step", run_id="local", payload={}, position=0, attempt=1)
-    result = step.fn(_StepContext(env, step, False), **kwargs)
-    if isinstance(result, collections.abc.Awaitable):
-        result = await result
-    return result
-
-
-def _jsonable(value: Any, what: str) -> Any:
-    try:
-        return pydantic_core.to_jsonable_python(value)
-    except pydantic_core.PydanticSerializationError as e:
-        raise ValidationError(f"{what} cannot be stored as JSON: {e}") from e
-
-
-def _step_part(text: str) -> str:
-    return _STEP_NAME.sub("_", text)
-
-
 @dataclasses.dataclass
 class _Run:
     """The saga side of one agent run."""
@@ -192,24 +157,8 @@ class _Run:
     last_response: _messages.ModelResponse | None = None
 
 
-@dataclasses.dataclass
-class _RunUsage:
-    """What one saga run used, across its agent runs (rebuilt by replay, like the run)."""
-
-    usage: Usage
-    started: datetime
-
-
 _current: ContextVar[_Run | None] = ContextVar("sagaloop_agent_run", default=None)
-_usage: weakref.WeakKeyDictionary[SagaContext, _RunUsage] = weakref.WeakKeyDictionary()
 _decoder = transcript.Decoder(parse=_messages.ModelMessagesTypeAdapter.validate_python)
-
-
-def _usage_of(saga: SagaContext) -> _RunUsage:
-    found = _usage.get(saga)
-    if found is None:
-        found = _usage[saga] = _RunUsage(Usage(), saga.now())
-    return found
 
 
 class _NamedModel(Model):
@@ -370,45 +319,6 @@ def _text_of(event: Any) -> str | None:
     return None
 
 
-def _tool_step(
-    agent: SagaAgent[Any, Any], name: str, policy: ToolPolicy, queue: str
-) -> Callable[[Callable[..., Any]], StepDef[Any, Any]]:
-    """Declares the step of a tool (its call is ``{"args", ...}``, its result ``{"value"}``)
-    with the tool's policy; its compensation and reconcile get the tool's arguments."""
-
-    def register(fn: Callable[..., Any]) -> StepDef[Any, Any]:
-        step: StepDef[Any, Any] = agent.app.step(
-            name=name,
-            queue=queue,
-            retry=policy.retry,
-            timeout=policy.timeout,
-            idempotent=policy.idempotent,
-        )(fn)
-        if policy.compensation is not None:
-            undo = policy.compensation
-
-            def compensate(ctx: StepContext, call: dict[str, Any], result: Any) -> Any:
-                value = result.get("value") if isinstance(result, dict) else None
-                return undo(ctx, call.get("args", {}), value)
-
-            step.compensation(compensate)
-        if policy.reconcile is not None:
-            look_up = policy.reconcile
-
-            def reconcile(ctx: StepContext, call: dict[str, Any]) -> Any:
-                found = look_up(ctx, call.get("args", {}))
-                return None if found is None else {"value": _jsonable(found, "a found result")}
-
-            step.reconcile(reconcile)
-        return step
-
-    return register
-
-
-def _denial(reason: str | None) -> str:
-    return f"The tool call was denied: {reason}" if reason else "The tool call was denied."
-
-
 class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
     """``agent`` made durable: in saga code each model request and each tool call is a step of
     the run (see the module's doc); outside saga code it is the plain agent.
@@ -507,7 +417,7 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
             return await self._run_tool(tool_name, ctx, call)
 
         name = f"{self.prefix}__tool__{_step_part(tool_name)}"
-        step = _tool_step(self, name, policy, policy.queue or tool_queue)(run_tool)
+        step = _tool_step(self.app, name, policy, policy.queue or tool_queue)(run_tool)
         self.tool_steps[tool_name] = step.name
 
     # --- the saga side -----------------------------------------------------------------------
@@ -591,27 +501,12 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
             _current.reset(token)
 
     async def _check_budget(self, run: _Run) -> None:
-        while run.budget is not None:
-            state = _usage_of(run.saga)
-            reached = state.usage.over(run.budget, started=state.started, now=run.saga.now())
-            if not reached:
-                return
-            if run.budget.on_exceed == "fail":
-                raise BudgetExceeded(run.saga.run_id, reached, state.usage.model_copy())
-            self._publish_usage(run)
-            prompt = {"budget": "exceeded", "reached": reached, "usage": state.usage.model_dump()}
-            data = await run.saga.wait_for_event("budget", prompt=prompt)
-            run.budget = run.budget.raised(data)
+        run.budget = await check_budget(run.saga, run.budget)
 
     def _publish_usage(self, run: _Run) -> None:
-        """Usage against the budget, for `sagaloop status` and the console."""
-        shown: dict[str, Any] = _usage_of(run.saga).usage.model_dump()
-        if run.budget is not None:
-            shown["budget"] = run.budget.model_dump(mode="json", exclude_none=True)
-        run.saga.publish(USAGE_KEY, shown)
+        publish_usage(run.saga, run.budget)
 
-    async def _ask(self, run: _Run, tool: str, args: Any) -> Any:
-        policy = self.policies.get(tool, ToolPolicy())
+    async def _ask(self, run: _Run, tool: str, args: Any) -> Approval:
         reasoning = None
         if run.last_response is not None:
             texts = [
@@ -619,13 +514,15 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
                 for p in run.last_response.parts
                 if isinstance(p, _messages.TextPart | _messages.ThinkingPart) and p.content
             ]
-            reasoning = "\n".join(texts)[:4000] or None
-        return await run.saga.approval(
+            reasoning = "\n".join(texts) or None
+        return await ask(
+            run.saga,
             tool,
             args,
-            timeout=policy.approval_timeout or self.approval_timeout,
-            on_timeout=policy.on_timeout if policy.approval_timeout else self.on_approval_timeout,
-            reason=reasoning,
+            self.policies.get(tool, ToolPolicy()),
+            timeout=self.approval_timeout,
+            on_timeout=self.on_approval_timeout,
+            reasoning=reasoning,
         )
 
     # --- the worker side ---------------------------------------------------------------------
