@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,pydantic-ai]'
+	$(BIN)/pip install --quiet -e '.[dev,pydantic-ai,openai-agents,mcp]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -36,7 +36,7 @@ clean:
 # Benchmarks against a hand-made floor and DBOS (about 4-6 minutes; BENCH_ARGS=--quick: about 1-2).
 .PHONY: bench
 bench: $(STAMP)
-	$(BIN)/pip install --quiet -e '.[bench,pydantic-ai]'
+	$(BIN)/pip install --quiet -e '.[bench,pydantic-ai,openai-agents]'
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 .PHONY: chaos

@@ -1,4 +1,5 @@
-"""A Pydantic AI agent run as a saga by real `sagaloop` processes (issue 12's process tests).
+"""Agents run as sagas by real `sagaloop` processes: the same shop as a Pydantic AI agent (saga
+``checkout``) and as an OpenAI Agents SDK agent (saga ``checkout_oa``).
 
 The model is a ``FunctionModel`` scripted from the messages (no network), so every run of the
 same order takes the same turns: turn 0 calls ``charge`` and ``note`` in parallel, turn 1 calls
@@ -35,6 +36,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from agents import Agent as OAAgent
+from agents import ModelResponse as OAResponse
+from agents import function_tool
+from agents.models.interface import Model as OAModel
+from agents.testing import assistant_message, function_call
+from agents.tool_context import ToolContext
+from agents.usage import Usage
 from pydantic_ai import Agent, RunContext, models
 from pydantic_ai.messages import (
     ModelMessage,
@@ -48,6 +56,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from sagaloop import App, RetryPolicy, SagaContext, StepContext
+from sagaloop.agents.openai_agents import SagaRunner, step_as_function_tool
 from sagaloop.agents.pydantic_ai import SagaAgent, ToolPolicy, step_as_tool
 
 models.ALLOW_MODEL_REQUESTS = False  # a model that reached a real provider would fail
@@ -178,6 +187,20 @@ def ship(ctx: StepContext, order: str) -> str:
     return f"shipped {order}"
 
 
+def charge_at_provider(run_id: str, key: str, order: str, amount: int) -> str:
+    Ledger.from_env().run(
+        _body(run_id, "charge", key),
+        (
+            "insert into charges values (?, ?, ?, ?, ?, ?)",
+            (run_id, order, amount, key, os.getpid(), time.time()),
+        ),
+        ("insert into effects values (?, ?, ?) on conflict do nothing", (run_id, "charge", key)),
+    )
+    if os.environ.get("AGENT_HANG_AT") == "charge":
+        time.sleep(HANG_SECONDS)  # the test SIGKILLs the process here
+    return f"charged {order} {amount}"
+
+
 def find_charge(ctx: StepContext, args: dict[str, Any]) -> str | None:
     """Did an attempt in doubt charge? Look the charge up at the provider."""
     rows = Ledger.from_env().query(
@@ -198,21 +221,7 @@ agent = Agent(FunctionModel(script), name="shop", deps_type=Deps, tools=[step_as
 )
 def charge(ctx: RunContext[Deps], order: str, amount: int) -> str:
     """Charge the order (not idempotent: the provider charges again if asked again)."""
-    key = ctx.tool_call_id or ""
-    Ledger.from_env().run(
-        _body(ctx.deps.run_id, "charge", key),
-        (
-            "insert into charges values (?, ?, ?, ?, ?, ?)",
-            (ctx.deps.run_id, order, amount, key, os.getpid(), time.time()),
-        ),
-        (
-            "insert into effects values (?, ?, ?) on conflict do nothing",
-            (ctx.deps.run_id, "charge", key),
-        ),
-    )
-    if os.environ.get("AGENT_HANG_AT") == "charge":
-        time.sleep(HANG_SECONDS)  # the test SIGKILLs the process here
-    return f"charged {order} {amount}"
+    return charge_at_provider(ctx.deps.run_id, ctx.tool_call_id or "", order, amount)
 
 
 @agent.tool(metadata={"sagaloop": ToolPolicy(retry=FAST)})
@@ -230,3 +239,76 @@ async def checkout(ctx: SagaContext, order: dict[str, Any]) -> str:
     prompt = json.dumps({"run": ctx.run_id, **order})
     result = await shop.run(prompt, deps=Deps(run_id=ctx.run_id))
     return str(result.output)
+
+
+# --- the same shop as an OpenAI Agents SDK agent (saga "checkout_oa") ----------------------------
+
+
+class ShopModel(OAModel):
+    """The same script, read from the input items: turn 0 calls ``charge`` and ``note``, turn 1
+    ``ship``, turn 2 answers with the tool outputs in the order the input holds them."""
+
+    async def get_response(
+        self, system_instructions: Any, input: Any, *args: Any, **kw: Any
+    ) -> Any:
+        items = [i for i in input if isinstance(i, dict)]
+        order = json.loads(next(i["content"] for i in items if i.get("role") == "user"))
+        names = {i["call_id"]: i["name"] for i in items if i.get("type") == "function_call"}
+        outputs = [i for i in items if i.get("type") == "function_call_output"]
+        turn = {0: 0, 2: 1}.get(len(outputs), 2)
+        Ledger.from_env().query("insert into model_calls values (?, ?)", order["run"], turn)
+        usage = Usage(requests=1, input_tokens=10, output_tokens=5, total_tokens=15)
+        if turn == 0:
+            out = [
+                assistant_message("Charging and noting, in parallel."),
+                function_call(
+                    "charge", {"order": order["order"], "amount": order["amount"]}, call_id="c0"
+                ),
+                function_call("note", {"text": f"charge {order['order']}"}, call_id="n0"),
+            ]
+        elif turn == 1:
+            out = [function_call("ship", {"order": order["order"]}, call_id="s1")]
+        else:
+            results = [f"{names[o['call_id']]}: {o['output']}" for o in outputs]
+            out = [assistant_message(json.dumps(results))]
+        return OAResponse(output=out, usage=usage, response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+@function_tool(name_override="charge")
+def oa_charge(ctx: ToolContext[Deps], order: str, amount: int) -> str:
+    """Charge the order (not idempotent: the provider charges again if asked again)."""
+    return charge_at_provider(ctx.context.run_id, ctx.tool_call_id, order, amount)
+
+
+@function_tool(name_override="note")
+def oa_note(ctx: ToolContext[Deps], text: str) -> str:
+    """Write a note on the order."""
+    _effect(ctx.context.run_id, "note", ctx.tool_call_id)
+    return f"noted {text}"
+
+
+shop_oa: OAAgent[Deps] = OAAgent(
+    name="shop_oa",
+    model=ShopModel(),
+    tools=[oa_charge, oa_note, step_as_function_tool(ship)],
+)
+oa_runner = SagaRunner(
+    app,
+    shop_oa,
+    context_type=Deps,
+    model_retry=FAST,
+    tools={
+        "charge": ToolPolicy(queue="payments", retry=FAST, idempotent=False, reconcile=find_charge),
+        "note": ToolPolicy(retry=FAST),
+    },
+)
+
+
+@app.saga(name="checkout_oa")
+async def checkout_oa(ctx: SagaContext, order: dict[str, Any]) -> str:
+    prompt = json.dumps({"run": ctx.run_id, **order})
+    result = await oa_runner.run(shop_oa, prompt, context=Deps(run_id=ctx.run_id))
+    return str(result.final_output)

@@ -1,7 +1,9 @@
-"""A Pydantic AI agent run as a saga (`SagaAgent`) by real processes that are SIGKILLed: separate
-`sagaloop engine` and `sagaloop worker` processes on RabbitMQ + PostgreSQL, and one `sagaloop dev`
-process on a SQLite file. The agent is agent_app.py's: a scripted `FunctionModel` whose turn 0
-calls ``charge`` and ``note`` in parallel, turn 1 ``ship``, turn 2 answers with the results.
+"""Agents run as sagas by real processes that are SIGKILLed: separate `sagaloop engine` and
+`sagaloop worker` processes on RabbitMQ + PostgreSQL, and one `sagaloop dev` process on a SQLite
+file. The runs alternate between agent_app.py's two agents, the same shop as a Pydantic AI agent
+(`SagaAgent`, saga ``checkout``) and as an OpenAI Agents SDK agent (`SagaRunner`, saga
+``checkout_oa``): turn 0 calls ``charge`` and ``note`` in parallel, turn 1 ``ship``, turn 2
+answers with the results.
 
 Checked from the ledger outside the engine: each model request served once per (run, turn) --
 never paid twice --, each tool's effect once per run, the non-idempotent charge made once (an
@@ -35,8 +37,12 @@ ORDER = {"order": "o-7", "amount": 42}
 ANSWER = json.dumps(["charge: charged o-7 42", "note: noted charge o-7", "ship: shipped o-7"])
 TURNS = 3  # model requests per run
 TOOLS = ("charge", "note", "ship")
-MODEL_STEP = "agent__shop__model_request"
-CHARGE_STEP = "agent__shop__tool__charge"
+SAGAS = ("checkout", "checkout_oa")
+MODEL_STEPS = {
+    "checkout": "agent__shop__model_request",
+    "checkout_oa": "agent__shop_oa__model_request",
+}
+CHARGE_STEPS = {"agent__shop__tool__charge", "agent__shop_oa__tool__charge"}
 FINAL = {"completed", "failed", "compensated", "cancelled"}
 
 
@@ -81,14 +87,14 @@ def assert_each_once(
         commands = [e.pos for e in events if e.kind in h.COMMAND_KINDS]
         assert len(commands) == len(set(commands)), f"{run_id}: a position twice: {commands}"
         steps = Counter(e.name for e in events if e.kind == h.STEP_COMPLETED)
-        assert steps[MODEL_STEP] == TURNS, (run_id, steps)
+        assert steps[MODEL_STEPS[client.get(run_id).saga]] == TURNS, (run_id, steps)
         assert [e.kind for e in events].count(h.RUN_FINISHED) == 1, run_id
     assert client.store.dead_letters() == []
 
 
 def charge_states(client: Client, run_ids: list[str]) -> list[str]:
     return [
-        line.state for r in run_ids for line in client.status(r).steps if line.step == CHARGE_STEP
+        line.state for r in run_ids for line in client.status(r).steps if line.step in CHARGE_STEPS
     ]
 
 
@@ -145,7 +151,7 @@ def test_engine_and_workers_sigkilled_at_crash_points(rabbit: tuple[System, Ledg
         lambda: system.logs().count("worker: app") == 3 and "engine: app" in system.logs(),
         what="the engine and the three workers to start",
     )
-    run_ids = [system.client.start("checkout", ORDER) for _ in range(RUNS)]
+    run_ids = [system.client.start(SAGAS[i % 2], ORDER) for i in range(RUNS)]
     roles = {p.pid: role for role, p in armed.items()}
 
     unfinished_at_death: dict[str, int] = {}
@@ -251,11 +257,14 @@ def test_dev_sigkilled_mid_run_and_restarted(dev: DevProcesses) -> None:
     store = SqlStore(dev.env["SAGALOOP_DATABASE_URL"])
     try:
         client = Client(store, APP)
-        run_ids = [client.start("checkout", ORDER) for _ in range(RUNS)]
+        run_ids = [client.start(SAGAS[i % 2], ORDER) for i in range(RUNS)]
 
         def answered_and_charged() -> bool:
             answered = all(
-                any(e.kind == h.STEP_COMPLETED and e.name == MODEL_STEP for e in client.history(r))
+                any(
+                    e.kind == h.STEP_COMPLETED and e.name in MODEL_STEPS.values()
+                    for e in client.history(r)
+                )
                 for r in run_ids
             )
             charged = dev.ledger.query("select count(*) from charges")[0][0]

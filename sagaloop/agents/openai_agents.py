@@ -1,0 +1,801 @@
+"""OpenAI Agents SDK agents that run as a saga: :class:`SagaRunner`.
+
+Built on the SDK's public extension points (``Model``, ``FunctionTool``, ``Handoff``,
+``MCPServer``, ``Agent.clone``, ``RunResult.to_state``), no monkey-patching::
+
+    runner = SagaRunner(app, triage_agent)  # where the app's steps are declared
+
+    @app.saga(name="triage")
+    async def triage(ctx: SagaContext, ticket: str) -> str:
+        result = await runner.run(triage_agent, ticket, max_turns=20)
+        return result.final_output
+
+- every model call is the step ``agent__{agent}__model_request``: the worker runs the real model
+  (the agent's ``Model`` instance, or its model name through ``model_provider``); the response
+  and its usage are recorded, never paid again on replay. The request records only the input
+  items new since the previous request of the same run (:mod:`sagaloop.agents.transcript`);
+- every function tool is its own step ``agent__{agent}__tool__{tool}``, with its
+  :class:`~sagaloop.agents.ToolPolicy` (``SagaRunner(tools={name: ToolPolicy(...)})``): the SDK
+  would run tools in the saga's process, and a replay would run their effects again.
+  :func:`step_as_function_tool` hands an existing ``@app.step`` to the model;
+- a tool that needs approval (``needs_approval``, an MCP server's ``require_approval``, or
+  ``ToolPolicy(requires_approval=True)``) pauses the same saga run through ``ctx.approval``
+  (``sagaloop approvals/approve/deny``); the SDK's run is resumed from its in-memory state;
+- an agent's MCP servers are listed and called through the steps
+  ``agent__{agent}__mcp__{server}__list_tools`` and ``...__call_tool``;
+- handoffs move to the durable copy of the target agent; guardrails, instructions and hooks
+  are saga code (they run again on every replay: keep them free of effects, or make the effect
+  a step); ``max_turns`` and a :class:`~sagaloop.agents.Budget` bound the run;
+- ``SagaRunner(stream=True)``: the worker streams the model's events to the run's live channel
+  (``Client.stream``, ``sagaloop tail``).
+
+Outside saga code ``runner.run`` is the SDK's ``Runner.run``. Step names are compatibility data:
+a run in flight resolves its steps by these names (tests pin them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections.abc import AsyncIterator, Mapping
+from contextvars import ContextVar
+from datetime import timedelta
+from typing import Any, Literal
+
+import pydantic
+from agents import Agent, RunConfig, Runner, RunResult
+from agents.agent_output import AgentOutputSchemaBase
+from agents.exceptions import UserError
+from agents.handoffs import Handoff
+from agents.items import ModelResponse, TResponseInputItem, TResponseStreamEvent
+from agents.mcp import MCPServer
+from agents.model_settings import ModelSettings
+from agents.models.interface import Model, ModelProvider, ModelTracing
+from agents.models.multi_provider import MultiProvider
+from agents.run import DEFAULT_MAX_TURNS
+from agents.tool import (
+    CodeInterpreterTool,
+    FileSearchTool,
+    FunctionTool,
+    HostedMCPTool,
+    ImageGenerationTool,
+    Tool,
+    ToolSearchTool,
+    WebSearchTool,
+    invoke_function_tool,
+)
+from agents.tool_context import ToolContext
+from mcp.types import CallToolResult
+from mcp.types import Tool as MCPTool
+
+from sagaloop.agents import transcript
+from sagaloop.agents._core import (
+    ToolPolicy,
+    _denial,
+    _jsonable,
+    _run_plain,
+    _step_part,
+    _tool_step,
+    _usage_of,
+    ask,
+    check_budget,
+    publish_usage,
+)
+from sagaloop.agents.budgets import Budget
+from sagaloop.agents.tools import StepTool, StepTools, ToolCallError
+from sagaloop.engine import sandbox
+from sagaloop.errors import ValidationError
+from sagaloop.sagas.app import App, StepDef
+from sagaloop.sagas.context import SagaContext, StepContext, current_saga
+from sagaloop.sagas.policy import RetryPolicy
+
+__all__ = ["SagaRunner", "step_as_function_tool"]
+
+# The SDK keys in-memory state with uuid4 from its own modules (the scope of an agent-as-tool's
+# state, occurrence keys of run items, a trace group): values that "never enter model payloads"
+# and never reach the history; tracing is off in saga code. User callbacks stay guarded.
+sandbox.trust_framework("agents")
+
+_RESPONSE: pydantic.TypeAdapter[ModelResponse] = pydantic.TypeAdapter(ModelResponse)
+_SETTINGS: pydantic.TypeAdapter[ModelSettings] = pydantic.TypeAdapter(ModelSettings)
+_HOSTED = (
+    FileSearchTool,
+    WebSearchTool,
+    HostedMCPTool,
+    CodeInterpreterTool,
+    ImageGenerationTool,
+    ToolSearchTool,
+)
+"""Tools the provider runs inside the model call: sent to the model as they are."""
+_STEP_ATTR = "__sagaloop_step__"
+_decoder = transcript.Decoder()
+
+
+@dataclasses.dataclass
+class _Run:
+    """The saga side of one ``SagaRunner.run``."""
+
+    saga: SagaContext
+    runner: SagaRunner
+    conversation: str
+    context: Any
+    model: str | None
+    budget: Budget | None
+    encoder: transcript.Encoder
+    requests: int = 0
+    last_text: str | None = None
+    edits: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Arguments an approver edited, by tool call id."""
+
+
+_current: ContextVar[_Run | None] = ContextVar("sagaloop_openai_agents_run", default=None)
+
+
+def _in_run(what: str) -> _Run:
+    run = _current.get()
+    if run is None:
+        raise UserError(f"{what} of a SagaRunner's agent runs only inside SagaRunner.run")
+    return run
+
+
+def _encode_items(items: Any) -> list[Any]:
+    return list(_jsonable(list(items), "the model's input"))
+
+
+def _text_of(response: ModelResponse) -> str | None:
+    texts = [
+        part.text
+        for item in response.output
+        if getattr(item, "type", None) == "message"
+        for part in getattr(item, "content", ())
+        if getattr(part, "type", None) == "output_text"
+    ]
+    return "\n".join(texts) or None
+
+
+class _Schema(AgentOutputSchemaBase):
+    """An agent's output schema, rebuilt on the worker from what the model needs of it."""
+
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        self._spec = spec
+
+    def is_plain_text(self) -> bool:
+        return bool(self._spec["plain"])
+
+    def name(self) -> str:
+        return str(self._spec["name"])
+
+    def json_schema(self) -> dict[str, Any]:
+        return dict(self._spec["schema"] or {})
+
+    def is_strict_json_schema(self) -> bool:
+        return bool(self._spec["strict"])
+
+    def validate_json(self, json_str: str) -> Any:
+        raise UserError("the output is validated in saga code, not on the worker")
+
+
+async def _not_here(*_: Any) -> Any:
+    raise UserError("a tool or handoff the model is told about runs in saga code, not here")
+
+
+class _StepModel(Model):
+    """The model as saga code sees it: each call is the agent's model step."""
+
+    def __init__(self, runner: SagaRunner, agent: str) -> None:
+        self._runner = runner
+        self._agent = agent
+
+    async def get_response(
+        self,
+        system_instructions: str | None,
+        input: str | list[TResponseInputItem],
+        model_settings: ModelSettings,
+        tools: list[Tool],
+        output_schema: AgentOutputSchemaBase | None,
+        handoffs: list[Handoff],
+        tracing: ModelTracing,
+        *,
+        previous_response_id: str | None,
+        conversation_id: str | None,
+        prompt: Any,
+    ) -> ModelResponse:
+        run = _in_run("the model")
+        run.budget = await check_budget(run.saga, run.budget)
+        items: list[Any] = [{"role": "user", "content": input}] if isinstance(input, str) else input
+        delta = run.encoder.delta(items)
+        delta.update(conversation=run.conversation, n=run.requests)
+        request = {
+            "transcript": delta,
+            "model": run.model,
+            "system": system_instructions,
+            "settings": model_settings.to_json_dict(),
+            "tools": [self._runner._tool_spec(self._agent, t) for t in tools],
+            "output_schema": None
+            if output_schema is None
+            else {
+                "plain": output_schema.is_plain_text(),
+                "name": output_schema.name(),
+                "schema": None if output_schema.is_plain_text() else output_schema.json_schema(),
+                "strict": output_schema.is_strict_json_schema(),
+            },
+            "handoffs": [
+                {
+                    "tool_name": h.tool_name,
+                    "tool_description": h.tool_description,
+                    "input_json_schema": h.input_json_schema,
+                    "agent_name": h.agent_name,
+                    "strict_json_schema": h.strict_json_schema,
+                }
+                for h in handoffs
+            ],
+            "previous_response_id": previous_response_id,
+            "conversation_id": conversation_id,
+            "prompt": _jsonable(prompt, "the prompt"),
+        }
+        reply = await run.saga.call(self._runner.model_steps[self._agent], request)
+        run.encoder.sent(run.requests, items)
+        run.requests += 1
+        response = _RESPONSE.validate_python(reply["response"])
+        used = _usage_of(run.saga).usage
+        used.requests += 1
+        used.input_tokens += response.usage.input_tokens
+        used.output_tokens += response.usage.output_tokens
+        run.last_text = _text_of(response)
+        publish_usage(run.saga, run.budget)
+        return response
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[TResponseStreamEvent]:
+        raise UserError(
+            "Runner.run_streamed is not durable in a saga: use SagaRunner.run, and "
+            "SagaRunner(stream=True) to stream the model's events to the run's live channel"
+        )
+
+
+class _StepMCPServer(MCPServer):
+    """An MCP server as saga code sees it: listing and calling its tools are steps."""
+
+    def __init__(self, runner: SagaRunner, agent: str, server: MCPServer) -> None:
+        super().__init__(
+            use_structured_content=server.use_structured_content,
+            failure_error_function=server._failure_error_function,
+            tool_input_guardrails=server.tool_input_guardrails,
+            tool_output_guardrails=server.tool_output_guardrails,
+        )
+        # the server's approval policy, as the SDK normalised it: its tools ask a person
+        self._needs_approval_policy = server._needs_approval_policy
+        self._runner = runner
+        self._key = (agent, server.name)
+
+    @property
+    def name(self) -> str:
+        return self._key[1]
+
+    async def connect(self) -> None:
+        """The worker connects, in each step."""
+
+    async def cleanup(self) -> None:
+        """The worker disconnects, in each step."""
+
+    async def list_tools(self, run_context: Any = None, agent: Any = None) -> list[MCPTool]:
+        run = _in_run("an MCP server")
+        listed = await run.saga.call(self._runner.mcp_steps[self._key][0], {})
+        return [MCPTool.model_validate(t) for t in listed]
+
+    async def call_tool(
+        self, tool_name: str, arguments: dict[str, Any] | None, meta: dict[str, Any] | None = None
+    ) -> CallToolResult:
+        run = _in_run("an MCP server")
+        _usage_of(run.saga).usage.tool_calls += 1
+        call = {"tool": tool_name, "args": arguments or {}, "meta": meta}
+        reply = await run.saga.call(self._runner.mcp_steps[self._key][1], call)
+        return CallToolResult.model_validate(reply)
+
+    async def list_prompts(self) -> Any:
+        raise UserError("MCP prompts are not served to an agent in a saga (only tools are)")
+
+    async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None) -> Any:
+        raise UserError("MCP prompts are not served to an agent in a saga (only tools are)")
+
+
+def step_as_function_tool(
+    step: StepDef[Any, Any],
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    needs_approval: bool = False,
+) -> FunctionTool:
+    """An OpenAI Agents ``FunctionTool`` that calls ``step`` (declared with ``@app.step``, with
+    its own queue, retry, reconcile and compensation): its parameters' strict JSON Schema comes
+    from the step's signature (:class:`~sagaloop.agents.tools.StepTools`). In a saga the call is
+    ``ctx.call(step, ...)``; outside one, the step's function runs in-process. Arguments that do
+    not fit the signature come back to the model as an error."""
+    tools = StepTools(StepTool(step, name=name, description=description))
+    (tool_name,) = tools.names
+
+    async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
+        run = _current.get()
+        if run is not None:  # an approver may have edited the arguments
+            arguments = run.edits.pop(ctx.tool_call_id, arguments)
+        try:
+            kwargs = tools.validate(tool_name, arguments)
+        except ToolCallError as e:
+            return f"Error: {e}"
+        saga = current_saga()
+        value = await (saga.call(step, **kwargs) if saga else _run_plain(step, kwargs))
+        value = _jsonable(value, f"the result of step {step.name!r}")
+        return value if isinstance(value, str) else json.dumps(value)
+
+    schema = tools.openai_responses()[0]
+    tool = FunctionTool(
+        name=tool_name,
+        description=schema.get("description") or "",
+        params_json_schema=schema["parameters"],
+        on_invoke_tool=invoke,
+        strict_json_schema=True,
+        needs_approval=needs_approval,
+    )
+    setattr(tool, _STEP_ATTR, step.name)
+    return tool
+
+
+class SagaRunner:
+    """Runs OpenAI Agents SDK agents durably in saga code (see the module's doc); outside saga
+    code, ``run`` is ``Runner.run``.
+
+    Declare it where the app's steps are declared, with the agents it may run: their steps (and
+    those of every agent they hand off to) are registered on ``app`` here, so engine and
+    workers that import the app know them."""
+
+    def __init__(
+        self,
+        app: App,
+        *agents: Agent[Any],
+        model_provider: ModelProvider | None = None,
+        model_queue: str = "model",
+        tool_queue: str = "tools",
+        model_retry: RetryPolicy | None = None,
+        model_timeout: timedelta | None = timedelta(minutes=10),
+        tools: Mapping[str, ToolPolicy] | None = None,
+        context_type: Any = None,
+        budget: Budget | None = None,
+        approval_timeout: timedelta | None = None,
+        on_approval_timeout: Literal["deny", "escalate"] = "deny",
+        stream: bool = False,
+    ) -> None:
+        if not agents:
+            raise ValidationError("SagaRunner needs the agents it runs: SagaRunner(app, agent)")
+        self.app = app
+        self.model_provider = model_provider or MultiProvider()
+        self.context_type = context_type
+        self.budget = budget
+        self.approval_timeout = approval_timeout
+        self.on_approval_timeout = on_approval_timeout
+        self.stream = stream
+        self._model_queue = model_queue
+        self._tool_queue = tool_queue
+        self._model_retry = model_retry or RetryPolicy(max_attempts=3)
+        self._model_timeout = model_timeout
+        self._given = dict(tools or {})
+        self.policies: dict[str, ToolPolicy] = {}
+        self.agents: dict[str, Agent[Any]] = {}
+        """The original agents, by name (the worker runs their models and tools)."""
+        self.model_steps: dict[str, StepDef[Any, Any]] = {}
+        self.tool_steps: dict[tuple[str, str], StepDef[Any, Any]] = {}
+        self.mcp_steps: dict[tuple[str, str], tuple[StepDef[Any, Any], StepDef[Any, Any]]] = {}
+        self._function_tools: dict[tuple[str, str], FunctionTool] = {}
+        self._mcp_servers: dict[tuple[str, str], tuple[MCPServer, threading.Lock]] = {}
+        self._clones: dict[int, Agent[Any]] = {}
+        for agent in agents:
+            self._declare(agent)
+        unknown = set(self._given) - set(self.policies)
+        if unknown:
+            raise ValidationError(f"SagaRunner(tools=...) names unknown tools: {sorted(unknown)}")
+        for agent in list(self.agents.values()):
+            self._durable(agent)
+
+    @property
+    def step_names(self) -> list[str]:
+        """The names of the steps this runner registered (compatibility data)."""
+        steps = [*self.model_steps.values(), *self.tool_steps.values()]
+        steps += [s for pair in self.mcp_steps.values() for s in pair]
+        return sorted(s.name for s in steps)
+
+    # --- declaration -------------------------------------------------------------------------
+
+    def _declare(self, agent: Agent[Any]) -> None:
+        known = self.agents.get(agent.name)
+        if known is agent:
+            return
+        if known is not None:
+            raise ValidationError(
+                f"two agents are named {agent.name!r}: a SagaRunner's agents need distinct names"
+                " (their steps are named after them)"
+            )
+        self.agents[agent.name] = agent
+        prefix = f"agent__{_step_part(agent.name)}"
+
+        async def model_request(ctx: StepContext, request: dict[str, Any]) -> dict[str, Any]:
+            return await self._model_request(agent.name, ctx, request)
+
+        self.model_steps[agent.name] = self.app.step(
+            name=f"{prefix}__model_request",
+            queue=self._model_queue,
+            retry=self._model_retry,
+            timeout=self._model_timeout,
+        )(model_request)
+        for tool in agent.tools:
+            if isinstance(tool, FunctionTool):
+                if getattr(tool, _STEP_ATTR, None) is None:
+                    self._declare_tool(agent, prefix, tool)
+            elif not isinstance(tool, _HOSTED):
+                raise ValidationError(
+                    f"tool {getattr(tool, 'name', tool)!r} of agent {agent.name!r} "
+                    f"({type(tool).__name__}) runs in the caller's process, which a saga "
+                    "replays: give the agent a function tool (a step) that does its work"
+                )
+        for server in agent.mcp_servers:
+            self._declare_mcp(agent, prefix, server)
+        for target in agent.handoffs:
+            found = target if isinstance(target, Agent) else _handoff_target(target)
+            if found is not None:
+                self._declare(found)
+
+    def _declare_tool(self, agent: Agent[Any], prefix: str, tool: FunctionTool) -> None:
+        policy = self._given.get(tool.name) or ToolPolicy()
+        self.policies[tool.name] = policy
+        key = (agent.name, tool.name)
+        self._function_tools[key] = tool
+
+        async def run_tool(ctx: StepContext, call: dict[str, Any]) -> dict[str, Any]:
+            return await self._run_tool(key, ctx, call)
+
+        timeout = policy.timeout
+        if timeout is None and tool.timeout_seconds is not None:
+            timeout = timedelta(seconds=tool.timeout_seconds)
+        policy = dataclasses.replace(policy, timeout=timeout)
+        name = f"{prefix}__tool__{_step_part(tool.name)}"
+        queue = policy.queue or self._tool_queue
+        self.tool_steps[key] = _tool_step(self.app, name, policy, queue)(run_tool)
+
+    def _declare_mcp(self, agent: Agent[Any], prefix: str, server: MCPServer) -> None:
+        key = (agent.name, server.name)
+        policy = self._given.get(f"mcp:{server.name}") or ToolPolicy()
+        if f"mcp:{server.name}" in self._given:
+            self.policies[f"mcp:{server.name}"] = policy
+        self._mcp_servers[key] = (server, threading.Lock())
+        step_prefix = f"{prefix}__mcp__{_step_part(server.name)}"
+        queue = policy.queue or self._tool_queue
+
+        async def list_tools(ctx: StepContext, _: dict[str, Any]) -> list[Any]:
+            tools = await self._on_server(key, lambda s: s.list_tools())
+            return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]
+
+        async def call_tool(ctx: StepContext, call: dict[str, Any]) -> Any:
+            result = await self._on_server(
+                key, lambda s: s.call_tool(call["tool"], call.get("args"), call.get("meta"))
+            )
+            return result.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+        listing = self.app.step(
+            name=f"{step_prefix}__list_tools", queue=queue, retry=policy.retry,
+            timeout=policy.timeout,
+        )(list_tools)  # fmt: skip
+        calling = self.app.step(
+            name=f"{step_prefix}__call_tool", queue=queue, retry=policy.retry,
+            timeout=policy.timeout, idempotent=policy.idempotent,
+        )(call_tool)  # fmt: skip
+        self.mcp_steps[key] = (listing, calling)
+
+    # --- the saga side -----------------------------------------------------------------------
+
+    def _durable(self, agent: Agent[Any]) -> Agent[Any]:
+        """The copy of ``agent`` that saga code runs: its model, tools, MCP servers and
+        handoffs go through steps."""
+        found = self._clones.get(id(agent))
+        if found is not None:
+            return found
+        if self.agents.get(agent.name) is not agent:
+            raise UserError(
+                f"agent {agent.name!r} is not one of this SagaRunner's: name it in "
+                "SagaRunner(app, ...) so that its steps are registered"
+            )
+        clone = agent.clone(
+            model=_StepModel(self, agent.name),
+            model_settings=agent.model_settings,
+            tools=[self._durable_tool(agent, t) for t in agent.tools],
+            mcp_servers=[_StepMCPServer(self, agent.name, s) for s in agent.mcp_servers],
+            handoffs=[],
+        )
+        self._clones[id(agent)] = clone
+        clone.handoffs = [
+            self._durable(h) if isinstance(h, Agent) else self._durable_handoff(h)
+            for h in agent.handoffs
+        ]
+        return clone
+
+    def _durable_handoff(self, handoff: Handoff[Any, Any]) -> Handoff[Any, Any]:
+        invoke = handoff.on_invoke_handoff
+
+        async def to_durable(ctx: Any, arguments: str) -> Any:
+            return self._durable(await invoke(ctx, arguments))
+
+        return dataclasses.replace(handoff, on_invoke_handoff=to_durable)
+
+    def _durable_tool(self, agent: Agent[Any], tool: Tool) -> Tool:
+        if not isinstance(tool, FunctionTool) or getattr(tool, _STEP_ATTR, None) is not None:
+            return tool
+        step = self.tool_steps[(agent.name, tool.name)]
+        policy = self.policies[tool.name]
+
+        async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
+            run = _in_run(f"tool {tool.name!r}")
+            arguments = run.edits.pop(ctx.tool_call_id, arguments)
+            call: dict[str, Any] = {"call_id": ctx.tool_call_id, "context": run.context}
+            try:
+                args = json.loads(arguments or "{}")
+            except ValueError:
+                args = None
+            if isinstance(args, dict):
+                call["args"] = args
+            else:
+                call["arguments"] = arguments
+            _usage_of(run.saga).usage.tool_calls += 1
+            reply = await run.saga.call(step, call)
+            return reply["value"]
+
+        needs = policy.requires_approval
+        return dataclasses.replace(
+            tool,
+            on_invoke_tool=invoke,
+            timeout_seconds=None,  # the step's timeout, on the worker
+            needs_approval=tool.needs_approval if needs is None else needs,
+        )
+
+    def _tool_spec(self, agent: str, tool: Tool) -> dict[str, Any]:
+        if isinstance(tool, FunctionTool):
+            return {
+                "function": {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "params_json_schema": tool.params_json_schema,
+                    "strict_json_schema": tool.strict_json_schema,
+                    "defer_loading": tool.defer_loading,
+                }
+            }
+        return {"hosted": tool.name}
+
+    async def run(
+        self,
+        starting_agent: Agent[Any],
+        input: str | list[TResponseInputItem],
+        *,
+        context: Any = None,
+        max_turns: int = DEFAULT_MAX_TURNS,
+        hooks: Any = None,
+        run_config: RunConfig | None = None,
+        budget: Budget | None = None,
+        **kwargs: Any,
+    ) -> RunResult:
+        """``Runner.run(starting_agent, input, ...)``, durable in saga code: see the module's
+        doc. ``budget`` (else the runner's) bounds all agent runs of the saga run together.
+        A tool that needs approval makes the run wait for ``sagaloop approve``/``deny``; the
+        SDK's run then resumes from its state, in the same saga run."""
+        saga = current_saga()
+        if saga is None:
+            return await Runner.run(
+                starting_agent,
+                input,
+                context=context,
+                max_turns=max_turns,
+                hooks=hooks,
+                run_config=run_config,
+                **kwargs,
+            )
+        if kwargs.get("session") is not None:
+            raise ValidationError(
+                "SagaRunner.run(session=...) is not supported in a saga: the run's history is "
+                "its memory; pass the earlier items as input"
+            )
+        config = run_config or RunConfig()
+        if isinstance(config.model, Model):
+            raise ValidationError(
+                "RunConfig(model=...) must name the model in a saga (the worker resolves it "
+                "with SagaRunner(model_provider=...))"
+            )
+        model_name = config.model
+        # no trace is exported from saga code (a replay would send it again)
+        config = dataclasses.replace(config, model=None, tracing_disabled=True)
+        run = _Run(
+            saga=saga,
+            runner=self,
+            conversation=f"{saga.run_id}/{saga.uuid4()}",
+            context=None
+            if context is None
+            else _jsonable(
+                context,
+                "the run's context (tools "
+                "run on workers, which rebuild it from JSON: pass ids and URLs, not connections)",
+            ),
+            model=model_name,
+            budget=budget or self.budget,
+            encoder=transcript.Encoder(_encode_items, same=_same_item),
+        )
+        _usage_of(saga)
+        agent = self._durable(starting_agent)
+        token = _current.set(run)
+        try:
+            result = await Runner.run(
+                agent,
+                input,
+                context=context,
+                max_turns=max_turns,
+                hooks=hooks,
+                run_config=config,
+                **kwargs,
+            )
+            while result.interruptions:
+                state = result.to_state()
+                for item in result.interruptions:
+                    await self._answer(run, state, item)
+                result = await Runner.run(
+                    agent, state, max_turns=max_turns, hooks=hooks, run_config=config
+                )
+            return result
+        finally:
+            _current.reset(token)
+
+    async def _answer(self, run: _Run, state: Any, item: Any) -> None:
+        """Ask a person about the tool call ``item``, and tell the SDK's run state."""
+        name = item.name or "tool"
+        raw_arguments = item.arguments
+        try:
+            args = json.loads(raw_arguments) if raw_arguments else {}
+        except ValueError:
+            args = {"arguments": raw_arguments}
+        decision = await ask(
+            run.saga,
+            name,
+            args,
+            self.policies.get(name) or ToolPolicy(),
+            timeout=self.approval_timeout,
+            on_timeout=self.on_approval_timeout,
+            reasoning=run.last_text,
+        )
+        if not decision.approved:
+            state.reject(item, rejection_message=_denial(decision.reason))
+            return
+        call_id = _call_id(item)
+        if decision.edited and call_id is not None:
+            run.edits[call_id] = json.dumps(decision.args)
+        state.approve(item)
+
+    # --- the worker side ---------------------------------------------------------------------
+
+    def _model(self, agent: Agent[Any], name: str | None) -> Model:
+        if name is None and isinstance(agent.model, Model):
+            return agent.model
+        return self.model_provider.get_model(name or agent.model)  # type: ignore[arg-type]
+
+    async def _model_request(
+        self, agent_name: str, ctx: StepContext, request: dict[str, Any]
+    ) -> dict[str, Any]:
+        agent = self.agents[agent_name]
+        items = _decoder.messages(
+            ctx.run_id,
+            request["transcript"],
+            step=self.model_steps[agent_name].name,
+            history=getattr(ctx, "load_history", None),
+        )
+        tools: list[Tool] = []
+        for spec in request.get("tools") or []:
+            if "function" in spec:
+                tools.append(FunctionTool(on_invoke_tool=_not_here, **spec["function"]))
+            else:
+                hosted = [t for t in agent.tools if getattr(t, "name", None) == spec["hosted"]]
+                if not hosted:
+                    raise UserError(f"agent {agent_name!r} has no tool {spec['hosted']!r} here")
+                tools.append(hosted[0])
+        handoffs: list[Handoff[Any, Any]] = [
+            Handoff(on_invoke_handoff=_not_here, **spec) for spec in request.get("handoffs") or []
+        ]
+        schema = request.get("output_schema")
+        args: tuple[Any, ...] = (
+            request.get("system"),
+            items,
+            _SETTINGS.validate_python(request.get("settings") or {}),
+            tools,
+            None if schema is None else _Schema(schema),
+            handoffs,
+            ModelTracing.DISABLED,
+        )
+        options: dict[str, Any] = {
+            "previous_response_id": request.get("previous_response_id"),
+            "conversation_id": request.get("conversation_id"),
+            "prompt": request.get("prompt"),
+        }
+        model = self._model(agent, request.get("model"))
+        if self.stream:
+            response = None
+            async for event in model.stream_response(*args, **options):
+                ctx.stream(
+                    {
+                        "agent": agent_name,
+                        "text": getattr(event, "delta", None)
+                        if event.type == "response.output_text.delta"
+                        else None,
+                        "event": _jsonable(event, "a stream event"),
+                    }
+                )
+                if event.type == "response.completed":
+                    response = ModelResponse(
+                        output=list(event.response.output),
+                        usage=_usage_from(event.response.usage),
+                        response_id=event.response.id,
+                    )
+            if response is None:
+                raise UserError(f"the model of agent {agent_name!r} ended its stream unfinished")
+        else:
+            response = await model.get_response(*args, **options)
+        return {"response": _RESPONSE.dump_python(response, mode="json")}
+
+    async def _run_tool(
+        self, key: tuple[str, str], ctx: StepContext, call: dict[str, Any]
+    ) -> dict[str, Any]:
+        tool = self._function_tools[key]
+        arguments = call["arguments"] if "arguments" in call else json.dumps(call.get("args"))
+        context = call.get("context")
+        if context is not None and self.context_type is not None:
+            context = pydantic.TypeAdapter(self.context_type).validate_python(context)
+        tool_ctx: ToolContext[Any] = ToolContext(
+            context=context,
+            tool_name=tool.name,
+            tool_call_id=str(call.get("call_id") or ""),
+            tool_arguments=arguments,
+            agent=self.agents[key[0]],
+        )
+        value = await invoke_function_tool(
+            function_tool=tool, context=tool_ctx, arguments=arguments
+        )
+        return {"value": _jsonable(value, f"the result of tool {tool.name!r}")}
+
+    async def _on_server(self, key: tuple[str, str], act: Any) -> Any:
+        """``act(server)`` with the server connected; one step at a time per server in this
+        process (each async step runs on an event loop of its own)."""
+        server, lock = self._mcp_servers[key]
+        with lock:
+            await server.connect()  # type: ignore[no-untyped-call]
+            try:
+                return await act(server)
+            finally:
+                await server.cleanup()  # type: ignore[no-untyped-call]
+
+
+def _handoff_target(handoff: Handoff[Any, Any]) -> Agent[Any] | None:
+    ref = getattr(handoff, "_agent_ref", None)
+    target = ref() if callable(ref) else None
+    return target if isinstance(target, Agent) else None
+
+
+def _call_id(item: Any) -> str | None:
+    raw = item.raw_item
+    found = raw.get("call_id") if isinstance(raw, dict) else getattr(raw, "call_id", None)
+    return None if found is None else str(found)
+
+
+def _same_item(a: Any, b: Any) -> bool:
+    return a is b or a == b
+
+
+def _usage_from(usage: Any) -> Any:
+    from agents.usage import Usage
+
+    if usage is None:
+        return Usage(requests=1)
+    return Usage(
+        requests=1,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        total_tokens=usage.total_tokens,
+    )
