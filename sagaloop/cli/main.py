@@ -13,6 +13,7 @@ import click
 from sagaloop.cli.approvals import approvals, approve, deny
 from sagaloop.cli.common import Obj, app_option, errors, json_arg
 from sagaloop.cli.demo import demo
+from sagaloop.cli.mcp import mcp
 from sagaloop.cli.render import runs_text, stream_line, timeline_text
 from sagaloop.cli.serve import dev, engine, health, schema, worker
 from sagaloop.engine.client import Client
@@ -227,7 +228,7 @@ def upgrade(obj: Obj) -> None:
         click.echo(f"schema upgraded from version {before} to {after}")
 
 
-for command in (demo, dev, engine, worker, health, schema, approvals, approve, deny):
+for command in (demo, dev, engine, worker, health, schema, approvals, approve, deny, mcp):
     cli.add_command(command)
 
 
