@@ -64,6 +64,8 @@ from agents.tool import (
     ToolSearchTool,
     WebSearchTool,
     invoke_function_tool,
+    maybe_invoke_function_tool_failure_error_function,
+    set_function_tool_failure_error_function,
 )
 from agents.tool_context import ToolContext
 from mcp.types import CallToolResult
@@ -85,7 +87,7 @@ from sagaloop.agents._core import (
 from sagaloop.agents.budgets import Budget
 from sagaloop.agents.tools import StepTool, StepTools, ToolCallError
 from sagaloop.engine import sandbox
-from sagaloop.errors import ValidationError
+from sagaloop.errors import StepFailedError, ValidationError
 from sagaloop.sagas.app import App, StepDef
 from sagaloop.sagas.context import SagaContext, StepContext, current_saga
 from sagaloop.sagas.policy import RetryPolicy
@@ -446,7 +448,11 @@ class SagaRunner:
         policy = self._given.get(tool.name) or ToolPolicy()
         self.policies[tool.name] = policy
         key = (agent.name, tool.name)
-        self._function_tools[key] = tool
+        # on the worker a tool's exception fails the step (retried by the policy, in doubt
+        # for a guarded tool); after the last attempt the saga side formats it for the model
+        raising = dataclasses.replace(tool)
+        set_function_tool_failure_error_function(raising, None)
+        self._function_tools[key] = raising
 
         async def run_tool(ctx: StepContext, call: dict[str, Any]) -> dict[str, Any]:
             return await self._run_tool(key, ctx, call)
@@ -542,7 +548,15 @@ class SagaRunner:
             else:
                 call["arguments"] = arguments
             _usage_of(run.saga).usage.tool_calls += 1
-            reply = await run.saga.call(step, call)
+            try:
+                reply = await run.saga.call(step, call)
+            except StepFailedError as e:  # its last attempt: as the SDK would tell the model
+                told = await maybe_invoke_function_tool_failure_error_function(
+                    function_tool=tool, context=ctx, error=e
+                )
+                if told is None:  # the tool's failure_error_function is None: the run fails
+                    raise
+                return told
             return reply["value"]
 
         needs = policy.requires_approval

@@ -21,7 +21,7 @@ from agents.testing import ModelStep, ScriptedModel, assistant_message, function
 from agents.usage import Usage
 from pydantic import BaseModel
 
-from sagaloop import App, SagaContext, StepContext
+from sagaloop import App, RetryPolicy, SagaContext, StepContext
 from sagaloop.agents import USAGE_KEY, Budget, BudgetExceeded, ToolPolicy
 from sagaloop.agents.openai_agents import SagaRunner, step_as_function_tool
 from sagaloop.engine import history as h
@@ -504,3 +504,89 @@ def test_a_context_that_is_not_json_is_refused_with_what_to_do() -> None:
     run = env.get(run_id)
     assert run.status == "failed"
     assert "pass ids and URLs, not connections" in str(run.error)
+
+
+def _in_doubt_app(reconcile: bool) -> tuple[App, list[str], Any]:
+    app = App("oa")
+    attempts: list[str] = []
+    provider: dict[str, str] = {}
+
+    def find(ctx: StepContext, args: dict[str, Any]) -> Any:
+        return provider.get(args["order"])
+
+    @function_tool
+    def pay(order: str) -> str:
+        """Pay an order."""
+        attempts.append(order)
+        provider[order] = f"paid-{order}"
+        if len(attempts) == 1:
+            raise ConnectionError("the response was lost")  # the effect happened
+        return provider[order]
+
+    model = ScriptedModel(
+        [
+            reply(function_call("pay", {"order": "o7"}, call_id="p1")),
+            ModelStep.respond(lambda call: reply(assistant_message(outputs_of(call)[0]))),
+        ]
+    )
+    agent: Agent[Any] = Agent(name="payer", model=model, tools=[pay])
+    policy = ToolPolicy(idempotent=False, reconcile=find if reconcile else None)
+    runner = SagaRunner(app, agent, tools={"pay": policy})
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> str:
+        return str((await runner.run(agent, "x")).final_output)
+
+    return app, attempts, s
+
+
+def test_an_in_doubt_non_idempotent_tool_halts() -> None:
+    """The SDK would hand the exception to the model as text, and the model would ask again:
+    on the worker the exception fails the attempt, which is in doubt."""
+    app, attempts, saga = _in_doubt_app(reconcile=False)
+    env = Harness(app)
+    run_id = env.start(saga)
+    env.run_until_idle()
+    assert env.get(run_id).status == "needs_attention"
+    assert attempts == ["o7"], "never blindly repeated"
+
+
+def test_an_in_doubt_tool_with_reconcile_is_not_repeated() -> None:
+    app, attempts, saga = _in_doubt_app(reconcile=True)
+    env = Harness(app)
+    run_id = env.start(saga)
+    env.run_until_idle()
+    assert env.get(run_id).status == "completed"
+    assert attempts == ["o7"]
+    assert env.result(run_id) == "paid-o7"
+
+
+def test_a_failing_tool_is_retried_then_told_to_the_model_as_the_sdk_would() -> None:
+    app = App("oa")
+    calls: list[int] = []
+
+    @function_tool
+    def flaky(n: int) -> str:
+        """Flaky."""
+        calls.append(n)
+        raise TimeoutError("upstream timed out")
+
+    model = ScriptedModel(
+        [
+            reply(function_call("flaky", {"n": 1}, call_id="f1")),
+            ModelStep.respond(lambda call: reply(assistant_message(outputs_of(call)[0]))),
+        ]
+    )
+    agent: Agent[Any] = Agent(name="a", model=model, tools=[flaky])
+    retry = RetryPolicy(max_attempts=3, initial_interval=timedelta(seconds=1))
+    runner = SagaRunner(app, agent, tools={"flaky": ToolPolicy(retry=retry)})
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> str:
+        return str((await runner.run(agent, "x")).final_output)
+
+    env = Harness(app)
+    run_id = env.start(s)
+    env.run_until_idle()
+    assert calls == [1, 1, 1], "the step's retry policy"
+    assert env.result(run_id) == "An error occurred while running the tool. Please try again."
