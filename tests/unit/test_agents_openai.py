@@ -57,6 +57,16 @@ def outputs_of(call: Any) -> list[str]:
     ]
 
 
+def call_then_echo(name: str, args: dict[str, Any], *, call_id: str) -> ScriptedModel:
+    """A model that calls one tool, then answers with what it returned."""
+    return ScriptedModel(
+        [
+            reply(function_call(name, args, call_id=call_id)),
+            ModelStep.respond(lambda call: reply(assistant_message(outputs_of(call)[0]))),
+        ]
+    )
+
+
 def refund_app(
     model: ScriptedModel, **runner_options: Any
 ) -> tuple[App, SagaRunner, Agent[Any], Counter[str]]:
@@ -152,12 +162,7 @@ def test_the_second_request_records_only_new_items() -> None:
 
 
 def test_a_tool_that_needs_approval_pauses_the_same_run() -> None:
-    model = ScriptedModel(
-        [
-            reply(function_call("refund", {"amount": 300}, call_id="c1")),
-            ModelStep.respond(lambda call: reply(assistant_message(outputs_of(call)[0]))),
-        ]
-    )
+    model = call_then_echo("refund", {"amount": 300}, call_id="c1")
     app = App("oa")
     paid: list[int] = []
 
@@ -191,12 +196,7 @@ def test_a_tool_that_needs_approval_pauses_the_same_run() -> None:
 
 
 def test_a_denied_tool_call_reaches_the_model_as_its_result() -> None:
-    model = ScriptedModel(
-        [
-            reply(function_call("refund", {"amount": 300}, call_id="c1")),
-            ModelStep.respond(lambda call: reply(assistant_message(outputs_of(call)[0]))),
-        ]
-    )
+    model = call_then_echo("refund", {"amount": 300}, call_id="c1")
     app = App("oa")
 
     @function_tool
@@ -301,12 +301,7 @@ def test_step_as_function_tool_calls_the_step_with_its_policy() -> None:
 
     tool = step_as_function_tool(charge, name="charge")
     assert tool.params_json_schema["required"] == ["order", "charge"]
-    model = ScriptedModel(
-        [
-            reply(function_call("charge", {"order": "o1", "charge": {"cents": 5}}, call_id="c")),
-            ModelStep.respond(lambda call: reply(assistant_message(outputs_of(call)[0]))),
-        ]
-    )
+    model = call_then_echo("charge", {"order": "o1", "charge": {"cents": 5}}, call_id="c")
     agent: Agent[Any] = Agent(name="cashier", model=model, tools=[tool])
     runner = SagaRunner(app, agent)
     assert runner.step_names == ["agent__cashier__model_request"]
@@ -395,12 +390,7 @@ def test_mcp_server_tools_are_listed_and_called_through_steps(tmp_path: Path) ->
         name="payments",
         client_session_timeout_seconds=30,
     )
-    model = ScriptedModel(
-        [
-            reply(function_call("refund", {"order": "o1", "amount": 300}, call_id="m1")),
-            ModelStep.respond(lambda call: reply(assistant_message(outputs_of(call)[0]))),
-        ]
-    )
+    model = call_then_echo("refund", {"order": "o1", "amount": 300}, call_id="m1")
     app = App("oa")
     agent: Agent[Any] = Agent(name="refunder", model=model, mcp_servers=[server])
     runner = SagaRunner(app, agent)
@@ -461,12 +451,7 @@ def test_an_approver_edits_the_arguments_of_a_step_tool() -> None:
         refunded.append(cents)
         return f"refunded {cents}"
 
-    model = ScriptedModel(
-        [
-            reply(function_call("refund", {"cents": 900}, call_id="r1")),
-            ModelStep.respond(lambda call: reply(assistant_message(outputs_of(call)[0]))),
-        ]
-    )
+    model = call_then_echo("refund", {"cents": 900}, call_id="r1")
     agent: Agent[Any] = Agent(
         name="payer",
         model=model,
@@ -523,12 +508,7 @@ def _in_doubt_app(reconcile: bool) -> tuple[App, list[str], Any]:
             raise ConnectionError("the response was lost")  # the effect happened
         return provider[order]
 
-    model = ScriptedModel(
-        [
-            reply(function_call("pay", {"order": "o7"}, call_id="p1")),
-            ModelStep.respond(lambda call: reply(assistant_message(outputs_of(call)[0]))),
-        ]
-    )
+    model = call_then_echo("pay", {"order": "o7"}, call_id="p1")
     agent: Agent[Any] = Agent(name="payer", model=model, tools=[pay])
     policy = ToolPolicy(idempotent=False, reconcile=find if reconcile else None)
     runner = SagaRunner(app, agent, tools={"pay": policy})
@@ -571,12 +551,7 @@ def test_a_failing_tool_is_retried_then_told_to_the_model_as_the_sdk_would() -> 
         calls.append(n)
         raise TimeoutError("upstream timed out")
 
-    model = ScriptedModel(
-        [
-            reply(function_call("flaky", {"n": 1}, call_id="f1")),
-            ModelStep.respond(lambda call: reply(assistant_message(outputs_of(call)[0]))),
-        ]
-    )
+    model = call_then_echo("flaky", {"n": 1}, call_id="f1")
     agent: Agent[Any] = Agent(name="a", model=model, tools=[flaky])
     retry = RetryPolicy(max_attempts=3, initial_interval=timedelta(seconds=1))
     runner = SagaRunner(app, agent, tools={"flaky": ToolPolicy(retry=retry)})
