@@ -67,6 +67,14 @@ def call_then_echo(name: str, args: dict[str, Any], *, call_id: str) -> Scripted
     )
 
 
+def answer_saga(app: App, runner: SagaRunner, agent: Agent[Any], name: str) -> None:
+    """Declares the saga ``name``: runs ``agent`` on its input, returns the final output."""
+
+    @app.saga(name=name)
+    async def answer(ctx: SagaContext, prompt: str) -> str:
+        return str((await runner.run(agent, prompt)).final_output)
+
+
 def refund_app(
     model: ScriptedModel, **runner_options: Any
 ) -> tuple[App, SagaRunner, Agent[Any], Counter[str]]:
@@ -175,9 +183,7 @@ def test_a_tool_that_needs_approval_pauses_the_same_run() -> None:
     agent: Agent[Any] = Agent(name="payer", model=model, tools=[refund])
     runner = SagaRunner(app, agent)
 
-    @app.saga(name="pay")
-    async def pay(ctx: SagaContext, prompt: str) -> str:
-        return str((await runner.run(agent, prompt)).final_output)
+    answer_saga(app, runner, agent, "pay")
 
     env = Harness(app)
     run_id = env.start("pay", "refund 300")
@@ -207,9 +213,7 @@ def test_a_denied_tool_call_reaches_the_model_as_its_result() -> None:
     agent: Agent[Any] = Agent(name="payer", model=model, tools=[refund])
     runner = SagaRunner(app, agent, tools={"refund": ToolPolicy(requires_approval=True)})
 
-    @app.saga(name="pay")
-    async def pay(ctx: SagaContext, prompt: str) -> str:
-        return str((await runner.run(agent, prompt)).final_output)
+    answer_saga(app, runner, agent, "pay")
 
     env = Harness(app)
     run_id = env.start("pay", "refund 300")
@@ -306,9 +310,7 @@ def test_step_as_function_tool_calls_the_step_with_its_policy() -> None:
     runner = SagaRunner(app, agent)
     assert runner.step_names == ["agent__cashier__model_request"]
 
-    @app.saga(name="sell")
-    async def sell(ctx: SagaContext, prompt: str) -> str:
-        return str((await runner.run(agent, prompt)).final_output)
+    answer_saga(app, runner, agent, "sell")
 
     env = Harness(app)
     run_id = env.start("sell", "charge o1")
@@ -363,12 +365,10 @@ def test_streamed_events_reach_the_runs_channel_and_the_response_is_recorded_onc
     agent: Agent[Any] = Agent(name="talker", model=model)
     runner = SagaRunner(app, agent, stream=True)
 
-    @app.saga(name="s")
-    async def s(ctx: SagaContext) -> str:
-        return str((await runner.run(agent, "x")).final_output)
+    answer_saga(app, runner, agent, "s")
 
     env = Harness(app)
-    run_id = env.start(s)
+    run_id = env.start("s", "x")
     live = env.streams.subscribe(run_id)
     env.run_until_idle()
     assert env.result(run_id) == "refund approved for o1"
@@ -400,12 +400,10 @@ def test_mcp_server_tools_are_listed_and_called_through_steps(tmp_path: Path) ->
         "agent__refunder__model_request",
     ]
 
-    @app.saga(name="r")
-    async def r(ctx: SagaContext) -> str:
-        return str((await runner.run(agent, "refund o1")).final_output)
+    answer_saga(app, runner, agent, "r")
 
     env = Harness(app)
-    run_id = env.start(r)
+    run_id = env.start("r", "refund o1")
     env.run_until_idle()
     assert env.get(run_id).status == "completed", env.get(run_id)
     assert "rf-o1-300" in str(env.result(run_id))
@@ -459,9 +457,7 @@ def test_an_approver_edits_the_arguments_of_a_step_tool() -> None:
     )
     runner = SagaRunner(app, agent)
 
-    @app.saga(name="pay")
-    async def pay(ctx: SagaContext, prompt: str) -> str:
-        return str((await runner.run(agent, prompt)).final_output)
+    answer_saga(app, runner, agent, "pay")
 
     env = Harness(app)
     run_id = env.start("pay", "refund")
@@ -484,14 +480,14 @@ def test_a_context_that_is_not_json_is_refused_with_what_to_do() -> None:
         return str((await runner.run(agent, "x", context=object())).final_output)
 
     env = Harness(app)
-    run_id = env.start(s)
+    run_id = env.start("s", "x")
     env.run_until_idle()
     run = env.get(run_id)
     assert run.status == "failed"
     assert "pass ids and URLs, not connections" in str(run.error)
 
 
-def _in_doubt_app(reconcile: bool) -> tuple[App, list[str], Any]:
+def _in_doubt_app(reconcile: bool) -> tuple[App, list[str]]:
     app = App("oa")
     attempts: list[str] = []
     provider: dict[str, str] = {}
@@ -513,28 +509,26 @@ def _in_doubt_app(reconcile: bool) -> tuple[App, list[str], Any]:
     policy = ToolPolicy(idempotent=False, reconcile=find if reconcile else None)
     runner = SagaRunner(app, agent, tools={"pay": policy})
 
-    @app.saga(name="s")
-    async def s(ctx: SagaContext) -> str:
-        return str((await runner.run(agent, "x")).final_output)
+    answer_saga(app, runner, agent, "s")
 
-    return app, attempts, s
+    return app, attempts
 
 
 def test_an_in_doubt_non_idempotent_tool_halts() -> None:
     """The SDK would hand the exception to the model as text, and the model would ask again:
     on the worker the exception fails the attempt, which is in doubt."""
-    app, attempts, saga = _in_doubt_app(reconcile=False)
+    app, attempts = _in_doubt_app(reconcile=False)
     env = Harness(app)
-    run_id = env.start(saga)
+    run_id = env.start("s", "x")
     env.run_until_idle()
     assert env.get(run_id).status == "needs_attention"
     assert attempts == ["o7"], "never blindly repeated"
 
 
 def test_an_in_doubt_tool_with_reconcile_is_not_repeated() -> None:
-    app, attempts, saga = _in_doubt_app(reconcile=True)
+    app, attempts = _in_doubt_app(reconcile=True)
     env = Harness(app)
-    run_id = env.start(saga)
+    run_id = env.start("s", "x")
     env.run_until_idle()
     assert env.get(run_id).status == "completed"
     assert attempts == ["o7"]
@@ -556,12 +550,10 @@ def test_a_failing_tool_is_retried_then_told_to_the_model_as_the_sdk_would() -> 
     retry = RetryPolicy(max_attempts=3, initial_interval=timedelta(seconds=1))
     runner = SagaRunner(app, agent, tools={"flaky": ToolPolicy(retry=retry)})
 
-    @app.saga(name="s")
-    async def s(ctx: SagaContext) -> str:
-        return str((await runner.run(agent, "x")).final_output)
+    answer_saga(app, runner, agent, "s")
 
     env = Harness(app)
-    run_id = env.start(s)
+    run_id = env.start("s", "x")
     env.run_until_idle()
     assert calls == [1, 1, 1], "the step's retry policy"
     assert env.result(run_id) == "An error occurred while running the tool. Please try again."
