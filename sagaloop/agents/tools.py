@@ -7,9 +7,11 @@ durable when the model request is a step and every tool the model calls is a ste
 
     @app.saga(name="support")
     async def support(ctx: SagaContext, question: str) -> str:
+        conversation = Conversation(ctx)
         messages = [{"role": "user", "content": question}]
         while True:
-            reply = await ctx.call(chat, messages)  # a step that calls the model
+            # a step that calls the model with Conversation.messages(ctx, request)
+            reply = await ctx.call(chat, conversation.request(messages))
             messages.append(reply)
             if not reply.get("tool_calls"):
                 return reply["content"]
@@ -23,6 +25,8 @@ durable when the model request is a step and every tool the model calls is a ste
 - :meth:`StepTools.dispatch` validates a model's tool calls against the steps' signatures and
   runs them with ``ctx.call`` (each step with its own queue, retry, timeout, reconcile,
   compensation and approval); a bad call comes back as an error result for the model.
+- :class:`Conversation` (from :mod:`sagaloop.agents.conversation`) records each model request's
+  new messages only, so the history grows with the loop's length, not with its square.
 
 No agent framework is imported: the tool calls are the plain dicts (or the SDK objects) that the
 providers' APIs return.
@@ -41,11 +45,12 @@ from typing import Any, Literal, NotRequired, Required
 import pydantic
 import typing_extensions
 
+from sagaloop.agents.conversation import Conversation
 from sagaloop.errors import ApprovalDenied, DeclarationError, StepFailedError, ValidationError
 from sagaloop.sagas.app import StepDef
 from sagaloop.sagas.context import SagaContext
 
-__all__ = ["StepTool", "StepTools", "ToolCallError", "ToolResult"]
+__all__ = ["Conversation", "StepTool", "StepTools", "ToolCallError", "ToolResult"]
 
 JSON = Any
 Format = Literal["openai", "openai_responses", "anthropic"]
