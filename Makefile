@@ -25,7 +25,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 test: lint typecheck
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m "not soak"
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
@@ -40,6 +40,8 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 .PHONY: chaos
-# The full chaos soak (tests/chaos/soak.py): 300 runs, at most 5 minutes, private servers.
+# The chaos soaks (tests/chaos/soak.py): the short one's test, then 300 runs, at most 5 minutes;
+# private servers.
 chaos: $(STAMP)
+	$(BIN)/pytest -q -m soak tests/chaos
 	$(BIN)/python tests/chaos/soak.py

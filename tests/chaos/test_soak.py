@@ -1,7 +1,8 @@
 """A short chaos soak (tests/chaos/soak.py): two engines and two workers on a private RabbitMQ
 node and a private PostgreSQL server run 30 runs of the saga mix while random processes are
 SIGKILLed and restarted, the node and the server are restarted once each, and a worker is
-stopped past its lease. Nothing may be duplicated or lost. `make chaos` runs the full one."""
+stopped past its lease. Nothing may be duplicated or lost. It is a soak, so `make test` leaves it
+out (marker ``soak``): `make chaos` runs it, then the full one (300 runs)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 SOAK = Path(__file__).with_name("soak.py")
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.soak]
 
 
 def test_short_soak_loses_and_duplicates_nothing() -> None:
