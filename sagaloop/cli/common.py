@@ -7,6 +7,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import click
@@ -17,6 +18,7 @@ from sagaloop.engine.ports import Broker
 from sagaloop.engine.streams import LOCAL, Streams
 from sagaloop.errors import SagaloopError
 from sagaloop.sagas.app import App
+from sagaloop.store.connect import sqlite_file
 from sagaloop.store.sql import SqlStore
 
 
@@ -35,6 +37,12 @@ class Obj:
         return scrub(text, password_of(settings.database_url), password_of(settings.broker_url))
 
     def store(self, *, upgrade: bool = False, verify: bool = True) -> SqlStore:
+        missing = sqlite_file(self.settings.database_url)
+        if not upgrade and missing is not None and not missing.exists():
+            raise click.ClickException(  # and do not leave an empty database behind
+                f"no database at {missing}: `sagaloop dev --app M` creates it (or run "
+                "`sagaloop db upgrade`), or set SAGALOOP_DATABASE_URL to the engine's"
+            )
         try:
             store = SqlStore(self.settings.database_url)
         except Exception as e:
@@ -105,10 +113,18 @@ def errors() -> Iterator[None]:
 
 
 def json_arg(value: str | None, what: str) -> Any:
-    """The JSON text of an option, parsed as the engine parses messages: ``NaN`` and
-    ``Infinity`` (which Python's json accepts) and numbers too large for a float are refused."""
+    """The JSON text of an option (``@path`` reads it from the file ``path``), parsed as the
+    engine parses messages: ``NaN`` and ``Infinity`` (which Python's json accepts) and numbers
+    too large for a float are refused."""
     if value is None:
         return None
+    if value.startswith("@"):
+        try:
+            value = Path(value[1:]).read_text()
+        except OSError as e:
+            raise click.BadParameter(
+                f"cannot read {value[1:]!r}: {e.strerror or e}", param_hint=what
+            ) from None
 
     def refuse(constant: str) -> Any:
         raise click.BadParameter(

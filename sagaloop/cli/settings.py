@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -38,14 +39,20 @@ class Settings(BaseSettings):
 
 
 def load_app(spec: str) -> App:
-    """Import ``module`` or ``module:attribute`` and return the App it names."""
+    """Import ``module`` or ``module:attribute`` (or ``path/to/file.py[:attribute]``) and return
+    the App it names. A file is imported as the module named after it, with its folder first on
+    ``sys.path`` (so the engine and the workers, given the same path, import the same module)."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     module_name, _, attr = spec.partition(":")
+    what = f"app module {module_name!r}"
+    if module_name.endswith(".py") or os.sep in module_name or "/" in module_name:
+        what = f"app file {module_name!r}"
+        module_name = _from_path(module_name)
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise DeclarationError(f"cannot import app module {module_name!r}: {e}") from e
+        raise DeclarationError(f"cannot import {what}: {e}") from e
     if attr:
         app = getattr(module, attr, None)
         if not isinstance(app, App):
@@ -57,3 +64,16 @@ def load_app(spec: str) -> App:
             f"module {module_name!r} defines {len(apps)} Apps: name one as {module_name}:ATTRIBUTE"
         )
     return apps[0]
+
+
+def _from_path(path: str) -> str:
+    """The module name of the app file ``path``, its folder put first on ``sys.path``."""
+    file = Path(path)
+    if file.suffix != ".py":
+        raise DeclarationError(f"{path!r}: an app file's name ends in .py")
+    if not file.is_file():
+        raise DeclarationError(f"{path!r}: no such file (run from the folder it is relative to)")
+    folder = str(file.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return file.stem

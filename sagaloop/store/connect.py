@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import select
 import time
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -204,3 +205,17 @@ def translate(e: BaseException, url: sa.URL, what: str = "database operation") -
         )
         return TransientStoreError(message, code=code)
     return StoreError(f"{what} failed on {where}: {kind}: {detail}", code=code)
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file a SQLite URL names (relative to the current folder), or None for another
+    database or an in-memory one."""
+    try:
+        u = sa.make_url(url)
+    except sa_exc.ArgumentError:
+        return None
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        return None
+    if u.database.startswith("file:") or u.query.get("mode") == "memory":
+        return None
+    return Path(u.database)
