@@ -244,6 +244,7 @@ class _StepModel(Model):
         used.requests += 1
         used.input_tokens += response.usage.input_tokens
         used.output_tokens += response.usage.output_tokens
+        used.cost += float(reply.get("cost") or 0.0)
         run.last_text = _text_of(response)
         publish_usage(run.saga, run.budget)
         return response
@@ -752,7 +753,8 @@ class SagaRunner:
                 raise UserError(f"the model of agent {agent_name!r} ended its stream unfinished")
         else:
             response = await model.get_response(*args, **options)
-        return {"response": _RESPONSE.dump_python(response, mode="json")}
+        cost = _price(request.get("model") or agent.model, model, response)
+        return {"response": _RESPONSE.dump_python(response, mode="json"), "cost": cost}
 
     async def _run_tool(
         self, key: tuple[str, str], ctx: StepContext, call: dict[str, Any]
@@ -813,3 +815,30 @@ def _usage_from(usage: Any) -> Any:
         output_tokens=usage.output_tokens,
         total_tokens=usage.total_tokens,
     )
+
+
+def _price(name: Any, model: Model, response: ModelResponse) -> float | None:
+    """What the response cost, priced on the worker with genai-prices (None when the package,
+    the model's name or its price is not known)."""
+    try:
+        import genai_prices
+    except ImportError:
+        return None
+    ref = name if isinstance(name, str) else getattr(model, "model", None)
+    if not isinstance(ref, str) or not ref:
+        return None
+    provider, _, bare = ref.rpartition("/")  # MultiProvider's "openai/gpt-5"
+    usage = response.usage
+    try:
+        price = genai_prices.calc_price(
+            genai_prices.Usage(
+                input_tokens=usage.input_tokens,
+                cache_read_tokens=usage.input_tokens_details.cached_tokens or None,
+                output_tokens=usage.output_tokens,
+            ),
+            model_ref=bare,
+            provider_id=provider or None,
+        )
+        return float(price.total_price)
+    except Exception:  # no price known for this model: counted as 0
+        return None

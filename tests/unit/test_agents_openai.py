@@ -557,3 +557,26 @@ def test_a_failing_tool_is_retried_then_told_to_the_model_as_the_sdk_would() -> 
     env.run_until_idle()
     assert calls == [1, 1, 1], "the step's retry policy"
     assert env.result(run_id) == "An error occurred while running the tool. Please try again."
+
+
+def test_a_known_model_is_priced_on_the_worker_and_a_cost_budget_stops_the_run() -> None:
+    usage_1k = Usage(requests=1, input_tokens=1000, output_tokens=500, total_tokens=1500)
+    model = ScriptedModel(
+        [
+            ModelResponse(
+                output=[function_call("greet", {"who": f"n{i}"}, call_id=f"c{i}")],
+                usage=usage_1k,
+                response_id=None,
+            )
+            for i in range(3)
+        ]
+    )
+    model.model = "gpt-4o"  # type: ignore[attr-defined]  # the name an OpenAI model carries
+    app, _, _, effects = refund_app(model, budget=Budget(cost=0.01))
+    env = Harness(app)
+    run_id = env.start("ask", "loop")
+    env.run_until_idle()
+    assert env.get(run_id).status == "failed"
+    assert "cost" in str(env.get(run_id).error)
+    assert len(model.calls) == 2, "0.0075 each: the third request would pass 0.01"
+    assert env.client._published(run_id)[USAGE_KEY]["cost"] == pytest.approx(0.015)
