@@ -579,4 +579,5 @@ def test_a_known_model_is_priced_on_the_worker_and_a_cost_budget_stops_the_run()
     assert env.get(run_id).status == "failed"
     assert "cost" in str(env.get(run_id).error)
     assert len(model.calls) == 2, "0.0075 each: the third request would pass 0.01"
+    assert effects == Counter({"greet n0": 1, "greet n1": 1})
     assert env.client._published(run_id)[USAGE_KEY]["cost"] == pytest.approx(0.015)
