@@ -7,6 +7,8 @@ in the history as :class:`ErrorInfo` and come back as the same Python type on th
 from __future__ import annotations
 
 import traceback as tb
+from collections.abc import Collection
+from types import CodeType, TracebackType
 from typing import Any
 
 
@@ -89,6 +91,30 @@ class TransientStoreError(StoreError):
     commit itself: then it may have committed, so retried work must be idempotent."""
 
 
+class AccessRefusedError(SagaloopError):
+    """A server refused sagaloop's credentials or what they name: a wrong password, an unknown
+    user or role, a database or virtual host that does not exist, a missing permission.
+    Waiting does not help until someone fixes the configuration, so a service that meets it at
+    start-up stops (``sagaloop engine``, ``worker`` and ``dev`` exit with status 78) instead of
+    retrying for ever; met later (a password rotated under a running service), it is retried
+    like an outage. ``reason`` says what was refused, in a few words; ``where`` is the server's
+    URL, its password masked."""
+
+    reason: str = ""
+    where: str = ""
+
+
+class DatabaseAccessRefused(TransientStoreError, AccessRefusedError):
+    """The database refused the connection: see :class:`AccessRefusedError`. A
+    TransientStoreError, so that a running service waits for the fix rather than give up on
+    the messages in hand."""
+
+    def __init__(self, message: str, *, reason: str, where: str, code: str | None = None):
+        super().__init__(message, code=code)
+        self.reason = reason
+        self.where = where
+
+
 class SchemaOutdatedError(StoreError):
     def __init__(self, current: int, expected: int) -> None:
         super().__init__(
@@ -115,6 +141,15 @@ class DuplicateMessageError(StoreError):
 
 class BrokerError(SagaloopError):
     """The message broker failed; the driver error is the ``__cause__``."""
+
+
+class BrokerAccessRefused(BrokerError, AccessRefusedError):
+    """The broker refused the connection: see :class:`AccessRefusedError`."""
+
+    def __init__(self, message: str, *, reason: str, where: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.where = where
 
 
 class UndeliverableError(BrokerError):
@@ -260,11 +295,20 @@ class ErrorInfo:
         first, as ``(type, message)``: ``raise StepError(...) from ConnectionError(...)``."""
 
     @classmethod
-    def from_exception(cls, exc: BaseException, *, with_traceback: bool = False) -> ErrorInfo:
-        """Never raises. ``with_traceback`` keeps where it was raised (cut to MAX_TRACEBACK)."""
+    def from_exception(
+        cls,
+        exc: BaseException,
+        *,
+        with_traceback: bool = False,
+        called: Collection[CodeType] = (),
+    ) -> ErrorInfo:
+        """Never raises. ``with_traceback`` keeps where it was raised (cut to MAX_TRACEBACK,
+        keeping its end). ``called``: the code of the user's functions that sagaloop called
+        (a step's body, its compensation...): the traceback starts at the first of them, without
+        the frames of sagaloop that called it."""
         name = _storable(type(exc).__name__, 200)
         message = _storable(_message(exc, name), MAX_ERROR_MESSAGE)
-        trace = _traceback(exc) if with_traceback else None
+        trace = _traceback(exc, called) if with_traceback else None
         causes = _causes(exc)
         if isinstance(exc, ApplicationError):
             return cls(
@@ -336,13 +380,24 @@ def _causes(exc: BaseException) -> list[tuple[str, str]]:
     return out
 
 
-def _traceback(exc: BaseException) -> str | None:
+def _traceback(exc: BaseException, called: Collection[CodeType] = ()) -> str | None:
     try:
-        lines = "".join(tb.format_exception(exc)).splitlines()
+        start = _frames_from(exc.__traceback__, called)
+        lines = "".join(tb.format_exception(type(exc), exc, start)).splitlines()
     except BaseException:
         return None
     text = "\n".join(line if len(line) <= 300 else f"{line[:300]}..." for line in lines)
     return _storable(text, MAX_TRACEBACK, keep_end=True)
+
+
+def _frames_from(trace: TracebackType | None, called: Collection[CodeType]) -> TracebackType | None:
+    """``trace`` from its first frame that runs one of ``called`` (all of it if none does)."""
+    at = trace
+    while called and at is not None:
+        if at.tb_frame.f_code in called:
+            return at
+        at = at.tb_next
+    return trace
 
 
 def _storable(text: str, limit: int, *, keep_end: bool = False) -> str:

@@ -51,7 +51,12 @@ def timeline_text(tl: Timeline) -> str:
     if rows:
         headers = ["#", "step", "state", "tries", "took", "worker", "undo", "idempotency key"]
         parts.append(_table(headers, rows))
-    errors = [f"  #{s.position} {s.step}: {s.error}" for s in tl.steps if s.error]
+    errors = [
+        f"  #{s.position} {s.step}: {s.error}"
+        + (f"\n{_indent(s.traceback)}" if s.traceback else "")
+        for s in tl.steps
+        if s.error
+    ]
     if errors:
         parts.append("last errors:\n" + "\n".join(errors))
     if tl.waiting_for:
@@ -64,8 +69,15 @@ def timeline_text(tl: Timeline) -> str:
     if tl.status == "completed":
         parts.append("output: " + json.dumps(tl.output))
     elif tl.error:
-        parts.append(f"error: {tl.error.get('type')}: {tl.error.get('message')}")
+        error = f"error: {tl.error.get('type')}: {tl.error.get('message')}"
+        trace = tl.error.get("traceback")
+        parts.append(error + (f"\n{_indent(str(trace))}" if trace else ""))
     return "\n\n".join(parts)
+
+
+def _indent(text: str, by: str = "      ") -> str:
+    """A stored traceback, indented under the error it belongs to."""
+    return "\n".join(by + line for line in text.splitlines())
 
 
 def runs_text(runs: Sequence[RunRecord], counts: dict[str, int]) -> str:

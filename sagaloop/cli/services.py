@@ -35,6 +35,9 @@ MAX_BACKOFF = 3.0
 """The longest the relay waits between tries while the broker is down (seconds)."""
 EXIT_THREAD_DIED = 70
 """The exit status of a service stopped because one of its threads died (``EX_SOFTWARE``)."""
+EXIT_ACCESS_REFUSED = 78
+"""The exit status of a service that the database or the broker refused at start-up: a wrong
+password, a missing role, database or virtual host (``EX_CONFIG``: fix the URL, not retried)."""
 
 
 class Runtime:

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sagaloop.engine import history as h
+from sagaloop.engine import runlog
 from sagaloop.engine import state as s
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import (
@@ -114,6 +115,8 @@ class Plan:
     """The run does not exist yet: insert it (a start published without a client)."""
     rejected: str | None = None
     """The message was refused (the run records why); dead-letter it after the commit."""
+    logs: list[runlog.Line] = dataclasses.field(default_factory=list)
+    """The log lines of the events it appends, written once they are committed."""
 
 
 class Engine:
@@ -140,6 +143,8 @@ class Engine:
         self._staged_runs: dict[str, RunRecord] = {}
         self._restarted: set[str] = set()
         """Runs whose history a staged plan restarts: not activated again before it commits."""
+        self._logs: list[runlog.Line] = []
+        """The log lines of the plans applied in the open transaction (see ``runlog``)."""
         self._runner = runner or StepRunner(
             app, threads=1, worker="engine", history=lambda run: store.load_history(None, run)
         )
@@ -191,6 +196,7 @@ class Engine:
         for timer in effects.timers:
             self.store.add_timer(tx, timer)
         self.store.enqueue(tx, effects.messages, now)
+        self._logs.extend(plan.logs)
 
     def park(self, env: Envelope, error: ErrorInfo, failures: int) -> Plan:
         """A plan that parks the run of ``env`` in ``needs_attention`` without running saga
@@ -347,8 +353,7 @@ class Engine:
             plan.create = True
         else:
             plan = self._activate(env, run, [lambda st: finish], run_code=False)
-        plan.rejected = reason
-        logger.warning("run %s failed: the engine refused its start: %s", env.run_id, reason)
+        plan.rejected = reason  # its run_finished line says why (see runlog)
         return plan
 
     def _on_event(self, env: Envelope, run: RunRecord) -> list[Triggers]:
@@ -439,6 +444,8 @@ class Engine:
         self._restarted.clear()
         while len(self._cache) > self.cache_size:
             _drop(self._cache.popitem(last=False)[1])
+        logs, self._logs = self._logs, []
+        runlog.emit(logs)
 
     def rolled_back(self) -> None:
         """Forget what the failed transaction's plans did to in-memory state."""
@@ -447,6 +454,7 @@ class Engine:
         self._staged.clear()
         self._staged_runs.clear()
         self._restarted.clear()
+        self._logs.clear()
 
     # --- activation --------------------------------------------------------------------------
 
@@ -468,6 +476,8 @@ class Engine:
                 if reacted:
                     plan.run = self._updated(run, live.state)
                     plan.effects = effects
+                    first = run.processed_seq == 0
+                    plan.logs = runlog.lines(live.state, effects.events, first=first)
                     if effects.restart is not None:  # the run's state starts again too
                         plan.run = dataclasses.replace(
                             plan.run, status=s.RUNNING, last_seq=1, processed_seq=0, reason=None

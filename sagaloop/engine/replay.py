@@ -313,7 +313,8 @@ class Replayer:
         elif isinstance(exc, _ContinueAsNew):
             self.outcome = {"continue_as_new": exc.input, "next_pos": self.next_pos}
         else:
-            self.outcome = {"error": ErrorInfo.from_exception(exc).to_json()}
+            error = ErrorInfo.from_exception(exc, with_traceback=True)  # where saga code raised
+            self.outcome = {"error": error.to_json()}
 
     # --- commands ----------------------------------------------------------------------------
 

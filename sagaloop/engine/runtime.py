@@ -57,12 +57,18 @@ MAX_FAILURES = 5
 CONFLICT_RETRIES = 5
 
 
-def log_failure(what: str, exc: BaseException) -> None:
-    """An outage of the database is expected and retried: one line. Anything else: a trace."""
+def log_failure(what: str, exc: BaseException, extra: dict[str, Any] | None = None) -> None:
+    """An outage of the database is expected and retried: one line. Anything else: a trace.
+    ``extra``: the run's ids (see :func:`run_extra`), for a failure about a run's message."""
     if isinstance(exc, TransientStoreError):
-        logger.warning("%s: %s; retrying", what, exc)
+        logger.warning("%s: %s; retrying", what, exc, extra=extra)
     else:
-        logger.error("%s; retrying", what, exc_info=exc)
+        logger.error("%s; retrying", what, exc_info=exc, extra=extra)
+
+
+def run_extra(env: Envelope) -> dict[str, Any]:
+    """The ``extra`` of a log record about ``env``'s run."""
+    return {"run_id": env.run_id, "saga": env.saga} if env.saga else {"run_id": env.run_id}
 
 
 def decode(delivery: Delivery, store: Store | None = None) -> Envelope | None:
@@ -171,7 +177,8 @@ class EngineConsumer:
                 logger.warning("%s", e)
             except TransientStoreError as e:
                 self._troubles.transient(env.message_id)
-                log_failure(f"engine failed on message {env.message_id} (run {env.run_id})", e)
+                what = f"engine failed on message {env.message_id} (run {env.run_id})"
+                log_failure(what, e, run_extra(env))
                 delivery.retry_later(RETRY_DELAY)
             except Exception as e:
                 self._failed(delivery, env, e)
@@ -184,10 +191,14 @@ class EngineConsumer:
     def _failed(self, delivery: Delivery, env: Envelope, exc: Exception) -> None:
         """A failure that is no outage: retry it a few times, then park the run on it."""
         what = f"engine failed on message {env.message_id} (run {env.run_id})"
-        failures = self._troubles.give_up(env.message_id, delivery, what, exc, self.max_failures)
+        failures = self._troubles.give_up(
+            env.message_id, delivery, what, exc, self.max_failures, run_extra(env)
+        )
         if failures is None:
             return
-        logger.error("%s %d times: parking the run", what, failures, exc_info=exc)
+        logger.error(
+            "%s %d times: parking the run", what, failures, exc_info=exc, extra=run_extra(env)
+        )
         try:
             error = ErrorInfo.from_exception(exc, with_traceback=True)
             plan = self.engine.park(env, error, failures)
@@ -202,7 +213,7 @@ class EngineConsumer:
             logger.warning("%s", e)
         except Exception as e:
             self.engine.rolled_back()
-            log_failure(f"could not park run {env.run_id}", e)
+            log_failure(f"could not park run {env.run_id}", e, run_extra(env))
             delivery.retry_later(RETRY_DELAY)
         else:
             self.engine.committed()
@@ -282,7 +293,8 @@ class WorkerConsumer:
             logger.warning("%s", e)
         except TransientStoreError as e:
             self._troubles.transient(key)
-            log_failure(f"worker failed on message {env.message_id}", e)
+            what = f"worker failed on message {env.message_id} (run {env.run_id})"
+            log_failure(what, e, run_extra(env))
             delivery.retry_later(RETRY_DELAY)
         except Exception as e:
             self._failed(delivery, env, key, e)
@@ -369,7 +381,13 @@ class WorkerConsumer:
         except StoreError as e:
             if reply is None or isinstance(e, TransientStoreError):
                 raise
-            logger.error("worker could not store the reply to %s", env.message_id, exc_info=e)
+            logger.error(
+                "worker could not store the reply to %s (run %s)",
+                env.message_id,
+                env.run_id,
+                exc_info=e,
+                extra=run_extra(env),
+            )
             failed = ErrorInfo(
                 "UnstorableResult",
                 f"the outcome of step {env.payload.get('step')!r} could not be stored: "
@@ -400,10 +418,14 @@ class WorkerConsumer:
     def _failed(self, delivery: Delivery, env: Envelope, key: str, exc: Exception) -> None:
         """A failure that is no outage: retry it a few times, then answer ``halted``."""
         what = f"worker failed on message {env.message_id} (run {env.run_id})"
-        failures = self._troubles.give_up(key, delivery, what, exc, self.max_failures)
+        failures = self._troubles.give_up(
+            key, delivery, what, exc, self.max_failures, run_extra(env)
+        )
         if failures is None:
             return
-        logger.error("%s %d times: answering halted", what, failures, exc_info=exc)
+        logger.error(
+            "%s %d times: answering halted", what, failures, exc_info=exc, extra=run_extra(env)
+        )
         cause = ErrorInfo.from_exception(exc, with_traceback=True)
         error = ErrorInfo(
             "RepeatedFailure",
@@ -418,7 +440,7 @@ class WorkerConsumer:
         except BrokerError as e:
             logger.warning("%s", e)
         except Exception as e:
-            log_failure(f"could not answer halted to {env.message_id}", e)
+            log_failure(f"could not answer halted to {env.message_id}", e, run_extra(env))
             self._troubles.keep(key, reply)
             delivery.retry_later(RETRY_DELAY)
         else:
@@ -484,7 +506,13 @@ class _Troubles:
             self._count(key)[1] += 1
 
     def give_up(
-        self, key: str, delivery: Delivery, what: str, exc: Exception, limit: int
+        self,
+        key: str,
+        delivery: Delivery,
+        what: str,
+        exc: Exception,
+        limit: int,
+        extra: dict[str, Any] | None = None,
     ) -> int | None:
         """Count a failure (with the earlier deliveries that this process did not see retried
         for an outage). Below ``limit``: log it, hand the message back, return None. At the
@@ -495,7 +523,7 @@ class _Troubles:
             failures = counts[0]
         if failures >= limit:
             return failures
-        log_failure(f"{what}, {failures} of {limit} times", exc)
+        log_failure(f"{what}, {failures} of {limit} times", exc, extra)
         delivery.retry_later(RETRY_DELAY)
         return None
 

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from types import CodeType
 from typing import Any
 
 from sagaloop.engine.crashpoints import CrashPointRaised
@@ -102,7 +103,8 @@ class _StepContext(StepContext):
         self.in_doubt = in_doubt
         self.idempotency_key = task.idempotency_key or ""
         self.logger = logging.LoggerAdapter(
-            logger, {"run_id": self.run_id, "step": self.step, "attempt": self.attempt}
+            logger,
+            {"run_id": self.run_id, "saga": self.saga, "step": self.step, "attempt": self.attempt},
         )
 
     def stream(self, data: Any) -> None:
@@ -121,6 +123,37 @@ class _StepContext(StepContext):
         self.details = details
         if self._beat is not None:
             self._beat(self)
+
+
+def _code_of(step: StepDef[Any, Any]) -> set[CodeType]:
+    """The code of the step's functions: where the traceback of an error they raise starts."""
+    fns = (step.fn, step.compensation_fn, step.reconcile_fn)
+    codes = (getattr(fn, "__code__", None) for fn in fns)
+    return {code for code in codes if isinstance(code, CodeType)}
+
+
+def _what(step: StepDef[Any, Any], direction: str) -> str:
+    return f"step {step.name!r}" if direction == DO else f"compensation of step {step.name!r}"
+
+
+def _attempt_of(step: StepDef[Any, Any], attempt: int) -> str:
+    limit = step.retry.max_attempts
+    return f"attempt {attempt} of {limit}" if limit is not None else f"attempt {attempt}, no limit"
+
+
+def _log_failure(
+    ctx: _StepContext, step: StepDef[Any, Any], direction: str, info: ErrorInfo, e: BaseException
+) -> None:
+    """One line for a failed attempt; at DEBUG (``-v``) with the traceback."""
+    ctx.logger.warning(
+        "run %s: %s failed (%s): %s%s",
+        ctx.run_id,
+        _what(step, direction),
+        _attempt_of(step, ctx.attempt),
+        info.describe(),
+        "; not retryable" if info.non_retryable else "",
+        exc_info=e if ctx.logger.isEnabledFor(logging.DEBUG) else None,
+    )
 
 
 def _invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -198,6 +231,7 @@ class StepRunner:
         inline = inline or self.inline
         ctx = _StepContext(task, step, in_doubt, beat, self.history, self.streams)
         reply: dict[str, Any] = {"direction": direction, "worker": self.worker}
+        started = time.monotonic()
         try:
             args = step.signature.args_from_json(p.get("args", {}), what=f"step {step.name!r}")
             if direction == DO:
@@ -207,26 +241,30 @@ class StepRunner:
         except UnencodableError as e:  # the body ran, so the next attempt is in doubt
             info = ErrorInfo.from_exception(e)
             info.type = UNENCODABLE_RESULT
-            ctx.logger.warning("attempt %s of step %s failed: %s", ctx.attempt, step.name, e)
+            _log_failure(ctx, step, direction, info, e)
             reply.update(outcome="failed", error=info.to_json())
         except ValidationError as e:
             info = ErrorInfo.from_exception(e)
             info.non_retryable = True
+            _log_failure(ctx, step, direction, info, e)
             reply.update(outcome="failed", error=info.to_json())
         except CrashPointRaised:
             raise  # a simulated death of the process (tests): not the step's doing
         except BaseException as e:  # step code's, whatever it raises: see the module's doc
-            info = ErrorInfo.from_exception(e, with_traceback=True)
+            info = ErrorInfo.from_exception(e, with_traceback=True, called=_code_of(step))
             if not info.message:
                 info.message = f"{info.type} raised by step {step.name!r}"
-            ctx.logger.warning(
-                "attempt %s of step %s failed: %s: %s",
-                ctx.attempt,
-                step.name,
-                info.type,
-                info.message,
-            )
+            _log_failure(ctx, step, direction, info, e)
             reply.update(outcome="failed", error=info.to_json())
+        else:
+            ctx.logger.debug(
+                "run %s: %s %s (%s) in %.3f s",
+                ctx.run_id,
+                _what(step, direction),
+                "skipped" if reply.get("skipped") else reply.get("outcome"),
+                _attempt_of(step, ctx.attempt),
+                time.monotonic() - started,
+            )
         return reply
 
     def _do(
@@ -243,18 +281,51 @@ class StepRunner:
                 found = self._call(step, inline, step.reconcile_fn, ctx, **args)
                 if found is not None:
                     ctx.logger.info(
-                        "step %s reconciled: the earlier attempt took effect", step.name
+                        "run %s: step %r reconciled (attempt %d): an earlier attempt took "
+                        "effect, so it was not run again",
+                        ctx.run_id,
+                        step.name,
+                        ctx.attempt,
                     )
                     what = f"reconciled result of step {step.name!r}"
                     result = step.result.to_json(found, what=what)
                     return {"outcome": "completed", "result": result, "reconciled": True}
+                ctx.logger.info(
+                    "run %s: step %r in doubt (attempt %d): its reconcile found no effect of "
+                    "an earlier attempt; running it",
+                    ctx.run_id,
+                    step.name,
+                    ctx.attempt,
+                )
             elif not step.idempotent:
                 reason = (
                     f"step {step.name!r} is declared idempotent=False and has no reconcile; an "
                     f"earlier attempt may have taken effect, so attempt {ctx.attempt} was not "
                     "run. Check the effect by hand, then `sagaloop retry` the run."
                 )
+                ctx.logger.warning(
+                    "run %s: step %r in doubt (attempt %d): not run again, as it is "
+                    "idempotent=False without a reconcile",
+                    ctx.run_id,
+                    step.name,
+                    ctx.attempt,
+                )
                 return {"outcome": "halted", "error": ErrorInfo("InDoubt", reason).to_json()}
+            else:
+                ctx.logger.debug(
+                    "run %s: step %r in doubt (attempt %d): idempotent, so run again",
+                    ctx.run_id,
+                    step.name,
+                    ctx.attempt,
+                )
+        elif in_doubt:
+            ctx.logger.info(
+                "run %s: step %r run again although in doubt (attempt %d): `sagaloop retry` "
+                "forced it",
+                ctx.run_id,
+                step.name,
+                ctx.attempt,
+            )
         value = self._call(step, inline, step.fn, ctx, **args)
         return {
             "outcome": "completed",

@@ -30,6 +30,8 @@ class StepLine:
     error: str | None
     compensation: str | None
     compensation_key: str | None
+    traceback: str | None = None
+    """Where the last error was raised, while it stands (the step did not complete since)."""
 
 
 @dataclasses.dataclass
@@ -107,6 +109,7 @@ def timeline(run: RunRecord, events: list[Event], now: datetime) -> Timeline:
                 compensation_key=(
                     idempotency_key(run.run_id, x.pos, UNDO) if x.comp_status else None
                 ),
+                traceback=_traceback(x.error) if x.status != s.DONE else None,
             )
         )
     return Timeline(
@@ -128,6 +131,11 @@ def timeline(run: RunRecord, events: list[Event], now: datetime) -> Timeline:
             if not w.resolved and w.prompt is not None and run.status not in s.FINAL_STATUSES
         },
     )
+
+
+def _traceback(error: Any) -> str | None:
+    trace = error.get("traceback") if isinstance(error, dict) else None
+    return str(trace) if trace else None
 
 
 def _t(when: datetime) -> str:

@@ -6,6 +6,7 @@ here: engine and pool options, and which failures are worth retrying.
 
 from __future__ import annotations
 
+import re
 import select
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from sqlalchemy.pool import StaticPool
 from sagaloop._secrets import mask_url as mask_url  # re-exported: one masking function
 from sagaloop._secrets import password_of
 from sagaloop._secrets import scrub as scrub
-from sagaloop.errors import StoreError, TransientStoreError
+from sagaloop.errors import DatabaseAccessRefused, StoreError, TransientStoreError
 
 # PostgreSQL SQLSTATEs worth retrying: the transaction lost a race, or the server is going away
 # or not there yet. Class 08 (connection exception) is transient as a whole.
@@ -186,8 +187,50 @@ def is_transient(e: BaseException) -> bool:
     return isinstance(e, sa_exc.OperationalError) and type(orig).__module__.startswith("psycopg")
 
 
+_REFUSED_SQLSTATES = {
+    "28P01": "the password was refused",  # invalid_password
+    "28000": "the login was refused",  # invalid_authorization_specification
+    "3D000": "the database does not exist",  # invalid_catalog_name
+}
+_REFUSED_MESSAGES = (
+    (
+        re.compile(r'password authentication failed for user "([^"]*)"'),
+        "the password of user {!r} was refused",
+    ),
+    (re.compile(r'role "([^"]*)" does not exist'), "the role {!r} does not exist"),
+    (re.compile(r'database "([^"]*)" does not exist'), "the database {!r} does not exist"),
+    (re.compile(r"no pg_hba\.conf entry for"), "pg_hba.conf lets no such connection in"),
+    (
+        re.compile(r"permission denied for database|not have CONNECT privilege"),
+        "the user may not connect to this database",
+    ),
+    (re.compile(r"(\w+) authentication failed for user"), "{} authentication failed"),
+)
+
+
+def refused_access(e: BaseException) -> str | None:
+    """What the database refused, in a few words, when a connection failed for a reason that
+    waiting will not fix (a wrong password, a role or database that does not exist, no
+    pg_hba.conf entry); None for any other error (a refused or timed-out connection, too many
+    clients, a server starting up: worth retrying). psycopg gives no SQLSTATE for a failed
+    connection, so the server's (English) message is read."""
+    orig = e.orig if isinstance(e, sa_exc.DBAPIError) else e
+    if not type(orig).__module__.startswith("psycopg"):
+        return None
+    state = getattr(orig, "sqlstate", None)
+    if isinstance(state, str) and state:
+        return _REFUSED_SQLSTATES.get(state)
+    message = str(orig)
+    for pattern, reason in _REFUSED_MESSAGES:
+        found = pattern.search(message)
+        if found:
+            return reason.format(*found.groups())
+    return None
+
+
 def translate(e: BaseException, url: sa.URL, what: str = "database operation") -> StoreError:
-    """The StoreError (TransientStoreError when worth retrying) to raise ``from e``."""
+    """The StoreError (TransientStoreError when worth retrying; DatabaseAccessRefused when the
+    server refused the login or the database) to raise ``from e``."""
     orig = e.orig if isinstance(e, sa_exc.DBAPIError) else e
     code = error_code(e)
     detail = " ".join(str(orig).split())
@@ -198,6 +241,13 @@ def translate(e: BaseException, url: sa.URL, what: str = "database operation") -
     detail = scrub(detail, url.password if isinstance(url.password, str) else None, full)
     kind = type(orig).__name__ + (f" [{code}]" if code else "")
     where = mask_url(url)
+    refusal = refused_access(e)
+    if refusal is not None:
+        refusal = scrub(refusal, url.password if isinstance(url.password, str) else None, full)
+        message = (
+            f"{what} failed on {where}: the server refused access: {refusal} ({kind}: {detail})"
+        )
+        return DatabaseAccessRefused(message, reason=refusal, where=where, code=code)
     if is_transient(e):
         message = (
             f"{what} failed on {where}, retry it: the database is unreachable or busy "
