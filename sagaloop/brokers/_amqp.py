@@ -1,5 +1,5 @@
 """Helpers of the RabbitMQ broker: URL masking, the topology (names, arguments, and the
-declarations and dead-letter reads that run on a channel of the I/O thread), delivery counts,
+declarations that run on a channel of the I/O thread), delivery counts,
 dead-letter origins, and the bookkeeping of publisher confirms."""
 
 from __future__ import annotations
@@ -9,8 +9,6 @@ import dataclasses
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
-
-import pika
 
 from sagaloop._secrets import mask_url as mask_url  # the one masking function, re-exported
 
@@ -92,31 +90,6 @@ class Topology:
             else:  # earlier versions bound it: take that away (a no-op when absent)
                 channel.queue_unbind(self.queue(q), self.exchange, routing_key=q)
         channel.queue_bind(self.dead_letter_queue, self.dead_letter_exchange, callback=done)
-
-    def peek(self, limit: int, channel: Any, call: Call) -> None:
-        """Read up to ``limit`` dead letters with ``basic.get`` (no ack), give them all back
-        with one ``basic.nack(multiple, requeue)``, resolve ``call`` with them and close."""
-        found: list[tuple[str, bytes, str]] = []
-        last_tag = 0
-
-        def finish(_frame: Any = None) -> None:
-            if last_tag:
-                channel.basic_nack(last_tag, multiple=True, requeue=True)
-            call.resolve(found)
-            channel.close()
-
-        def got(_channel: Any, method: Any, props: Any, body: bytes) -> None:
-            nonlocal last_tag
-            last_tag = method.delivery_tag
-            queue, reason = dead_letter_origin(props.headers, self.namespace)
-            found.append((queue, body, reason))
-            if len(found) >= limit:
-                finish()
-            else:
-                channel.basic_get(self.dead_letter_queue, got)
-
-        channel.add_callback(finish, [pika.spec.Basic.GetEmpty], one_shot=True)
-        channel.basic_get(self.dead_letter_queue, got)
 
 
 def delivery_count(headers: Mapping[str, Any] | None, redelivered: bool) -> int:

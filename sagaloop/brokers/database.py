@@ -16,9 +16,11 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 
+from sagaloop.brokers.dead_letters import DeadLetter, resend_trusted
 from sagaloop.engine.messages import CONTENT_TYPE
 from sagaloop.engine.ports import Clock, Delivery, QueuedMessage, SystemClock, Tx
 from sagaloop.errors import BrokerError
+from sagaloop.store.queue import DeadLetterRow
 from sagaloop.store.sql import SqlStore
 
 logger = logging.getLogger(__name__)
@@ -109,3 +111,38 @@ class DatabaseBroker:
 
     def close(self) -> None:
         pass
+
+    # --- dead letters (sagaloop.brokers.dead_letters.DeadLetters) ----------------------------
+    # Rows of sagaloop_dead_letters; a dead letter's id is its row's id. Their trust was not
+    # recorded: see ``resend_trusted``.
+
+    def list_dead_letters(self, limit: int = 1000) -> list[DeadLetter]:
+        return [_letter(r) for r in self.store.dead_letter_rows(limit=limit)]
+
+    def find_dead_letter(self, id: str) -> DeadLetter | None:
+        rows = self.store.dead_letter_rows(ids=_row_ids([id]))
+        return _letter(rows[0]) if rows else None
+
+    def count_dead_letters(self) -> int:
+        return self.store.count_dead_letters()
+
+    def resend_dead_letters(self, ids: Sequence[str] | None = None) -> list[DeadLetter]:
+        """Back to their queues in one transaction (so, all or none)."""
+        rows = self.store.requeue_dead_letters(
+            _row_ids(ids), self.clock.now(), trusted=resend_trusted
+        )
+        return [_letter(r) for r in rows]
+
+    def purge_dead_letters(self, ids: Sequence[str] | None = None) -> int:
+        return self.store.delete_dead_letters(_row_ids(ids))
+
+
+def _row_ids(ids: Sequence[str] | None) -> list[int] | None:
+    """The row ids among ``ids`` (what is not one names no dead letter)."""
+    if ids is None:
+        return None
+    return [int(i) for i in ids if i.isascii() and i.isdigit() and len(i) < 19]
+
+
+def _letter(row: DeadLetterRow) -> DeadLetter:
+    return DeadLetter(str(row.id), row.queue, row.reason, row.at, row.body, CONTENT_TYPE)

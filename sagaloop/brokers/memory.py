@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 
+from sagaloop.brokers.dead_letters import DeadLetter
 from sagaloop.engine.messages import CONTENT_TYPE
 from sagaloop.engine.ports import Clock, Delivery, SystemClock, Tx
 
@@ -61,7 +62,7 @@ class MemoryDelivery:
 
     def dead_letter(self, reason: str) -> None:
         if self._broker._finish(self):
-            self._broker.dead.append((self._message.queue, self._message.body, reason))
+            self._broker._bury(self._message, reason)
 
 
 class MemoryBroker:
@@ -76,7 +77,14 @@ class MemoryBroker:
         self._unacked: dict[int, MemoryDelivery] = {}
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
-        self.dead: list[tuple[str, bytes, str]] = []
+        self._dead: list[tuple[DeadLetter, bool]] = []  # and whether it was trusted
+        self._dead_ids = itertools.count(1)
+
+    @property
+    def dead(self) -> list[tuple[str, bytes, str]]:
+        """The dead letters so far as ``(queue, body, reason)``, oldest first."""
+        with self._cond:
+            return [(d.queue, d.body, d.reason) for d, _ in self._dead]
 
     def _now(self) -> float:
         return self.clock.now().timestamp()
@@ -146,6 +154,52 @@ class MemoryBroker:
                 if remaining <= 0:
                     return []
                 self._cond.wait(min(remaining, 0.05))
+
+    # --- dead letters (sagaloop.brokers.dead_letters.DeadLetters) ----------------------------
+    # Ids count from 1 in this broker; a dead letter keeps its content type and trust.
+
+    def _bury(self, message: _Message, reason: str) -> None:
+        with self._cond:
+            letter = DeadLetter(
+                str(next(self._dead_ids)),
+                message.queue,
+                reason,
+                self.clock.now(),
+                message.body,
+                message.content_type,
+            )
+            self._dead.append((letter, message.trusted))
+
+    def _take_dead(self, ids: Sequence[str] | None) -> list[tuple[DeadLetter, bool]]:
+        wanted = None if ids is None else set(ids)
+        taken: list[tuple[DeadLetter, bool]] = []
+        kept: list[tuple[DeadLetter, bool]] = []
+        with self._cond:
+            for entry in self._dead:
+                (taken if wanted is None or entry[0].id in wanted else kept).append(entry)
+            self._dead = kept
+        return taken
+
+    def list_dead_letters(self, limit: int = 1000) -> list[DeadLetter]:
+        with self._cond:
+            return [d for d, _ in self._dead[:limit]]
+
+    def find_dead_letter(self, id: str) -> DeadLetter | None:
+        with self._cond:
+            return next((d for d, _ in self._dead if d.id == id), None)
+
+    def count_dead_letters(self) -> int:
+        with self._cond:
+            return len(self._dead)
+
+    def resend_dead_letters(self, ids: Sequence[str] | None = None) -> list[DeadLetter]:
+        taken = self._take_dead(ids)
+        for d, trusted in taken:
+            self.publish_raw(d.queue, d.body, d.content_type, trusted=trusted)
+        return [d for d, _ in taken]
+
+    def purge_dead_letters(self, ids: Sequence[str] | None = None) -> int:
+        return len(self._take_dead(ids))
 
     def close(self) -> None:
         with self._cond:

@@ -9,10 +9,11 @@ claimable again; every later operation on the row names the token it was claimed
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy import Connection
@@ -172,6 +173,76 @@ def dead_letters(conn: Connection) -> list[tuple[str, bytes, str]]:
     d = t.dead_letters.c
     rows = conn.execute(sa.select(d.queue, d.body, d.reason).order_by(d.id))
     return [(r.queue, bytes(r.body), r.reason) for r in rows]
+
+
+class DeadLetterRow(NamedTuple):
+    id: int
+    queue: str
+    body: bytes
+    reason: str
+    at: datetime
+
+
+_d = t.dead_letters.c
+_DEAD_COLUMNS = (_d.id, _d.queue, _d.body, _d.reason, _d.at)
+
+
+def _dead_row(r: Any) -> DeadLetterRow:
+    return DeadLetterRow(int(r.id), str(r.queue), bytes(r.body), str(r.reason), r.at)
+
+
+def dead_letter_rows(
+    conn: Connection, ids: Sequence[int] | None, limit: int | None
+) -> list[DeadLetterRow]:
+    q = sa.select(*_DEAD_COLUMNS).order_by(_d.id).limit(limit)
+    if ids is not None:
+        q = q.where(_d.id.in_(list(ids)))
+    return [_dead_row(r) for r in conn.execute(q)]
+
+
+def count_dead_letters(conn: Connection) -> int:
+    return int(conn.execute(sa.select(sa.func.count()).select_from(t.dead_letters)).scalar_one())
+
+
+def delete_dead_letters(conn: Connection, ids: Sequence[int] | None) -> list[DeadLetterRow]:
+    """Delete them (all when ``ids`` is None); return the rows deleted. Of two transactions
+    deleting the same row, one gets it: the other waits for its row lock, then finds it gone."""
+    q = t.dead_letters.delete().returning(*_DEAD_COLUMNS)
+    if ids is not None:
+        q = q.where(_d.id.in_(list(ids)))
+    return sorted((_dead_row(r) for r in conn.execute(q)), key=lambda r: r.id)
+
+
+def requeue_dead_letters(
+    conn: Connection,
+    ids: Sequence[int] | None,
+    now: datetime,
+    trusted: Callable[[str, bytes, str], bool],
+) -> list[DeadLetterRow]:
+    """Move dead letters back to their queue, bodies unchanged, in one statement pair: what one
+    transaction deleted it requeues, so a dead letter resent twice at once goes out once. A row
+    is trusted as sagaloop's own when ``trusted(queue, body, reason)``; it then carries its
+    envelope's ``message_id``, as rows of :func:`enqueue` do."""
+    rows = delete_dead_letters(conn, ids)
+    if rows:
+        conn.execute(
+            t.outbox.insert(),
+            [_row(r.queue, _requeued_id(r, trusted), r.body, now, now) for r in rows],
+        )
+    return rows
+
+
+def _requeued_id(row: DeadLetterRow, trusted: Callable[[str, bytes, str], bool]) -> str:
+    if not trusted(row.queue, row.body, row.reason):
+        return RAW_PREFIX + uuid.uuid4().hex
+    try:
+        message_id = json.loads(row.body).get("message_id")
+    except (ValueError, RecursionError, AttributeError):
+        message_id = None
+    usable = isinstance(message_id, str) and 0 < len(message_id) <= 200
+    if not usable or message_id.startswith(RAW_PREFIX):
+        return uuid.uuid4().hex
+    return str(message_id)
 
 
 def depths(conn: Connection) -> dict[str, int]:

@@ -74,6 +74,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
+from sagaloop.brokers.dead_letters import UNSIGNED_MARK, DeadLetter, DeadLetters
 from sagaloop.engine.ports import Broker, Delivery
 from sagaloop.errors import BrokerError
 from sagaloop.store.sql import SqlStore
@@ -369,6 +370,78 @@ class BrokerContract:
         self.consume(h, current)  # must not raise: this consumer holds the lease
         h.clock.advance(h.lease + h.margin)
         self.assert_quiet(h, [q], "the second consumer consumed the message")
+
+    # --- managing dead letters (DeadLetters) -------------------------------------------------
+
+    def test_dead_letters_are_listed_resent_and_purged(self, harness: BrokerUnderTest) -> None:
+        """For a broker that implements :class:`~sagaloop.brokers.dead_letters.DeadLetters`:
+        ids that stay put while others go, a resend that delivers the body unchanged to its
+        queue with the trust it had (a public message may gain it: its trust is unused), and
+        purges. A purge of all runs only when the test's dead letters were the only ones."""
+        h = harness
+        broker = h.broker
+        if not isinstance(broker, DeadLetters):
+            import pytest
+
+            pytest.skip("the broker does not implement DeadLetters")
+        (q,) = self.queues(h)
+        before = {d.id for d in broker.list_dead_letters()}
+        bodies = [
+            b'{"type":"event","run_id":"contract-r0","message_id":"contract-m0"}',
+            b'{"type":"step","run_id":"contract-r1","message_id":"contract-m1"}',
+            b"\x00not json",
+            b'{"type":"event","run_id":"contract-r3","message_id":"contract-m3"}',
+        ]
+        reasons = [
+            "contract: no such saga",
+            f"step message 'contract-m1' {UNSIGNED_MARK} (contract)",
+            "not JSON: contract",
+            "contract: no such run",
+        ]
+        h.broker.publish([(q, b) for b in bodies])
+        got = self.receive(h, [q], len(bodies))
+        assert [d.body for d in got] == bodies, "out of order"
+        trusted = [d.trusted for d in got]
+        for d, reason in zip(got, reasons, strict=True):
+            d.dead_letter(reason)
+
+        def mine() -> list[DeadLetter]:
+            return [d for d in broker.list_dead_letters() if d.id not in before]
+
+        letters = mine()
+        listed = [(d.queue, d.body, d.reason) for d in letters]
+        assert listed == list(zip([q] * 4, bodies, reasons, strict=True)), f"listed {listed!r}"
+        assert len({d.id for d in letters}) == 4 and all(d.id for d in letters), "ids not unique"
+        assert all(d.at is not None for d in letters), "a dead letter has no time"
+        described = [(d.message_id, d.message_type, d.run_id, d.size) for d in letters[:2]]
+        assert described == [
+            ("contract-m0", "event", "contract-r0", len(bodies[0])),
+            ("contract-m1", "step", "contract-r1", len(bodies[1])),
+        ], described
+        assert broker.find_dead_letter(letters[2].id) == letters[2], "find by id"
+        assert broker.find_dead_letter("contract-no-such-id") is None
+        assert broker.count_dead_letters() == len(before) + 4
+
+        resent = broker.resend_dead_letters([letters[0].id, letters[1].id])
+        assert [d.id for d in resent] == [letters[0].id, letters[1].id], "resent other ones"
+        back = self.receive(h, [q], 2)
+        assert [d.body for d in back] == bodies[:2], "the resent bodies, unchanged"
+        assert back[0].trusted or not trusted[0], "a resent message lost its trust"
+        assert back[1].trusted == trusted[1], "an internal message changed its trust"
+        for d in back:
+            self.consume(h, d)
+        assert [d.id for d in mine()] == [letters[2].id, letters[3].id], "ids changed"
+        assert broker.resend_dead_letters(["contract-no-such-id"]) == []
+
+        assert broker.purge_dead_letters([letters[2].id]) == 1
+        assert [d.id for d in mine()] == [letters[3].id]
+        if before:
+            assert broker.purge_dead_letters([letters[3].id]) == 1
+        else:
+            assert broker.purge_dead_letters() == 1
+            assert broker.list_dead_letters() == [] and broker.count_dead_letters() == 0
+        h.clock.advance(h.lease + h.margin)
+        self.assert_quiet(h, [q], "only the resent dead letters came back")
 
     # --- durability and concurrency ----------------------------------------------------------
 

@@ -1,0 +1,187 @@
+"""``sagaloop dead-letters``: list, show, resend and purge the broker's dead letters."""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import click
+
+from sagaloop.brokers.dead_letters import DeadLetter, DeadLetters
+from sagaloop.cli.common import Obj, errors
+from sagaloop.cli.render import _table
+
+REASON_WIDTH = 60
+
+
+@click.group("dead-letters")
+def dead_letters() -> None:
+    """List, show, resend and purge the dead letters of the configured broker: RabbitMQ's
+    queue <namespace>.dead, or the database broker's table."""
+
+
+@contextmanager
+def _broker(obj: Obj) -> Iterator[DeadLetters]:
+    if obj.settings.broker_url == "memory":
+        raise click.ClickException(
+            "the memory broker keeps its dead letters inside the process that made them: "
+            "set SAGALOOP_BROKER_URL to database or amqp://..."
+        )
+    with errors():
+        store = obj.store()
+        try:
+            broker = obj.broker(store, connect_timeout=5)
+            try:
+                if not isinstance(broker, DeadLetters):
+                    raise click.ClickException(
+                        f"the broker {type(broker).__name__} cannot manage dead letters"
+                    )
+                yield broker
+            finally:
+                broker.close()
+        finally:
+            store.close()
+
+
+def _unknown(id: str) -> click.ClickException:
+    return click.ClickException(
+        f"no dead letter with id {id!r}: `sagaloop dead-letters list` shows their ids"
+    )
+
+
+def _one_line(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _when(letter: DeadLetter) -> str:
+    return letter.at.strftime("%Y-%m-%d %H:%M:%S") if letter.at else "-"
+
+
+def _check_target(id: str | None, all_: bool) -> None:
+    if (id is None) == (not all_):
+        raise click.UsageError("name one dead letter by its ID, or give --all")
+
+
+@dead_letters.command("list")
+@click.option(
+    "--limit", default=100, type=click.IntRange(1, 10_000), show_default=True, help="At most."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.pass_obj
+def list_(obj: Obj, limit: int, as_json: bool) -> None:
+    """List dead letters, oldest first: id, queue, message type, run, size, time, reason."""
+    with _broker(obj) as broker:
+        letters = broker.list_dead_letters(limit)
+        total = max(broker.count_dead_letters(), len(letters))
+    if as_json:
+        click.echo(
+            json.dumps({"dead_letters": [d.to_json() for d in letters], "total": total}, indent=2)
+        )
+        return
+    if not letters:
+        click.echo("no dead letters")
+        return
+    rows = [
+        [
+            d.id,
+            d.queue or "?",
+            d.message_type or "-",
+            _one_line(d.run_id or "-", 40),
+            str(d.size),
+            _when(d),
+            _one_line(d.reason, REASON_WIDTH),
+        ]
+        for d in letters
+    ]
+    headers = ["id", "queue", "type", "run", "bytes", "dead-lettered (UTC)", "reason"]
+    click.echo(_table(headers, rows))
+    shown = f"{len(letters)} shown of {total}" if total > len(letters) else str(total)
+    click.echo(f"\n{shown} dead letter{'s' if total != 1 else ''}")
+
+
+@dead_letters.command()
+@click.argument("id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.pass_obj
+def show(obj: Obj, id: str, as_json: bool) -> None:
+    """Show one dead letter: where it came from, why, and its envelope."""
+    with _broker(obj) as broker:
+        letter = broker.find_dead_letter(id)
+    if letter is None:
+        raise _unknown(id)
+    if as_json:
+        click.echo(json.dumps(letter.to_json(body=True), indent=2))
+        return
+    fields = [
+        ("id", letter.id),
+        ("queue", letter.queue or "?"),
+        ("reason", letter.reason),
+        ("dead-lettered", f"{_when(letter)} UTC" if letter.at else "-"),
+        ("type", letter.message_type or "-"),
+        ("message id", letter.message_id or "-"),
+        ("run", letter.run_id or "-"),
+        ("size", f"{letter.size} bytes"),
+        ("content type", letter.content_type or "-"),
+    ]
+    for name, value in fields:
+        click.echo(f"{name:<14} {value}")
+    click.echo("")
+    if letter.document is None:
+        click.echo(letter.body.decode("utf-8", "backslashreplace"))
+    else:
+        click.echo(json.dumps(letter.document, indent=2, ensure_ascii=False))
+
+
+@dead_letters.command()
+@click.argument("id", required=False)
+@click.option("--all", "all_", is_flag=True, help="Resend every dead letter.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation (with --all).")
+@click.pass_obj
+def resend(obj: Obj, id: str | None, all_: bool, yes: bool) -> None:
+    """Publish a dead letter (or all) again to the queue it came from, unchanged (same message
+    id: a consumer that processed it already skips it), then remove it from the dead letters."""
+    _check_target(id, all_)
+    with _broker(obj) as broker:
+        if id is not None:
+            resent = broker.resend_dead_letters([id])
+            if not resent:
+                raise _unknown(id)
+            click.echo(f"resent {resent[0].id} to {resent[0].queue}")
+            return
+        total = broker.count_dead_letters()
+        if not total:
+            click.echo("no dead letters")
+            return
+        if not yes:
+            click.confirm(f"Resend all {total} dead letters to their queues?", abort=True)
+        resent = broker.resend_dead_letters(None)
+    queues = collections.Counter(d.queue for d in resent)
+    where = ", ".join(f"{q}: {n}" for q, n in sorted(queues.items()))
+    click.echo(f"resent {len(resent)} dead letter{'s' if len(resent) != 1 else ''} ({where})")
+
+
+@dead_letters.command()
+@click.argument("id", required=False)
+@click.option("--all", "all_", is_flag=True, help="Purge every dead letter.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation (with --all).")
+@click.pass_obj
+def purge(obj: Obj, id: str | None, all_: bool, yes: bool) -> None:
+    """Delete a dead letter (or all) for good."""
+    _check_target(id, all_)
+    with _broker(obj) as broker:
+        if id is not None:
+            if not broker.purge_dead_letters([id]):
+                raise _unknown(id)
+            click.echo(f"purged {id}")
+            return
+        total = broker.count_dead_letters()
+        if not total:
+            click.echo("no dead letters")
+            return
+        if not yes:
+            click.confirm(f"Delete all {total} dead letters for good?", abort=True)
+        purged = broker.purge_dead_letters(None)
+    click.echo(f"purged {purged} dead letter{'s' if purged != 1 else ''}")

@@ -1,0 +1,137 @@
+"""RabbitMQ's dead letters through the CLI: one that sagaloop dead-lettered (a stamped id) and
+one that RabbitMQ dead-lettered over the delivery limit (a derived id) are listed, shown,
+counted by ``health``, resent (and consumed, still trusted) and purged."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pika
+import pytest
+from click.testing import CliRunner, Result
+
+from sagaloop.brokers.rabbitmq import RabbitBroker
+from sagaloop.cli.main import cli
+from sagaloop.engine.ports import Delivery
+from sagaloop.store.sql import SqlStore
+from sagaloop.testing import VirtualClock, eventually
+
+pytestmark = pytest.mark.integration
+
+LEASE = timedelta(seconds=30)
+QUEUE = "dlshop.steps.pay"
+STEP = b'{"type":"step","run_id":"r1","message_id":"step:r1:0:1"}'
+HANGS = b'{"type":"step","run_id":"r2","message_id":"step:r2:0:1"}'
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args))
+
+
+class Rabbit:
+    def __init__(self, url: str, store: SqlStore, namespace: str) -> None:
+        self.clock = VirtualClock()
+        self.broker = RabbitBroker(
+            url,
+            namespace=namespace,
+            delivery_limit=2,
+            clock=self.clock,
+            lease=LEASE,
+            signing_key=store.signing_key(),
+        )
+        self.broker.declare([QUEUE])
+
+    def receive(self, n: int) -> list[Delivery]:
+        out: list[Delivery] = []
+        deadline = time.monotonic() + 10
+        while len(out) < n and time.monotonic() < deadline:
+            out += self.broker.receive([QUEUE], n - len(out), 0.5)
+        assert len(out) == n, f"expected {n} deliveries, got {len(out)}"
+        return out
+
+
+@pytest.fixture
+def rabbit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rabbitmq_url: str) -> Iterator[Rabbit]:
+    """A fresh namespace and database, named by the SAGALOOP_ settings the CLI reads."""
+    for name in list(os.environ):
+        if name.startswith("SAGALOOP_"):
+            monkeypatch.delenv(name)
+    namespace = f"test-dl-{uuid.uuid4().hex[:10]}"
+    url = f"sqlite:///{tmp_path / 'dl.db'}"
+    monkeypatch.setenv("SAGALOOP_DATABASE_URL", url)
+    monkeypatch.setenv("SAGALOOP_BROKER_URL", rabbitmq_url)
+    monkeypatch.setenv("SAGALOOP_NAMESPACE", namespace)
+    store = SqlStore(url)
+    store.upgrade()
+    r = Rabbit(rabbitmq_url, store, namespace)
+    try:
+        yield r
+    finally:
+        r.broker.close()
+        store.close()
+        connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+        channel = connection.channel()
+        for q in (QUEUE, "dead"):
+            channel.queue_delete(f"{namespace}.{q}")
+        for exchange in ("", ".internal", ".dlx"):
+            channel.exchange_delete(namespace + exchange)
+        connection.close()
+
+
+def test_dead_letters_on_rabbitmq_through_the_cli(rabbit: Rabbit) -> None:
+    broker = rabbit.broker
+    broker.publish([(QUEUE, STEP), (QUEUE, HANGS)])
+    unknown, hangs = rabbit.receive(2)
+    assert unknown.trusted and hangs.trusted, "signed by the broker"
+    unknown.dead_letter("worker does not know step 'pay'")
+    for _ in range(2):  # a worker that never acks: each lease expiry is a delivery
+        rabbit.clock.advance(LEASE + timedelta(seconds=1))
+        (hangs,) = rabbit.receive(1)
+    rabbit.clock.advance(LEASE + timedelta(seconds=1))
+    eventually(lambda: broker.count_dead_letters() == 2, 10, "RabbitMQ dead-letters it")
+
+    listed = run("dead-letters", "list", "--json")
+    assert listed.exit_code == 0, listed.output
+    first, second = json.loads(listed.output)["dead_letters"]
+    assert all(re.fullmatch("[0-9a-f]{12}", d["id"]) for d in (first, second)), (first, second)
+    assert (first["queue"], first["type"], first["run_id"]) == (QUEUE, "step", "r1")
+    assert first["reason"] == "worker does not know step 'pay'"
+    assert (second["queue"], second["message_id"]) == (QUEUE, "step:r2:0:1")
+    assert "delivery limit" in second["reason"] and second["at"] is not None
+    assert json.loads(run("dead-letters", "list", "--json").output)["dead_letters"] == [
+        first,
+        second,
+    ], "the same ids on every read"
+    table = run("dead-letters", "list").output
+    assert table.splitlines()[2].startswith(first["id"]) and "2 dead letters" in table
+
+    report = json.loads(run("health", "--json").output)
+    assert (report["dead_letters"], report["outbox_dead_letters"]) == (2, 0), report
+    assert report["broker"] == "ok"
+    assert "dead_letters             2" in run("health").output.splitlines()
+    shown = json.loads(run("dead-letters", "show", second["id"], "--json").output)
+    assert shown["envelope"] == json.loads(HANGS)
+
+    missing = run("dead-letters", "resend", "0123456789ab")
+    assert missing.exit_code == 1 and "no dead letter with id '0123456789ab'" in missing.output
+    for letter, body in ((second, HANGS), (first, STEP)):
+        resent = run("dead-letters", "resend", letter["id"])
+        assert resent.output == f"resent {letter['id']} to {QUEUE}\n", resent.output
+        (back,) = rabbit.receive(1)
+        assert (back.body, back.trusted) == (body, True), "unchanged, and still sagaloop's"
+        back.ack()
+    assert run("dead-letters", "list").output == "no dead letters\n"
+
+    broker.publish([(QUEUE, STEP)])
+    (again,) = rabbit.receive(1)
+    again.dead_letter("poison")
+    assert json.loads(run("health", "--json").output)["dead_letters"] == 1
+    assert run("dead-letters", "purge", "--all", "--yes").output == "purged 1 dead letter\n"
+    assert broker.count_dead_letters() == 0
