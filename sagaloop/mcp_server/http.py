@@ -3,41 +3,25 @@
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from typing import TYPE_CHECKING
 
-from sagaloop.errors import ValidationError
+from sagaloop import _serving
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-MIN_TOKEN = 16
-LOOPBACK_NAMES = ("localhost",)
-
-
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
 
 def check_bind(host: str, token: str | None) -> None:
     """Refuse (ValidationError, one line) to listen on ``host`` beyond the loopback interface
-    without a bearer token, or with a token shorter than MIN_TOKEN characters: whoever reaches
-    the port could start runs and answer approvals."""
-    if token is not None and len(token) < MIN_TOKEN:
-        raise ValidationError(
-            f"the MCP token is {len(token)} characters: use at least {MIN_TOKEN} (a random one: "
-            "python -c 'import secrets; print(secrets.token_urlsafe(32))')"
-        )
-    if token is None and not is_loopback(host):
-        raise ValidationError(
-            f"refusing to serve MCP on {host} without a token (anyone reaching it could start "
-            "runs and answer approvals): set SAGALOOP_MCP_TOKEN, or listen on 127.0.0.1"
-        )
+    without a bearer token, or with a short one: whoever reaches the port could start runs and
+    answer approvals."""
+    _serving.check_bind(
+        host,
+        token,
+        what="MCP",
+        env="SAGALOOP_MCP_TOKEN",
+        risk="start runs and answer approvals",
+    )
 
 
 class BearerToken:

@@ -1,0 +1,100 @@
+"""``sagaloop ui``: the web console (the app is :mod:`sagaloop.ui`); and ``with_ui_port``, which
+gives ``sagaloop dev`` a ``--ui-port`` that serves the console beside it."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from sagaloop.cli.common import Obj, app_option, errors
+from sagaloop.engine.client import Client
+from sagaloop.errors import ValidationError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _console() -> Any:
+    """:mod:`sagaloop.ui.server`, imported when a command needs it (the extra may be missing)."""
+    try:
+        from sagaloop.ui import server
+    except ImportError as e:
+        raise click.ClickException(str(e)) from e
+    return server
+
+
+@click.command("ui")
+@app_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(1, 65535))
+@click.option(
+    "--token",
+    envvar="SAGALOOP_UI_TOKEN",
+    help="The token every request must carry (required beyond 127.0.0.1; prefer "
+    "$SAGALOOP_UI_TOKEN, which no process listing shows). Open the console once as "
+    "http://HOST:PORT/?token=TOKEN: a cookie keeps it.",
+)
+@click.option(
+    "--refresh",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 600),
+    help="Seconds between an open page's looks for what moved.",
+)
+@click.pass_obj
+def ui(
+    obj: Obj, app_spec: str | None, host: str, port: int, token: str | None, refresh: float
+) -> None:
+    """Serve the web console: runs with filters and counts, each run's timeline, agent
+    transcripts, approvals to approve or deny, send event, cancel and retry, dead letters.
+    Runs execute in the app's engine and workers (`sagaloop dev`) on the same database: the
+    console only reads and signals them. Needs `pip install 'sagaloop[ui]'`."""
+    server = _console()
+    with errors():
+        from sagaloop.ui.security import check_bind
+
+        check_bind(host, token)
+        app = obj.app(app_spec) if app_spec or obj.settings.app else None
+        client = Client(obj.store(), app)
+    shown = f"[{host}]" if ":" in host else host
+    login = "?token=<your token>" if token else ""
+    click.echo(f"sagaloop ui: http://{shown}:{port}/{login} (Ctrl-C stops it)", err=True)
+    server.serve(client, app, host=host, port=port, token=token, refresh=refresh)
+
+
+def with_ui_port(command: F) -> F:
+    """Give ``sagaloop dev`` ``--ui-port PORT``: the console on 127.0.0.1:PORT, on a thread of
+    its process, for as long as it runs (put it just above the ``def``). Like ``dev``, it
+    applies pending schema migrations first."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, ui_port: int | None = None, **kwargs: Any) -> Any:
+        if ui_port is None:
+            return command(*args, **kwargs)
+        obj: Obj = click.get_current_context().obj
+        server = _console()
+        with errors():
+            app_spec = kwargs.get("app_spec")
+            app = obj.app(app_spec) if app_spec or obj.settings.app else None
+            client = Client(obj.store(upgrade=True), app)
+            try:
+                stop = server.serve_in_thread(
+                    client, app, host="127.0.0.1", port=ui_port, token=None
+                )
+            except OSError as e:
+                raise ValidationError(f"{e}: is port {ui_port} taken?") from e
+        click.echo(f"sagaloop ui: http://127.0.0.1:{ui_port}/", err=True)
+        try:
+            return command(*args, **kwargs)
+        finally:
+            stop()
+
+    option = click.option(
+        "--ui-port",
+        type=click.IntRange(1, 65535),
+        default=None,
+        help="Also serve the web console on 127.0.0.1:PORT (needs sagaloop[ui]).",
+    )
+    return option(wrapper)  # type: ignore[return-value]

@@ -1,0 +1,368 @@
+"""The console's Starlette app: pages rendered from :mod:`sagaloop.ui.views` with Jinja2, kept
+live by htmx (a region polls and is sent again only when what it shows moved), and the
+operator's actions as POSTs through :class:`~sagaloop.Client`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from sagaloop.engine import state as s
+from sagaloop.engine.client import Client
+from sagaloop.errors import RunNotFoundError, SagaloopError
+from sagaloop.sagas.app import App
+from sagaloop.sagas.approvals import KEY_PREFIX
+from sagaloop.ui import views
+from sagaloop.ui.security import Guard, csrf_ok, new_csrf
+
+HERE = Path(__file__).parent
+HTMX = "htmx.min.js"
+"""htmx 2.0.11, the exact ``dist/htmx.min.js`` of the npm package ``htmx.org`` (0BSD: see
+``static/htmx.LICENSE``); its SHA-256 is pinned by tests/ui/test_ui_app.py."""
+REFRESH = 2.0
+"""How often (seconds) a live region asks whether what it shows moved, by default."""
+MAX_FORM = 256 * 1024
+HTMX_CONFIG = {
+    "includeIndicatorStyles": False,  # no inline style: the CSP allows none
+    "allowEval": False,
+    "historyCacheSize": 0,  # keep runs' data out of the browser's localStorage
+    "responseHandling": [
+        {"code": "204", "swap": False},  # a live region that did not move
+        {"code": "[2345]..", "swap": True},  # errors are pages that say what to do
+        {"code": "...", "swap": False},
+    ],
+}
+DONE = {
+    "approved": "Approved: the run goes on with the arguments shown.",
+    "denied": "Denied: the run receives the reason.",
+    "cancelled": "Cancellation requested: the run stops at its next suspension point and "
+    "compensates its completed steps.",
+    "retried": "Retry requested: the run resumes.",
+    "event": "Event sent.",
+}
+"""What the page says after an action (chosen by key: no text travels in the address)."""
+
+
+class Refused(Exception):
+    """An action refused: answered with this status and text on the page."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def create_app(
+    client: Client,
+    app: App | None = None,
+    token: str | None = None,
+    *,
+    refresh: float = REFRESH,
+) -> Starlette:
+    """The console of the runs ``client`` reads (``app``: the App whose sagas name the saga
+    filter's choices; ``token``: required of every request, see :mod:`sagaloop.ui.security`;
+    ``refresh``: how often, in seconds, open pages ask whether what they show moved). Serve it
+    with any ASGI server (``sagaloop ui`` uses uvicorn); bind it to 127.0.0.1 unless it has a
+    token (:func:`~sagaloop.ui.security.check_bind`)."""
+    csrf = new_csrf()
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters["pretty"] = views.pretty
+    env.filters["when"] = views.when
+    env.filters["q"] = lambda value: urlencode({"id": value})
+    app_name = app.name if app is not None else client.app_name
+    sagas = sorted(app.sagas) if app is not None else []
+
+    def page(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+        done = request.query_params.get("done")
+        html = env.get_template(template).render(
+            csrf=csrf,
+            app_name=app_name,
+            path=request.url.path,
+            refresh=f"{max(round(refresh * 1000), 100)}ms",
+            htmx_config=json.dumps(HTMX_CONFIG),
+            flash=DONE.get(done or ""),
+            **context,
+        )
+        return HTMLResponse(html, status_code=status)
+
+    def live(request: Request, stamp: str, template: str, /, **context: Any) -> Response:
+        """A live region: 204 (nothing to swap) while it shows ``stamp`` already."""
+        if request.query_params.get("v") == stamp:
+            return Response(status_code=204)
+        return page(request, template, **context)
+
+    def failed(request: Request, e: Exception) -> HTMLResponse:
+        if isinstance(e, Refused):
+            status, message = e.status, e.message
+        elif isinstance(e, RunNotFoundError):
+            status, message = 404, str(e)
+        else:
+            status, message = 409, str(e)
+        return page(request, "error.html", status, message=message)
+
+    # --- runs --------------------------------------------------------------------------------
+
+    def run_filters(request: Request) -> dict[str, str | None]:
+        q = request.query_params
+        status = q.get("status") or None
+        age = q.get("age") or None
+        return {
+            "saga": (q.get("saga") or "").strip() or None,
+            "status": status if status in s.ALL_STATUSES else None,
+            "age": age if age in views.AGES else None,
+        }
+
+    def runs_context(request: Request) -> dict[str, Any]:
+        filters = run_filters(request)
+        view = views.run_list(client, **filters)
+        query = {k: v for k, v in filters.items() if v}
+        counts = [
+            (name, n, "/runs?" + urlencode({**query, "status": name}))
+            for name, n in view.counts.items()
+        ]
+        return {
+            "view": view,
+            "counts": counts,
+            "filters": filters,
+            "query": urlencode(query),
+            "statuses": s.ALL_STATUSES,
+            "ages": list(views.AGES),
+            "sagas": sagas,
+        }
+
+    def runs(request: Request) -> Response:
+        try:
+            return page(request, "runs.html", **runs_context(request))
+        except SagaloopError as e:
+            return failed(request, e)
+
+    def runs_live(request: Request) -> Response:
+        try:
+            context = runs_context(request)
+        except SagaloopError as e:
+            return failed(request, e)
+        return live(request, context["view"].version, "_runs_live.html", **context)
+
+    # --- one run -----------------------------------------------------------------------------
+
+    def run_id_of(request: Request) -> str:
+        run_id = request.query_params.get("id")
+        if not run_id:
+            raise Refused(400, "name the run: /run?id=RUN_ID")
+        return run_id
+
+    def run_page(request: Request) -> Response:
+        try:
+            view = views.run_view(client, run_id_of(request))
+        except (SagaloopError, Refused) as e:
+            return failed(request, e)
+        return page(request, "run.html", view=view, approval_prefix=KEY_PREFIX)
+
+    def run_live(request: Request) -> Response:
+        try:
+            run_id = run_id_of(request)
+            if request.query_params.get("v") == views.run_version(client.get(run_id)):
+                return Response(status_code=204)
+            view = views.run_view(client, run_id)
+        except (SagaloopError, Refused) as e:
+            return failed(request, e)
+        return page(request, "_run_live.html", view=view, approval_prefix=KEY_PREFIX)
+
+    def transcript(request: Request) -> Response:
+        try:
+            view = views.transcript_view(client, run_id_of(request))
+        except (SagaloopError, Refused) as e:
+            return failed(request, e)
+        return page(request, "transcript.html", view=view)
+
+    def transcript_live(request: Request) -> Response:
+        try:
+            run_id = run_id_of(request)
+            if request.query_params.get("v") == views.run_version(client.get(run_id)):
+                return Response(status_code=204)
+            view = views.transcript_view(client, run_id)
+        except (SagaloopError, Refused) as e:
+            return failed(request, e)
+        return page(request, "_transcript_live.html", view=view)
+
+    # --- approvals and dead letters ------------------------------------------------------------
+
+    def approvals_context() -> dict[str, Any]:
+        pending = client.approvals()
+        stamp = views.version([(p.run_id, p.call_id, p.status, p.args_hash) for p in pending])
+        return {"pending": pending, "stamp": stamp}
+
+    def approvals(request: Request) -> Response:
+        try:
+            return page(request, "approvals.html", **approvals_context())
+        except SagaloopError as e:
+            return failed(request, e)
+
+    def approvals_live(request: Request) -> Response:
+        try:
+            context = approvals_context()
+        except SagaloopError as e:
+            return failed(request, e)
+        return live(request, context["stamp"], "_approvals_live.html", **context)
+
+    def dead_letters(request: Request) -> Response:
+        try:
+            letters = views.dead_letters(client)
+        except SagaloopError as e:
+            return failed(request, e)
+        return page(request, "dead_letters.html", letters=letters)
+
+    # --- actions -------------------------------------------------------------------------------
+
+    async def form(request: Request) -> dict[str, str]:
+        """The POSTed form, once its CSRF token is checked."""
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_FORM:
+                raise Refused(413, f"the form is over {MAX_FORM // 1024} KiB")
+        fields = dict(parse_qsl(body.decode("utf-8", errors="replace"), keep_blank_values=True))
+        if not csrf_ok(csrf, fields.get("csrf")):
+            raise Refused(
+                403, "this form is not one of the console's current pages: reload the page"
+            )
+        if not fields.get("run_id"):
+            raise Refused(400, "the form names no run")
+        return fields
+
+    def action(
+        handler: Callable[[dict[str, str]], str | None],
+        confirm: str | None = None,
+    ) -> Callable[[Request], Any]:
+        """A POST endpoint: check the form, ask for confirmation (``confirm``: the question)
+        unless the form says ``confirmed``, call ``handler`` (it returns the ``done`` key),
+        then show the run (or the approvals page, for an answer given there)."""
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                fields = await form(request)
+                if confirm is not None and fields.get("confirmed") != "1":
+                    return page(
+                        request,
+                        "confirm.html",
+                        question=confirm,
+                        fields=fields,
+                        action=request.url.path,
+                    )
+                done = await run_in_threadpool(handler, fields)
+            except (SagaloopError, Refused) as e:
+                return failed(request, e)
+            where = "/approvals?" if fields.get("next") == "approvals" else "/run?"
+            query = {} if where == "/approvals?" else {"id": fields["run_id"]}
+            if done:
+                query["done"] = done
+            return RedirectResponse(where + urlencode(query), status_code=303)
+
+        return endpoint
+
+    def do_cancel(f: dict[str, str]) -> str:
+        client.cancel(f["run_id"], f.get("reason") or "cancelled in the console")
+        return "cancelled"
+
+    def do_retry(f: dict[str, str]) -> str:
+        client.retry(f["run_id"])
+        return "retried"
+
+    def do_event(f: dict[str, str]) -> str:
+        name = f.get("name", "").strip()
+        if not name:
+            raise Refused(400, "name the event")
+        data = _json_field(f.get("data", ""), "the event's data")
+        client.send_event(f["run_id"], name, data, event_id=f.get("event_id") or None)
+        return "event"
+
+    def answer(f: dict[str, str]) -> tuple[str, str, str]:
+        """(run id, call id, who) of an answer to an approval, once the hash the page showed
+        is checked against the approval the run waits for."""
+        run_id, call_id = f["run_id"], f.get("call_id", "")
+        pending = {p.call_id: p for p in client.approvals(run_id)}
+        request = pending.get(call_id)
+        if request is None:
+            raise Refused(409, f"run {run_id!r} waits for no approval {call_id!r} any more")
+        if f.get("args_hash") != request.args_hash:
+            raise Refused(
+                409,
+                f"the arguments of approval {call_id!r} are not those the page showed (hash "
+                f"{request.args_hash[:12]}): reload the page and check them again",
+            )
+        return run_id, call_id, (f.get("by") or "").strip() or "sagaloop ui"
+
+    def do_approve(f: dict[str, str]) -> str:
+        run_id, call_id, by = answer(f)
+        client.approve(run_id, call_id, by=by)
+        return "approved"
+
+    def do_deny(f: dict[str, str]) -> str:
+        run_id, call_id, by = answer(f)
+        reason = (f.get("reason") or "").strip()
+        if not reason:
+            raise Refused(400, "a denial needs a reason: say why")
+        client.deny(run_id, call_id, reason=reason, by=by)
+        return "denied"
+
+    routes = [
+        Route("/", lambda request: RedirectResponse("/runs", status_code=303)),
+        Route("/runs", runs),
+        Route("/runs/live", runs_live),
+        Route("/run", run_page),
+        Route("/run/live", run_live),
+        Route("/run/transcript", transcript),
+        Route("/run/transcript/live", transcript_live),
+        Route("/approvals", approvals),
+        Route("/approvals/live", approvals_live),
+        Route("/dead-letters", dead_letters),
+        Route(
+            "/run/cancel",
+            action(
+                do_cancel,
+                "Cancel this run? It stops at its next suspension point and compensates "
+                "its completed steps.",
+            ),
+            methods=["POST"],
+        ),
+        Route(
+            "/run/retry",
+            action(do_retry, "Retry this run? It resumes where it stopped."),
+            methods=["POST"],
+        ),
+        Route("/run/event", action(do_event), methods=["POST"]),
+        Route("/approve", action(do_approve), methods=["POST"]),
+        Route("/deny", action(do_deny), methods=["POST"]),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    return Starlette(routes=routes, middleware=[Middleware(Guard, token=token)])
+
+
+def _json_field(text: str, what: str) -> Any:
+    """A form field's JSON (empty: null), parsed as the engine reads messages: no NaN."""
+    if not text.strip():
+        return None
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON (send null or a string)")
+
+    try:
+        return json.loads(text, parse_constant=refuse)
+    except (ValueError, RecursionError) as e:
+        raise Refused(400, f"{what} is not valid JSON: {e}") from None

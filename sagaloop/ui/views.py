@@ -1,0 +1,267 @@
+"""What the console's pages show, read through :class:`~sagaloop.Client` and built from the
+same :class:`~sagaloop.engine.timeline.Timeline` that ``sagaloop status`` prints: plain data
+for templates that only lay it out."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+from sagaloop.agents.budgets import USAGE_KEY
+from sagaloop.engine import history as h
+from sagaloop.engine import state as s
+from sagaloop.engine.client import Client
+from sagaloop.engine.history import Event
+from sagaloop.engine.ports import RunRecord
+from sagaloop.engine.timeline import Timeline, timeline
+from sagaloop.sagas.approvals import KEY_PREFIX, PendingApproval, call_id_of
+from sagaloop.ui.transcript import Request, requests_of
+
+AGES = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
+"""The choices of the runs page's age filter: runs updated within this time."""
+LIMIT = 100
+USAGE_FIELDS = ("requests", "input_tokens", "output_tokens", "tool_calls", "cost")
+
+
+def pretty(value: Any) -> str:
+    """A JSON value as indented JSON (the templates' ``pretty`` filter)."""
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+
+
+def when(value: datetime | None) -> str:
+    """A stored time as the CLI shows it (UTC)."""
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def version(*parts: Any) -> str:
+    """A short fingerprint of what a live region shows: it is sent again only when it moved."""
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+# --- runs ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RunList:
+    runs: list[RunRecord]
+    counts: dict[str, int]
+    total: int
+    version: str
+
+
+def run_list(client: Client, *, saga: str | None, status: str | None, age: str | None) -> RunList:
+    """The newest runs (by last update) that match the filters, and the counts by status of
+    the saga filter's runs (of every run without it)."""
+    runs = client.list(status=status, saga=saga, limit=LIMIT)
+    if age in AGES:
+        since = client.clock.now() - AGES[age]
+        runs = [r for r in runs if r.updated_at >= since]  # the list is newest first
+    counts = client.store.count_runs(saga=saga)
+    ordered = {name: counts.get(name, 0) for name in s.ALL_STATUSES}
+    stamp = version([(r.run_id, r.status, r.updated_at) for r in runs], counts)
+    return RunList(runs, ordered, sum(counts.values()), stamp)
+
+
+# --- one run -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Failure:
+    """An attempt that failed, with where (a step's attempt, or a compensation's)."""
+
+    seq: int
+    at: datetime
+    what: str
+    type: str
+    message: str
+    traceback: str | None
+    causes: list[dict[str, Any]]
+
+
+@dataclasses.dataclass
+class HistoryLine:
+    seq: int
+    at: datetime
+    kind: str
+    name: str | None
+    pos: int | None
+    data: str
+
+
+@dataclasses.dataclass
+class UsageLine:
+    name: str
+    used: Any
+    limit: Any
+
+
+@dataclasses.dataclass
+class RunView:
+    run: RunRecord
+    tl: Timeline
+    final: bool
+    why: list[str]
+    """Why it waits (the timeline's), an approval's line without what the page shows below."""
+    failures: dict[int, list[Failure]]
+    """The failed attempts of each step (and of its compensation), by position."""
+    approvals: list[PendingApproval]
+    published: dict[str, Any]
+    """What the run published, less its approvals (shown as approvals) and its agent usage."""
+    usage: list[UsageLine]
+    budget: dict[str, Any] | None
+    requests: int
+    """How many model requests its history holds (an agent run: it has a transcript)."""
+    history: list[HistoryLine]
+    version: str
+
+
+def run_version(run: RunRecord) -> str:
+    """What changes whenever the run moves: its page is sent again only then."""
+    return version(run.run_id, run.status, run.last_seq, run.processed_seq, run.updated_at)
+
+
+def run_view(client: Client, run_id: str) -> RunView:
+    run = client.get(run_id)  # first: the history read next is at least as new as its version
+    events = client.history(run_id)
+    tl = timeline(run, events, client.clock.now())
+    final = run.status in s.FINAL_STATUSES
+    approvals = [] if final else client.approvals(run_id)
+    usage_value = tl.published.get(USAGE_KEY)
+    usage, budget = _usage(usage_value)
+    published = {
+        key: value
+        for key, value in tl.published.items()
+        if call_id_of(key) is None and key != USAGE_KEY
+    }
+    return RunView(
+        run=run,
+        tl=tl,
+        final=final,
+        why=[_why_line(line) for line in tl.waiting_for],
+        failures=_failures(events),
+        approvals=approvals,
+        published=published,
+        usage=usage,
+        budget=budget,
+        requests=len(requests_of(events)),
+        history=[
+            HistoryLine(ev.seq, ev.at, ev.kind, ev.name, ev.pos, _short(ev.data)) for ev in events
+        ],
+        version=run_version(run),
+    )
+
+
+def _why_line(line: str) -> str:
+    if line.startswith(f"waiting for event '{KEY_PREFIX}") and ", asking " in line:
+        return line.split(", asking ", 1)[0] + " (the approval below)"
+    return line
+
+
+def _failures(events: list[Event]) -> dict[int, list[Failure]]:
+    found: dict[int, list[Failure]] = {}
+    attempts: dict[int, int] = {}
+    for ev in events:
+        if ev.pos is None:
+            continue
+        if ev.kind == h.STEP_SCHEDULED:
+            attempts[ev.pos] = 1
+        elif ev.kind == h.STEP_DISPATCHED:
+            attempts[ev.pos] = int(ev.data.get("attempt") or attempts.get(ev.pos, 1))
+        error = ev.data.get("error")
+        if ev.kind in (h.STEP_RETRYING, h.STEP_FAILED, h.STEP_HALTED) and error:
+            what = f"attempt {attempts.get(ev.pos, 1)}"
+        elif ev.kind in (h.COMPENSATION_RETRYING, h.COMPENSATION_FAILED) and error:
+            what = "compensation"
+        else:
+            continue
+        if not isinstance(error, dict):
+            error = {"type": "error", "message": str(error)}
+        found.setdefault(ev.pos, []).append(
+            Failure(
+                seq=ev.seq,
+                at=ev.at,
+                what=what,
+                type=str(error.get("type")),
+                message=str(error.get("message")),
+                traceback=error.get("traceback"),
+                causes=[c for c in error.get("causes") or [] if isinstance(c, dict)],
+            )
+        )
+    return found
+
+
+def _usage(value: Any) -> tuple[list[UsageLine], dict[str, Any] | None]:
+    if not isinstance(value, dict):
+        return [], None
+    budget = value.get("budget") if isinstance(value.get("budget"), dict) else None
+    lines = [
+        UsageLine(name, value.get(name), (budget or {}).get(name))
+        for name in USAGE_FIELDS
+        if name in value
+    ]
+    return lines, budget
+
+
+def _short(data: Any, limit: int = 300) -> str:
+    text = json.dumps(data, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --- a run's transcript ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TranscriptView:
+    run: RunRecord
+    requests: list[Request]
+    usage: list[UsageLine]
+    budget: dict[str, Any] | None
+    version: str
+
+
+def transcript_view(client: Client, run_id: str) -> TranscriptView:
+    run = client.get(run_id)
+    events = client.history(run_id)
+    usage, budget = _usage(client.get_published(run_id, USAGE_KEY))
+    return TranscriptView(run, requests_of(events), usage, budget, run_version(run))
+
+
+# --- dead letters ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class DeadLetter:
+    queue: str
+    reason: str
+    body: str
+    run_id: str | None
+    type: str | None
+
+
+def dead_letters(client: Client) -> list[DeadLetter]:
+    """The database broker's dead letters (its table), oldest first, bodies shown as JSON."""
+    out = []
+    for queue, body, reason in client.store.dead_letters():
+        try:
+            parsed: Any = json.loads(body)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            shown = pretty(parsed)
+            run_id, kind = parsed.get("run_id"), parsed.get("type")
+        else:
+            shown = body[:2000].decode("utf-8", errors="replace")
+            run_id = kind = None
+        out.append(
+            DeadLetter(
+                queue,
+                reason,
+                shown,
+                run_id if isinstance(run_id, str) else None,
+                kind if isinstance(kind, str) else None,
+            )
+        )
+    return out
