@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +44,7 @@ import pika
 import pika.exceptions
 from pika.adapters.select_connection import IOLoop
 
+from sagaloop.brokers import rabbitmq_dead_letters as dead
 from sagaloop.brokers._amqp import (
     QUEUE_HEADER,
     REASON_HEADER,
@@ -56,10 +58,11 @@ from sagaloop.brokers._amqp import (
     delivery_count,
     mask_url,
 )
+from sagaloop.brokers.dead_letters import DeadLetter
 from sagaloop.brokers.signing import SIGNATURE_HEADER, sign, verify
 from sagaloop.engine.messages import CONTENT_TYPE, MAX_MESSAGE_BYTES
 from sagaloop.engine.ports import Clock, Delivery, SystemClock, Tx
-from sagaloop.errors import BrokerError, UndeliverableError
+from sagaloop.errors import BrokerAccessRefused, BrokerError, UndeliverableError
 
 logger = logging.getLogger(__name__)
 
@@ -67,11 +70,29 @@ POLL = 0.05
 """Real seconds between looks at the clock for expired leases and due retries."""
 FIRST_BACKOFF, MAX_BACKOFF = 0.2, 3.0  # a broker back from an outage is found within ~3 s
 
-_REFUSED = (
-    pika.exceptions.AuthenticationError,
-    pika.exceptions.ProbableAuthenticationError,
-    pika.exceptions.ProbableAccessDeniedError,
-)
+_LOGIN_REFUSED = (pika.exceptions.AuthenticationError, pika.exceptions.ProbableAuthenticationError)
+_VHOST_MISSING = re.compile(r"vhost (.*) not found")
+
+
+def refused_access(error: BaseException | str) -> str | None:
+    """What RabbitMQ refused, in a few words, when connecting failed for a reason that waiting
+    will not fix: the login (a wrong password or an unknown user: RabbitMQ does not say which),
+    a virtual host that does not exist or that the user may not use, a permission the topology
+    needs (``ACCESS_REFUSED``). None for anything else (a refused or timed-out connection, a
+    server starting or stopping: worth retrying)."""
+    text = str(error) if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    if isinstance(error, _LOGIN_REFUSED):
+        return "the user name or password was refused"
+    if isinstance(error, pika.exceptions.ProbableAccessDeniedError) or "NOT_ALLOWED" in text:
+        missing = _VHOST_MISSING.search(text)
+        if missing:
+            return f"the virtual host {missing.group(1).strip(chr(39))!r} does not exist"
+        return "the user may not use this virtual host"
+    if "ACCESS_REFUSED" in text:
+        return "the user lacks a permission (configure, write or read) in this virtual host"
+    return None
+
+
 _Item = tuple[str, str, bytes, Any]  # exchange, routing key, body, pika.BasicProperties
 
 
@@ -157,6 +178,7 @@ class RabbitBroker:
         self._closed = False
         self._last_error = "not connected yet"
         self._refused = False  # the server refused the credentials: no use waiting
+        self._refusal: str | None = None  # what it refused (see refused_access)
         self._queues: dict[str, None] = {}  # declared so far (an ordered set)
 
         # Touched by the I/O thread only.
@@ -177,9 +199,15 @@ class RabbitBroker:
             self._cond.wait_for(
                 lambda: self._ready or self._refused, connect_wait or self.confirm_timeout
             )
-            ready, error = self._ready, self._last_error
+            ready, error, refusal = self._ready, self._last_error, self._refusal
         if not ready:
             self.close()
+            if refusal is not None:
+                raise BrokerAccessRefused(
+                    f"cannot connect to RabbitMQ at {self.safe_url}: {refusal} ({error})",
+                    reason=refusal,
+                    where=self.safe_url,
+                )
             raise BrokerError(
                 f"cannot connect to RabbitMQ at {self.safe_url} ({error}): is the server running "
                 "and the URL (user, password, vhost) right?"
@@ -248,12 +276,46 @@ class RabbitBroker:
 
     def peek_dead_letters(self, limit: int = 1000) -> list[tuple[str, bytes, str]]:
         """Up to ``limit`` dead letters as ``(queue, body, reason)``, oldest first, left in
-        place: read with ``basic.get`` without ack on a channel of their own, then all given
-        back with one ``basic.nack(multiple, requeue)``. The dead-letter queue is a classic
-        queue, where a requeued message keeps its place and no delivery limit applies."""
-        peek = functools.partial(self.topology.peek, limit)
-        out: list[tuple[str, bytes, str]] = self._call(
-            functools.partial(self._with_channel, peek), "reading the dead letters"
+        place (see :meth:`list_dead_letters`)."""
+        return [(d.queue, d.body, d.reason) for d in self.list_dead_letters(limit)]
+
+    # --- dead letters (sagaloop.brokers.dead_letters.DeadLetters; rabbitmq_dead_letters.py) --
+
+    def list_dead_letters(self, limit: int = 1000) -> list[DeadLetter]:
+        """Up to ``limit`` dead letters, oldest first, left in place: read with ``basic.get``
+        without ack on a channel of their own, then all given back with one ``basic.nack``.
+        The dead-letter queue is a classic queue, where a requeued message keeps its place
+        and no delivery limit applies."""
+        return self._dead_letter_scan("list", None, limit, "reading").found
+
+    def find_dead_letter(self, id: str) -> DeadLetter | None:
+        found = self._dead_letter_scan("find", [id], None, "reading").found
+        return found[0] if found else None
+
+    def count_dead_letters(self) -> int:
+        """The depth of ``<namespace>.dead`` (a passive declare)."""
+        count = functools.partial(dead.count, self.topology)
+        out: int = self._call(functools.partial(self._with_channel, count), "counting dead letters")
+        return out
+
+    def resend_dead_letters(self, ids: Sequence[str] | None = None) -> list[DeadLetter]:
+        """Publish each to its queue (with its signature, if it had one) and ack it once
+        RabbitMQ confirmed the publish (see ``rabbitmq_dead_letters``)."""
+        return self._dead_letter_scan("resend", ids, None, "resending").found
+
+    def purge_dead_letters(self, ids: Sequence[str] | None = None) -> int:
+        if ids is not None:
+            return self._dead_letter_scan("purge", ids, None, "purging").purged
+        purge = functools.partial(dead.purge, self.topology)
+        out: int = self._call(functools.partial(self._with_channel, purge), "purging dead letters")
+        return out
+
+    def _dead_letter_scan(
+        self, mode: dead.Mode, ids: Sequence[str] | None, limit: int | None, what: str
+    ) -> dead.Scan:
+        scan = dead.Scan(self.topology, mode, ids, limit)
+        out: dead.Scan = self._call(
+            functools.partial(self._with_channel, scan), f"{what} the dead letters"
         )
         return out
 
@@ -345,9 +407,18 @@ class RabbitBroker:
         if not self._release(delivery):
             logger.info("not dead-lettering a message of %s: its lease was lost", queue)
             return
-        headers = {REASON_HEADER: reason[:4000], QUEUE_HEADER: queue}
+        headers = {
+            REASON_HEADER: reason[:4000],
+            QUEUE_HEADER: queue,
+            dead.DEAD_LETTER_ID_HEADER: dead.new_dead_letter_id(),
+        }
+        if message.trusted and self._signing_key is not None:  # resent, it is trusted again
+            headers[SIGNATURE_HEADER] = sign(self._signing_key, queue, message.body)
         props = pika.BasicProperties(
-            content_type=message.content_type, delivery_mode=2, headers=headers
+            content_type=message.content_type,
+            delivery_mode=2,
+            headers=headers,
+            timestamp=int(self.clock.now().timestamp()),
         )
         try:
             self._publish([(self.topology.dead_letter_exchange, queue, message.body, props)])
@@ -399,9 +470,10 @@ class RabbitBroker:
 
     def _on_open_error(self, connection: Any, error: BaseException) -> None:
         self._connection = None
-        if isinstance(error, _REFUSED):
+        refusal = refused_access(error)
+        if refusal is not None:
             with self._cond:
-                self._refused = True
+                self._refused, self._refusal = True, refusal
                 self._cond.notify_all()
         self._retry(str(error) or repr(error))
 
@@ -434,6 +506,7 @@ class RabbitBroker:
             with self._cond:  # a constructor waiting for the first connection gives up
                 self._last_error = f"declaring the topology failed: {call.error}"
                 self._refused = True
+                self._refusal = refused_access(call.error)
                 self._cond.notify_all()
             if self._connection is not None and self._connection.is_open:
                 self._connection.close()  # and try again after a backoff

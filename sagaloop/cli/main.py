@@ -9,13 +9,16 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+from pythonjsonlogger.json import JsonFormatter
 
 from sagaloop.cli.approvals import approvals, approve, deny
 from sagaloop.cli.common import Obj, app_option, errors, json_arg
+from sagaloop.cli.dead_letters import dead_letters
 from sagaloop.cli.demo import demo
 from sagaloop.cli.mcp import mcp
 from sagaloop.cli.render import runs_text, stream_line, timeline_text
 from sagaloop.cli.serve import dev, engine, health, schema, worker
+from sagaloop.cli.ui import ui
 from sagaloop.engine.client import Client
 from sagaloop.engine.state import ALL_STATUSES
 from sagaloop.sagas.app import App
@@ -23,6 +26,12 @@ from sagaloop.store.sql import SqlStore
 
 F = TypeVar("F", bound=Callable[..., Any])
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+DRIVER_LOGGERS = ("pika", "kombu")
+DRIVER_LEVELS = (logging.CRITICAL, logging.WARNING, logging.DEBUG)
+"""The level of the drivers' own loggers by the count of ``-v``. pika logs every failed
+connection attempt at ERROR, five lines or more each, which sagaloop reports itself once and
+without passwords: silent by default, its warnings and errors with ``-v``, everything with
+``-v -v``."""
 
 
 class _Cli(click.Group):
@@ -53,21 +62,70 @@ class _ScrubbingFormatter(logging.Formatter):
         return self._scrub(super().format(record))
 
 
+class _ScrubbingJsonFormatter(JsonFormatter):
+    """``--log-format json``: one JSON object per line for log shippers (python-json-logger),
+    with ``time``, ``level``, ``logger``, ``message``, the record's extra fields (``run_id``,
+    ``saga``, ``step``, ``attempt``...) and ``exc_info``. Each string in it is scrubbed before
+    it is serialized (JSON escapes would hide a password from a scrub of the line), and the
+    line after, as a last net."""
+
+    def __init__(self, scrub: Callable[[str], str]) -> None:
+        super().__init__(
+            "%(levelname)s %(name)s %(message)s",
+            rename_fields={"levelname": "level", "name": "logger"},
+            timestamp="time",
+        )
+        self._scrub = scrub
+
+    def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
+        return {key: self._clean(value) for key, value in log_data.items()}
+
+    def _clean(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self._scrub(value)
+        if isinstance(value, dict):
+            return {self._clean(k): self._clean(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self._clean(v) for v in value]
+        return value
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self._scrub(super().format(record))
+
+
 @click.group(cls=_Cli)
 @click.option(
     "--database-url",
     default=None,
     help="SQLAlchemy URL of the store (default: $SAGALOOP_DATABASE_URL or sqlite:///sagaloop.db).",
 )
-@click.option("-v", "--verbose", is_flag=True, help="Log debug output.")
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    help="Log debug output of sagaloop; twice (-v -v) of pika and kombu too.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"], case_sensitive=False),
+    default="text",
+    envvar="SAGALOOP_LOG_FORMAT",
+    help="Log lines on stderr as text, or as one JSON object each for log shippers "
+    "(default: $SAGALOOP_LOG_FORMAT or text).",
+)
 @click.version_option(package_name="sagaloop")
 @click.pass_context
-def cli(ctx: click.Context, database_url: str | None, verbose: bool) -> None:
+def cli(ctx: click.Context, database_url: str | None, verbose: int, log_format: str) -> None:
     """sagaloop: durable AI-agent loops as sagas."""
     ctx.obj = obj = Obj(database_url)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_ScrubbingFormatter(obj.scrub))
+    json_lines = log_format.lower() == "json"
+    handler.setFormatter(
+        _ScrubbingJsonFormatter(obj.scrub) if json_lines else _ScrubbingFormatter(obj.scrub)
+    )
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
+    for name in DRIVER_LOGGERS:
+        logging.getLogger(name).setLevel(DRIVER_LEVELS[min(verbose, len(DRIVER_LEVELS) - 1)])
 
 
 def _client(obj: Obj, app: App | None = None) -> Client:
@@ -228,7 +286,20 @@ def upgrade(obj: Obj) -> None:
         click.echo(f"schema upgraded from version {before} to {after}")
 
 
-for command in (demo, dev, engine, worker, health, schema, approvals, approve, deny, mcp):
+for command in (
+    demo,
+    dev,
+    engine,
+    worker,
+    health,
+    schema,
+    approvals,
+    approve,
+    deny,
+    mcp,
+    dead_letters,
+    ui,
+):
     cli.add_command(command)
 
 

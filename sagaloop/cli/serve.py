@@ -9,31 +9,57 @@ import socket
 import sys
 import threading
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from sagaloop._secrets import mask_url
 from sagaloop.cli import processes
 from sagaloop.cli.common import Obj, app_option, errors
-from sagaloop.cli.services import EXIT_THREAD_DIED, Runtime
+from sagaloop.cli.services import EXIT_ACCESS_REFUSED, EXIT_THREAD_DIED, Runtime
+from sagaloop.cli.ui import with_ui_port
 from sagaloop.engine import crashpoints
 from sagaloop.engine.messages import EventMessage, StartMessage
 from sagaloop.engine.ports import Broker
-from sagaloop.errors import SagaloopError, SchemaOutdatedError, SchemaTooNewError
+from sagaloop.errors import (
+    AccessRefusedError,
+    SagaloopError,
+    SchemaOutdatedError,
+    SchemaTooNewError,
+)
 from sagaloop.store.sql import SqlStore
 
 logger = logging.getLogger("sagaloop.service")
 
 
-def _wait_for_database(obj: Obj, stop: threading.Event, *, upgrade: bool) -> SqlStore:
-    """Connect and verify the schema, retrying with backoff while the database is down."""
+def _refused(obj: Obj, role: str, e: AccessRefusedError, what: str, url: str) -> NoReturn:
+    """Say in one line what the server refused, and exit with ``EXIT_ACCESS_REFUSED``: waiting
+    would not help (unlike an unreachable or busy server, which is waited for)."""
+    setting = f"SAGALOOP_{what.upper()}_URL" + (" (or --database-url)" * (what == "database"))
+    logger.critical(
+        "%s",
+        obj.scrub(
+            f"{role}: cannot connect to the {what} {mask_url(url)}: {e.reason}; check "
+            f"{setting}. Stopping with exit status {EXIT_ACCESS_REFUSED} (see "
+            "docs/troubleshooting.md)"
+        ),
+    )
+    sys.exit(EXIT_ACCESS_REFUSED)
+
+
+def _wait_for_database(
+    obj: Obj, stop: threading.Event, *, upgrade: bool, role: str = "sagaloop"
+) -> SqlStore:
+    """Connect and verify the schema, retrying with backoff while the database is down or
+    busy; exit at once if it refuses the login or the database (see :func:`_refused`)."""
     delay = 0.5
     while True:
         try:
             return obj.store(upgrade=upgrade)
         except (SchemaOutdatedError, SchemaTooNewError) as e:
             raise click.ClickException(str(e)) from e
+        except AccessRefusedError as e:
+            _refused(obj, role, e, "database", obj.settings.database_url)
         except SagaloopError as e:
             if stop.is_set():
                 raise click.ClickException(f"stopped while waiting for the database: {e}") from e
@@ -47,12 +73,17 @@ def _wait_for_database(obj: Obj, stop: threading.Event, *, upgrade: bool) -> Sql
             delay = min(delay * 2, 10.0)
 
 
-def _wait_for_broker(obj: Obj, store: SqlStore, stop: threading.Event) -> Broker:
-    """Connect to the broker, retrying with backoff while it is down."""
+def _wait_for_broker(
+    obj: Obj, store: SqlStore, stop: threading.Event, *, role: str = "sagaloop"
+) -> Broker:
+    """Connect to the broker, retrying with backoff while it is down; exit at once if it
+    refuses the login or the virtual host (see :func:`_refused`)."""
     delay = 0.5
     while True:
         try:
             return obj.broker(store, connect_timeout=10)
+        except AccessRefusedError as e:
+            _refused(obj, role, e, "broker", obj.settings.broker_url)
         except SagaloopError as e:
             if stop.is_set():
                 raise click.ClickException(f"stopped while waiting for the broker: {e}") from e
@@ -61,7 +92,15 @@ def _wait_for_broker(obj: Obj, store: SqlStore, stop: threading.Event) -> Broker
             delay = min(delay * 2, 10.0)
 
 
-def _serve(obj: Obj, app_spec: str | None, role: str, *, upgrade: bool, **roles: Any) -> None:
+def _serve(
+    obj: Obj,
+    app_spec: str | None,
+    role: str,
+    *,
+    upgrade: bool,
+    metrics: tuple[int | None, str] = (None, "127.0.0.1"),
+    **roles: Any,
+) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -69,8 +108,8 @@ def _serve(obj: Obj, app_spec: str | None, role: str, *, upgrade: bool, **roles:
         if obj.settings.crash_at:
             crashpoints.arm(obj.settings.crash_at)
         app = obj.app(app_spec)
-        store = _wait_for_database(obj, stop, upgrade=upgrade)
-        broker = _wait_for_broker(obj, store, stop)
+        store = _wait_for_database(obj, stop, upgrade=upgrade, role=role)
+        broker = _wait_for_broker(obj, store, stop, role=role)
         runtime = Runtime(
             app,
             store,
@@ -83,22 +122,43 @@ def _serve(obj: Obj, app_spec: str | None, role: str, *, upgrade: bool, **roles:
             streams=obj.streams(),
             **roles,
         )
+        metrics_server = _start_metrics(store, broker, *metrics)
     runtime.start(registry=store, role=role, on_death=stop.set)
+    queues = app.queues if roles.get("queues") is None else roles["queues"]
+    work = (["the engine and timers"] if roles.get("engine", True) else []) + (
+        [f"steps of queue(s) {', '.join(queues)}"] if queues else []
+    )
     logger.info(
-        "%s: app %r, store %s, broker %s",
+        "%s: app %r ready: database %s, broker %s; running %s (Ctrl-C or SIGTERM stops it)",
         role,
         app.name,
         mask_url(obj.settings.database_url),
         mask_url(obj.settings.broker_url),
+        " and ".join(work),
     )
     stop.wait()
     logger.info("%s: stopping (finishing the messages in hand)", role)
     runtime.stop()
     broker.close()  # what the process still held goes back to the queue
+    if metrics_server is not None:
+        metrics_server.stop()
     store.close()
     if runtime.deaths:
         _exit_dead(role, runtime.deaths)
     logger.info("%s: stopped", role)
+
+
+def _start_metrics(store: SqlStore, broker: Broker, port: int | None, host: str) -> Any:
+    """The Prometheus endpoint of ``--metrics-port`` (None without it)."""
+    if port is None:
+        return None
+    try:
+        from sagaloop.observability.metrics import SagaloopCollector, serve_metrics
+    except ImportError as e:  # the extra is missing: the message says what to install
+        raise click.ClickException(str(e)) from e
+    server = serve_metrics(port, host, collector=SagaloopCollector(store, broker))
+    logger.info("metrics at %s", server.url)
+    return server
 
 
 def _exit_dead(role: str, deaths: dict[str, str]) -> None:
@@ -127,6 +187,19 @@ _concurrency = click.option(
     show_default=True,
     help="Steps run at once by this process.",
 )
+_metrics_port = click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port (pip install 'sagaloop[metrics]'; see "
+    "docs/operations.md, 'Metrics').",
+)
+_metrics_host = click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="The address of the metrics endpoint (0.0.0.0: every interface).",
+)
 _poll = click.option(
     "--poll",
     default=0.1,
@@ -140,21 +213,37 @@ _poll = click.option(
 @app_option
 @_concurrency
 @_poll
+@_metrics_port
+@_metrics_host
 @click.pass_obj
-def dev(obj: Obj, app_spec: str | None, concurrency: int, poll: float) -> None:
+@with_ui_port
+def dev(
+    obj: Obj,
+    app_spec: str | None,
+    concurrency: int,
+    poll: float,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
     """Run the engine, the timers and workers for every queue in one process (the embedded
     default). Applies pending schema migrations first. Stops cleanly on SIGTERM or Ctrl-C."""
-    _serve(obj, app_spec, "dev", upgrade=True, concurrency=concurrency, poll=poll)
+    metrics = (metrics_port, metrics_host)
+    _serve(obj, app_spec, "dev", upgrade=True, concurrency=concurrency, poll=poll, metrics=metrics)
 
 
 @click.command()
 @app_option
 @_poll
+@_metrics_port
+@_metrics_host
 @click.pass_obj
-def engine(obj: Obj, app_spec: str | None, poll: float) -> None:
+def engine(
+    obj: Obj, app_spec: str | None, poll: float, metrics_port: int | None, metrics_host: str
+) -> None:
     """Run the engine: activations, timers, the outbox relay and retention. Run as many as you
     like; activations of one run are serialized by the database."""
-    _serve(obj, app_spec, "engine", upgrade=False, queues=[], poll=poll)
+    metrics = (metrics_port, metrics_host)
+    _serve(obj, app_spec, "engine", upgrade=False, queues=[], poll=poll, metrics=metrics)
 
 
 @click.command()
@@ -167,8 +256,18 @@ def engine(obj: Obj, app_spec: str | None, poll: float) -> None:
 )
 @_concurrency
 @_poll
+@_metrics_port
+@_metrics_host
 @click.pass_obj
-def worker(obj: Obj, app_spec: str | None, queues: str, concurrency: int, poll: float) -> None:
+def worker(
+    obj: Obj,
+    app_spec: str | None,
+    queues: str,
+    concurrency: int,
+    poll: float,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
     """Run steps from the given queues."""
     names = [q.strip() for q in queues.split(",") if q.strip()]
     with errors():
@@ -189,6 +288,7 @@ def worker(obj: Obj, app_spec: str | None, queues: str, concurrency: int, poll: 
         queues=names,
         concurrency=concurrency,
         poll=poll,
+        metrics=(metrics_port, metrics_host),
     )
 
 
@@ -209,8 +309,10 @@ def worker(obj: Obj, app_spec: str | None, queues: str, concurrency: int, poll: 
 @click.pass_obj
 def health(obj: Obj, as_json: bool, max_outbox_age: float, local: bool) -> None:
     """Check the database, the schema, the broker and the service processes (engine, worker,
-    dev) of every app; exit 1 when something is wrong. Usable as an orchestrator's liveness or
-    readiness probe."""
+    dev) of every app, and count runs and dead letters; exit 1 when something is wrong. Usable
+    as an orchestrator's liveness or readiness probe. Prints a table, or JSON with --json."""
+    from sagaloop.brokers.dead_letters import DeadLetters
+
     checks: dict[str, Any] = {}
     ok = True
     store = None
@@ -228,11 +330,21 @@ def health(obj: Obj, as_json: bool, max_outbox_age: float, local: bool) -> None:
             checks["outbox"] = f"error: a message waits {age:.0f} s to be published"
             ok = False
         checks["runs"] = store.count_runs()
-        checks["dead_letters"] = len(store.dead_letters())
+        # The broker's dead letters: the database's table for the database broker; for
+        # another broker, its own (RabbitMQ: the queue <namespace>.dead; None when it cannot
+        # be reached), and the table then holds the outbox rows the relay could not publish.
+        in_database = obj.settings.broker_url == "database"
+        checks["dead_letters"] = store.count_dead_letters() if in_database else None
+        if not in_database:
+            checks["outbox_dead_letters"] = store.count_dead_letters()
         try:
             broker = obj.broker(store, connect_timeout=5)
-            broker.declare([])
-            broker.close()
+            try:
+                broker.declare([])
+                if not in_database and isinstance(broker, DeadLetters):
+                    checks["dead_letters"] = broker.count_dead_letters()
+            finally:
+                broker.close()
             checks["broker"] = "ok"
         except (SagaloopError, click.ClickException) as e:
             checks["broker"] = f"error: {e}"
@@ -242,14 +354,25 @@ def health(obj: Obj, as_json: bool, max_outbox_age: float, local: bool) -> None:
     checks["healthy"] = ok
     if as_json:
         click.echo(json.dumps(checks, indent=2))
-    else:
-        for key, value in checks.items():
-            if key != "processes":
-                click.echo(f"{key:<24} {value}")
-                continue
-            click.echo(f"{key:<24} {len(value)} registered")
-            for p in value:
-                click.echo(f"  {p['name']} ({p['role']} of app {p['app']!r}): {p['state']}")
+        sys.exit(0 if ok else 1)
+
+    def text(value: Any) -> str:
+        if value is None:
+            return "unknown"
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        if isinstance(value, dict):
+            return ", ".join(f"{k} {text(v)}" for k, v in value.items()) or "none"
+        return str(value)
+
+    width = max(len(key) for key in checks) + 2
+    for key, value in checks.items():
+        if key != "processes":
+            click.echo(f"{key:<{width}}{text(value)}")
+            continue
+        click.echo(f"{key:<{width}}{len(value)} registered")
+        for p in value:
+            click.echo(f"  {p['name']} ({p['role']} of app {p['app']!r}): {p['state']}")
     sys.exit(0 if ok else 1)
 
 
