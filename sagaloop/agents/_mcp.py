@@ -53,6 +53,7 @@ from sagaloop.agents._core import (
     _usage_of,
 )
 from sagaloop.agents.pydantic_ai import SagaAgent, _current, _SagaToolset
+from sagaloop.engine import tracing
 from sagaloop.errors import ValidationError
 from sagaloop.sagas.app import StepDef
 from sagaloop.sagas.context import StepContext
@@ -187,6 +188,7 @@ def _declare_server(
         run_ctx = _run_context(agent, call)
         tool_def = _TOOL_DEF.validate_python(call["tool_def"])
         name = str(call["name"])
+        tracing.tool_call(name)  # on the step's span: gen_ai.tool.name
         async with _session(server, run_ctx) as session:
             tool = session.tool_for_tool_def(tool_def, ctx=run_ctx)
             try:

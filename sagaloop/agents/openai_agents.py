@@ -86,7 +86,7 @@ from sagaloop.agents._core import (
 )
 from sagaloop.agents.budgets import Budget
 from sagaloop.agents.tools import StepTool, StepTools, ToolCallError
-from sagaloop.engine import sandbox
+from sagaloop.engine import sandbox, tracing
 from sagaloop.errors import StepFailedError, ValidationError
 from sagaloop.sagas.app import App, StepDef
 from sagaloop.sagas.context import SagaContext, StepContext, current_saga
@@ -480,6 +480,7 @@ class SagaRunner:
             return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]
 
         async def call_tool(ctx: StepContext, call: dict[str, Any]) -> Any:
+            tracing.tool_call(str(call["tool"]))  # on the step's span: gen_ai.tool.name
             result = await self._on_server(
                 key, lambda s: s.call_tool(call["tool"], call.get("args"), call.get("meta"))
             )
@@ -753,6 +754,14 @@ class SagaRunner:
                 raise UserError(f"the model of agent {agent_name!r} ended its stream unfinished")
         else:
             response = await model.get_response(*args, **options)
+        ref, provider = _model_ref(request.get("model") or agent.model, model)
+        usage = response.usage  # on the step's span (GenAI semantic conventions):
+        tracing.model_call(
+            model=ref,
+            provider=provider,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+        )
         cost = _price(request.get("model") or agent.model, model, response)
         return {"response": _RESPONSE.dump_python(response, mode="json"), "cost": cost}
 
@@ -760,6 +769,7 @@ class SagaRunner:
         self, key: tuple[str, str], ctx: StepContext, call: dict[str, Any]
     ) -> dict[str, Any]:
         tool = self._function_tools[key]
+        tracing.tool_call(tool.name)  # on the step's span: gen_ai.tool.name
         arguments = call["arguments"] if "arguments" in call else json.dumps(call.get("args"))
         context = call.get("context")
         if context is not None and self.context_type is not None:
@@ -815,6 +825,18 @@ def _usage_from(usage: Any) -> Any:
         output_tokens=usage.output_tokens,
         total_tokens=usage.total_tokens,
     )
+
+
+def _model_ref(name: Any, model: Model) -> tuple[str | None, str | None]:
+    """The model's name and its provider, when known: ``openai`` for the SDK's OpenAI models,
+    or the prefix of MultiProvider's ``provider/model``."""
+    ref = name if isinstance(name, str) else getattr(model, "model", None)
+    if not isinstance(ref, str) or not ref:
+        return None, None
+    provider, _, bare = ref.rpartition("/")
+    if not provider and type(model).__module__.startswith("agents.models.openai"):
+        provider = "openai"
+    return bare, provider or None
 
 
 def _price(name: Any, model: Model, response: ModelResponse) -> float | None:

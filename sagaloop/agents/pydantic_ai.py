@@ -57,7 +57,7 @@ from sagaloop.agents._core import (
     publish_usage,
 )
 from sagaloop.agents.budgets import Budget
-from sagaloop.engine import sandbox
+from sagaloop.engine import sandbox, tracing
 from sagaloop.errors import ApprovalDenied, ValidationError
 from sagaloop.sagas.app import App, StepDef
 from sagaloop.sagas.approvals import Approval
@@ -565,6 +565,14 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
             response = streamed.get()
         else:
             response = await model.request(messages, settings, params)
+        usage = response.usage  # on the step's span (GenAI semantic conventions):
+        tracing.model_call(
+            model=model.model_name,
+            provider=response.provider_name or model.system,
+            response_model=response.model_name,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+        )
         cost: float | None = None
         try:
             cost = float(response.cost().total_price)
@@ -573,6 +581,7 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
         return {"response": _RESPONSE.dump_python(response, mode="json"), "cost": cost}
 
     async def _run_tool(self, name: str, ctx: StepContext, call: dict[str, Any]) -> dict[str, Any]:
+        tracing.tool_call(name)  # on the step's span: gen_ai.tool.name
         toolset = self._function_toolsets[name]
         deps_json = call.get("deps")
         deps = (

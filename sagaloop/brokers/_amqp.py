@@ -255,6 +255,7 @@ class Message:
     trusted: bool = False  # signed by a sagaloop process (see signing.py)
     until: float = 0.0  # on the clock: end of the lease, or of the retry delay while parked
     holder: object = None  # the delivery handed out for it, while its lease holds
+    trace: dict[str, Any] | None = None  # the W3C trace headers a plain publisher set, unchecked
 
 
 class Holdings:

@@ -62,6 +62,7 @@ from sagaloop.brokers.dead_letters import DeadLetter
 from sagaloop.brokers.signing import SIGNATURE_HEADER, sign, verify
 from sagaloop.engine.messages import CONTENT_TYPE, MAX_MESSAGE_BYTES
 from sagaloop.engine.ports import Clock, Delivery, SystemClock, Tx
+from sagaloop.engine.tracing import TRACEPARENT, TRACESTATE
 from sagaloop.errors import BrokerAccessRefused, BrokerError, UndeliverableError
 
 logger = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ class RabbitDelivery:
         self.deliveries = message.deliveries
         self.queue = message.consumer.queue
         self.trusted = message.trusted
+        self.trace = message.trace  # checked by the consumer (``runtime.decode``)
 
     def settle(self, tx: Tx) -> None:
         pass
@@ -626,9 +628,12 @@ class RabbitBroker:
         self, consumer: Consumer, _channel: Any, method: Any, props: Any, body: bytes
     ) -> None:
         count = delivery_count(props.headers, method.redelivered)
-        signature = (props.headers or {}).get(SIGNATURE_HEADER)
+        headers = props.headers or {}
+        signature = headers.get(SIGNATURE_HEADER)
         trusted = verify(self._signing_key, consumer.queue, body, signature)
         message = Message(consumer, body, props.content_type, count, method.delivery_tag, trusted)
+        if TRACEPARENT in headers:  # a plain publisher's W3C trace context
+            message.trace = {k: headers[k] for k in (TRACEPARENT, TRACESTATE) if k in headers}
         with self._cond:
             self._held.delivered(message)
 

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sagaloop.engine import history as h
-from sagaloop.engine import runlog
+from sagaloop.engine import runlog, tracing
 from sagaloop.engine import state as s
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import (
@@ -95,10 +95,13 @@ class _Effects:
     clear_timers: bool = False
     restart: NewEvent | None = None
     """Continued as new: the history is deleted and starts again with this ``run_started``."""
+    trace: dict[str, str] | None = None
+    """The trace context the messages it sends carry (see ``tracing.activation``)."""
 
     def send(self, queue: str, **envelope: Any) -> None:
-        """Queue a message, stamped with the activation's time, for the outbox."""
-        self.messages.append(Outgoing(queue, Envelope(created_at=self.at, **envelope)))
+        """Queue a message, stamped with the activation's time and trace, for the outbox."""
+        message = Envelope(created_at=self.at, trace=self.trace, **envelope)
+        self.messages.append(Outgoing(queue, message))
 
 
 @dataclasses.dataclass
@@ -256,9 +259,14 @@ class Engine:
         if run is not None:  # a duplicate start, or one whose run a Client already created
             return self._activate(env, self._own(env.run_id, run), [lambda st: []])
         now = self.clock.now()
-        record = RunRecord(env.run_id, self.app.name, saga.name, s.RUNNING, input_json, now, now)
-        started = NewEvent(h.RUN_STARTED, name=saga.name, data={"input": input_json})
-        plan = self._activate(env, record, [lambda st: [started]])
+        name = saga.name
+        record = RunRecord(env.run_id, self.app.name, name, s.RUNNING, input_json, now, now)
+
+        def started(st: RunState) -> list[NewEvent]:  # in the activation's span: its trace
+            data = {"input": input_json, **tracing.run_trace(env.trace)}
+            return [NewEvent(h.RUN_STARTED, name=name, data=data)]
+
+        plan = self._activate(env, record, [started])
         plan.create = True
         return plan
 
@@ -275,7 +283,7 @@ class Engine:
             now = self.clock.now()
             value = env.payload.get("input")
             record = RunRecord(env.run_id, self.app.name, saga.name, s.RUNNING, value, now, now)
-            data = {"input": value, "parent": link}
+            data = {"input": value, "parent": link, **tracing.run_trace(env.trace)}
             started = NewEvent(h.RUN_STARTED, name=saga.name, data=data)
             plan = self._activate(env, record, [lambda st: [started]])
             plan.create = True
@@ -463,25 +471,31 @@ class Engine:
     ) -> Plan:
         run_id = run.run_id
         plan = Plan(env, base_seq=run.last_seq)
+        began = tracing.now_ns()
         try:
             live = self._load(run, run_code=run_code)
-            if not live.state.finished or env.type == "undo_run":
-                effects = _Effects(self.clock.now(), live.state.last_seq)
-                reacted = False
-                for trigger in triggers:
-                    pending = trigger(live.state)
-                    if pending or run.processed_seq < run.last_seq or live.divergence is not None:
-                        self._react(live, pending, effects)
-                        reacted = True
-                if reacted:
-                    plan.run = self._updated(run, live.state)
-                    plan.effects = effects
-                    first = run.processed_seq == 0
-                    plan.logs = runlog.lines(live.state, effects.events, first=first)
-                    if effects.restart is not None:  # the run's state starts again too
-                        plan.run = dataclasses.replace(
-                            plan.run, status=s.RUNNING, last_seq=1, processed_seq=0, reason=None
-                        )
+            with tracing.activation(env, live.state.trace, run.saga, began) as trace:
+                if not live.state.finished or env.type == "undo_run":
+                    effects = _Effects(self.clock.now(), live.state.last_seq, trace=trace)
+                    reacted = False
+                    for trigger in triggers:
+                        pending = trigger(live.state)
+                        if (
+                            pending
+                            or run.processed_seq < run.last_seq
+                            or live.divergence is not None
+                        ):
+                            self._react(live, pending, effects)
+                            reacted = True
+                    if reacted:
+                        plan.run = self._updated(run, live.state)
+                        plan.effects = effects
+                        first = run.processed_seq == 0
+                        plan.logs = runlog.lines(live.state, effects.events, first=first)
+                        if effects.restart is not None:  # the run's state starts again too
+                            plan.run = dataclasses.replace(
+                                plan.run, status=s.RUNNING, last_seq=1, processed_seq=0, reason=None
+                            )
         except BaseException:
             _drop(self._staged.pop(run_id, None))
             self._staged_runs.pop(run_id, None)
@@ -701,6 +715,7 @@ class Engine:
                 "input": ev.data.get("input"),
                 "first_pos": ev.data.get("next_pos", 0),
                 "epoch": st.epoch + 1,
+                **({"trace": st.trace} if st.trace else {}),  # the same run: the same trace
             }
             effects.restart = NewEvent(h.RUN_STARTED, name=st.saga, data=data)
             effects.send(
@@ -819,6 +834,7 @@ class Engine:
             idempotency_key=idempotency_key(st.run_id, pos, direction),
             payload=payload,
             created_at=self.clock.now(),
+            trace=effects.trace,
         )
         if step.local:
             reply = self._runner.run(task, inline=True)

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
+from sagaloop.engine import tracing
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import (
     MAX_MESSAGE_BYTES,
@@ -159,38 +160,41 @@ class Client:
         converter = definition.input if definition is not None else ANY
         input_json = _to_json(input, converter, f"input of saga {name!r}")
         now = self.clock.now()
-        env = Envelope(
-            type="start",
-            message_id=derived_id("start", run_id),
-            run_id=run_id,
-            saga=name,
-            payload={"input": input_json},
-            created_at=now,
-        )
-        _check_message(env)
-        first = [] if event is None else [self._event(run_id, *event, event_id=event_id)]
-        queue = engine_queue(self.app_name)
-        with self.store.transaction() as tx:
-            record = RunRecord(run_id, self.app_name, name, s.RUNNING, input_json, now, now, 1)
-            if not self.store.create_run(tx, record):
-                existing = self.store.lock_run(tx, run_id)
-                if existing is not None and existing.app != self.app_name:
-                    raise RunStateError(
-                        f"run id {run_id!r} is taken by a run of app {existing.app!r} (apps "
-                        "sharing a database share their run ids): choose another run id"
-                    )
-                if existing is not None and existing.saga != name:
-                    raise RunStateError(
-                        f"run {run_id!r} already exists as a run of saga {existing.saga!r}"
-                    )
-                if first and existing is not None and existing.status in s.FINAL_STATUSES:
-                    raise RunFinishedError(run_id, existing.status)
-                self.store.enqueue(tx, [Outgoing(queue, e) for e in first], now)
-                return run_id
-            started = NewEvent(h.RUN_STARTED, name=name, data={"input": input_json})
-            self.store.append_events(tx, run_id, 0, [started], now)
-            self.store.enqueue(tx, [Outgoing(queue, e) for e in [env, *first]], now)
-        return run_id
+        with tracing.start(run_id, name) as trace:  # the span sagaloop.start: the run's trace
+            env = Envelope(
+                type="start",
+                message_id=derived_id("start", run_id),
+                run_id=run_id,
+                saga=name,
+                payload={"input": input_json},
+                created_at=now,
+                trace=trace,
+            )
+            _check_message(env)
+            first = [] if event is None else [self._event(run_id, *event, event_id=event_id)]
+            queue = engine_queue(self.app_name)
+            with self.store.transaction() as tx:
+                record = RunRecord(run_id, self.app_name, name, s.RUNNING, input_json, now, now, 1)
+                if not self.store.create_run(tx, record):
+                    existing = self.store.lock_run(tx, run_id)
+                    if existing is not None and existing.app != self.app_name:
+                        raise RunStateError(
+                            f"run id {run_id!r} is taken by a run of app {existing.app!r} (apps "
+                            "sharing a database share their run ids): choose another run id"
+                        )
+                    if existing is not None and existing.saga != name:
+                        raise RunStateError(
+                            f"run {run_id!r} already exists as a run of saga {existing.saga!r}"
+                        )
+                    if first and existing is not None and existing.status in s.FINAL_STATUSES:
+                        raise RunFinishedError(run_id, existing.status)
+                    self.store.enqueue(tx, [Outgoing(queue, e) for e in first], now)
+                    return run_id
+                data = {"input": input_json, **({"trace": trace} if trace else {})}  # the run's
+                started = NewEvent(h.RUN_STARTED, name=name, data=data)
+                self.store.append_events(tx, run_id, 0, [started], now)
+                self.store.enqueue(tx, [Outgoing(queue, e) for e in [env, *first]], now)
+            return run_id
 
     def _event(
         self, run_id: str, name: str, data: Any = None, *, event_id: str | None = None
@@ -222,6 +226,7 @@ class Client:
             payload=payload,
             created_at=self.clock.now(),
             message_id=message_id or uuid.uuid4().hex,
+            trace=tracing.current(),  # the caller's span, if any: the activation links to it
         )
         _check_message(env)
         return env
@@ -417,12 +422,26 @@ class Client:
                 live.close()
 
     def result(self, run_id: str, *, timeout: float | None = None, poll: float = 0.05) -> Any:
-        """Wait for the run to finish; return its output or raise SagaFailedError."""
+        """Wait for the run to finish; return its output or raise SagaFailedError.
+
+        The output is of the type the saga declares (a pydantic model, a dataclass...) when
+        this client has the App that declares it (``Client(store, app)``); else it is the JSON
+        that was stored (``get(run_id).output``). An output that no longer fits the declared
+        type (changed since the run finished) raises ValidationError."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             run = self.get(run_id)
             if run.status == s.COMPLETED:
-                return run.output
+                saga = self.app.get_saga(run.saga) if self.app is not None else None
+                if saga is None or run.app != self.app_name:
+                    return run.output
+                try:
+                    return saga.output.from_json(run.output, what=f"the output of run {run_id!r}")
+                except ValidationError as e:
+                    raise ValidationError(
+                        f"{e} (saga {run.saga!r} declares another type now): read the stored "
+                        "JSON with Client.get(run_id).output"
+                    ) from e
             if run.status in s.FINAL_STATUSES:
                 error = _ErrorInfo.from_json(run.error) if run.error else None
                 raise SagaFailedError(run_id, run.status, error)

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sagaloop.engine import tracing
 from sagaloop.errors import MessageError
 
 VERSION = 1
@@ -55,12 +56,25 @@ class Envelope(BaseModel):
     idempotency_key: str | None = None
     payload: dict[str, Any] = Field(default_factory=dict)
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
-    trace: dict[str, str] | None = None
+    trace: dict[str, str] | None = Field(
+        default=None,
+        description=(
+            'W3C trace context of the message: {"traceparent": "00-<32 hex>-<16 hex>-<2 hex>", '
+            '"tracestate": "..." (optional, at most 512 characters)}. A malformed value is '
+            "dropped, never a reason to refuse the message; other keys are ignored."
+        ),
+        examples=[{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}],
+    )
 
     @field_validator("message_id", "run_id", "saga", "idempotency_key")
     @classmethod
     def _text(cls, value: str | None) -> str | None:
         return _no_nul(value)
+
+    @field_validator("trace", mode="before")
+    @classmethod
+    def _trace(cls, value: Any) -> dict[str, str] | None:
+        return tracing.clean(value)  # what is not a W3C trace context is dropped, not refused
 
     def to_bytes(self) -> bytes:
         return self.model_dump_json(exclude_none=True).encode()
@@ -189,6 +203,7 @@ def step_result(task: Envelope, reply: dict[str, Any], now: datetime) -> Envelop
         idempotency_key=task.idempotency_key,
         payload=reply,
         created_at=now,
+        trace=task.trace,  # back to the activation that sent the task (its next one links it)
     )
 
 

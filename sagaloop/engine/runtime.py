@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sagaloop.engine import state as s
+from sagaloop.engine import tracing
 from sagaloop.engine.activation import ActivationConflict, Engine, Plan
 from sagaloop.engine.crashpoints import crash_point
 from sagaloop.engine.messages import (
@@ -75,7 +76,8 @@ def decode(delivery: Delivery, store: Store | None = None) -> Envelope | None:
     """The delivery's envelope, or None after dead-lettering a message that is not one, or
     an internal message (step, step result, timer) that sagaloop's processes did not send.
     With ``store``, its large payload values are loaded back from the payload table (None
-    after handing the message back if the database failed)."""
+    after handing the message back if the database failed). An envelope without a trace
+    context takes the one a plain AMQP publisher put in the headers, if valid."""
     content_type = delivery.content_type  # None: not set, which plain clients often do
     if content_type is not None and content_type.split(";")[0].strip().lower() != CONTENT_TYPE:
         delivery.dead_letter(f"content type {delivery.content_type!r} is not {CONTENT_TYPE}")
@@ -85,6 +87,8 @@ def decode(delivery: Delivery, store: Store | None = None) -> Envelope | None:
     except MessageError as e:
         delivery.dead_letter(e.reason)
         return None
+    if env.trace is None and (header := tracing.clean(getattr(delivery, "trace", None))):
+        env = env.model_copy(update={"trace": header})  # RabbitMQ's ``traceparent`` header
     if env.type in INTERNAL_TYPES and not delivery.trusted:
         # Before any inbox row: a forged message must never occupy a real one's id.
         delivery.dead_letter(

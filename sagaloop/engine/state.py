@@ -116,6 +116,8 @@ class RunState:
     """Child runs in flight: position -> (run id, saga)."""
     epoch: int = 0
     """How many times the run continued as new before this history."""
+    trace: dict[str, str] | None = None
+    """The run's W3C trace context, stored in ``run_started`` (see ``tracing``)."""
     undoing: bool = False
     """A completed child run that its parent undoes as a whole."""
     continued: dict[str, Any] | None = None
@@ -142,6 +144,7 @@ class RunState:
             self.started_at = ev.at
             self.parent = d.get("parent")
             self.epoch = int(d.get("epoch", 0))
+            self.trace = d.get("trace")
         elif kind == h.STEP_SCHEDULED:
             assert ev.pos is not None and ev.name is not None
             st = StepState(ev.pos, ev.name, d.get("args", {}), ev.at)

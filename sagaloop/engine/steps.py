@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from types import CodeType
 from typing import Any
 
+from sagaloop.engine import tracing
 from sagaloop.engine.crashpoints import CrashPointRaised
 from sagaloop.engine.history import Event
 from sagaloop.engine.messages import Envelope, derived_id
@@ -144,7 +145,9 @@ def _attempt_of(step: StepDef[Any, Any], attempt: int) -> str:
 def _log_failure(
     ctx: _StepContext, step: StepDef[Any, Any], direction: str, info: ErrorInfo, e: BaseException
 ) -> None:
-    """One line for a failed attempt; at DEBUG (``-v``) with the traceback."""
+    """One line for a failed attempt; at DEBUG (``-v``) with the traceback. The exception goes
+    on the attempt's span too."""
+    tracing.failed(e)
     ctx.logger.warning(
         "run %s: %s failed (%s): %s%s",
         ctx.run_id,
@@ -179,7 +182,7 @@ def _run_coroutine(coro: Any) -> Any:
         except BaseException as e:  # handed to the caller, raised there
             outcome["error"] = e
 
-    thread = threading.Thread(target=target, name="async-step")
+    thread = threading.Thread(target=tracing.carried(target), name="async-step")
     thread.start()
     thread.join()
     if "error" in outcome:
@@ -221,11 +224,25 @@ class StepRunner:
         inline: bool = False,
         beat: Beat | None = None,
     ) -> dict[str, Any]:
-        """Run one attempt and return the ``step_result`` payload."""
-        p = task.payload
-        step = self.app.get_step(str(p.get("step")))
+        """Run one attempt and return the ``step_result`` payload, in the attempt's span
+        (``sagaloop.step`` or ``sagaloop.compensation``: see ``tracing``)."""
+        step = self.app.get_step(str(task.payload.get("step")))
         if step is None:
-            raise UnknownStepError(str(p.get("step")))
+            raise UnknownStepError(str(task.payload.get("step")))
+        with tracing.step_attempt(task) as span:
+            reply = self._attempt(task, step, redelivered, inline, beat)
+            span.done(reply)
+        return reply
+
+    def _attempt(
+        self,
+        task: Envelope,
+        step: StepDef[Any, Any],
+        redelivered: bool,
+        inline: bool,
+        beat: Beat | None,
+    ) -> dict[str, Any]:
+        p = task.payload
         direction = p.get("direction", DO)
         in_doubt = bool(p.get("in_doubt")) or redelivered
         inline = inline or self.inline
@@ -364,7 +381,7 @@ class StepRunner:
         limits = step.timeout is not None or step.heartbeat_timeout is not None or deadline
         if inline or not limits:
             return _invoke(fn, *a, **kw)
-        future = self._pool.submit(_invoke, fn, *a, **kw)
+        future = self._pool.submit(tracing.carried(_invoke), fn, *a, **kw)
         started = time.monotonic()
         while True:
             ends = []  # (when, why) for each limit; the attempt fails in doubt at the first

@@ -20,6 +20,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from sagaloop.engine import tracing
 from sagaloop.engine.messages import Envelope, engine_queue, inbox_key, step_result
 from sagaloop.engine.ports import Clock, Outgoing, Store, SystemClock
 from sagaloop.engine.steps import UNENCODABLE_RESULT
@@ -87,7 +88,10 @@ def handle_step(
             in_doubt=bool(p.get("in_doubt")),
             message_id=env.message_id,
         )
-        reply = {"direction": task.direction, "worker": "service", **_outcome(conn, handler, task)}
+        with tracing.step_attempt(env) as span:  # the span sagaloop.step (or .compensation)
+            outcome = _outcome(conn, handler, task)
+            reply = {"direction": task.direction, "worker": "service", **outcome}
+            span.done(reply)
         store.inbox_put(tx, SERVICE_CONSUMER, key, reply, clock.now())
     now = clock.now()
     store.enqueue(tx, [Outgoing(engine_queue(app), step_result(env, reply, now))], now)
@@ -106,5 +110,6 @@ def _outcome(conn: Any, handler: Callable[[Any, StepTask], Any], task: StepTask)
         info = ErrorInfo.from_exception(e)
         if not info.non_retryable:
             raise
+        tracing.failed(e)
         return {"outcome": "failed", "error": info.to_json()}
     return {"outcome": "completed", "result": result}

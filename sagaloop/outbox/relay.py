@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 
+from sagaloop.engine import tracing
 from sagaloop.engine.crashpoints import crash_point
 from sagaloop.engine.ports import Broker, Clock, QueuedMessage, Store, SystemClock
 from sagaloop.errors import UndeliverableError
@@ -113,7 +114,8 @@ class Relay:
     def _publish(self, rows: Sequence[QueuedMessage]) -> None:
         token = rows[0].claim_token
         try:
-            self.broker.publish([(r.queue, r.body) for r in rows])
+            with tracing.publish([r.body for r in rows]):  # the span sagaloop.relay.publish
+                self.broker.publish([(r.queue, r.body) for r in rows])
         except UndeliverableError as e:
             if len(rows) > 1:
                 raise
