@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import pydantic
 
 from sagaloop._secrets import mask_url, password_of, scrub
 from sagaloop.cli.settings import Settings, load_app
@@ -21,14 +22,34 @@ from sagaloop.sagas.app import App
 from sagaloop.store.connect import sqlite_file
 from sagaloop.store.sql import SqlStore
 
+OPTIONS = {
+    "database_url": "--database-url",
+    "broker_url": "--broker-url",
+    "log_format": "--log-format",
+    "verbose": "-v",
+}
+"""The settings that a global option of the command line sets too (over the environment)."""
+
 
 class Obj:
-    """The click context object: settings read once, at start-up."""
+    """The click context object: settings read once, at start-up, from the ``SAGALOOP_...``
+    environment variables, with the global options given on the command line over them."""
 
-    def __init__(self, database_url: str | None) -> None:
-        self.settings = Settings()
-        if database_url:
-            self.settings.database_url = database_url
+    def __init__(
+        self,
+        database_url: str | None = None,
+        *,
+        broker_url: str | None = None,
+        log_format: str | None = None,
+        verbose: int | None = None,
+    ) -> None:
+        given: dict[str, Any] = {
+            "database_url": database_url or None,
+            "broker_url": broker_url or None,
+            "log_format": log_format,
+            "verbose": verbose or None,
+        }
+        self.settings = load_settings({k: v for k, v in given.items() if v is not None})
 
     def scrub(self, text: str) -> str:
         """``text`` fit to print: without the configured database and broker passwords, nor any
@@ -101,6 +122,23 @@ class Obj:
 
             return RabbitStreams(url, namespace=self.settings.namespace)
         return LOCAL
+
+
+def load_settings(given: dict[str, Any]) -> Settings:
+    """The settings: ``given`` (the command line's) over the environment. A value that does not
+    fit is a usage error naming the variable (or option) to fix, not a traceback."""
+    try:
+        return Settings(**given)
+    except pydantic.ValidationError as e:
+        error = e.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else ""
+        variable = f"SAGALOOP_{field.upper()}"
+        if field in given:
+            where = OPTIONS.get(field, variable)
+        else:
+            where = f"{variable} ({OPTIONS[field]})" if field in OPTIONS else variable
+        message = error["msg"].removeprefix("Value error, ")
+        raise click.BadParameter(f"{error['input']!r:.80}: {message}", param_hint=where) from None
 
 
 @contextmanager

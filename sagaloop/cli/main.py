@@ -35,8 +35,52 @@ without passwords: silent by default, its warnings and errors with ``-v``, every
 
 
 class _Cli(click.Group):
-    """The ``sagaloop`` group: every error a command reports leaves through ``Obj.scrub``, so it
-    holds no configured password nor any piece of one, whichever driver phrased it."""
+    """The ``sagaloop`` group: its global options are taken after the command too, and every
+    error a command reports leaves through ``Obj.scrub``, so it holds no configured password nor
+    any piece of one, whichever driver phrased it."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, self._global_first(ctx, args))
+
+    def _global_first(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """``args`` with the group's options that follow the command name moved before it:
+        ``status RUN --database-url X -v`` is ``--database-url X -v status RUN``. Nothing after
+        ``--`` moves, nor the value of an option of the command, nor an option that the command
+        (or its subcommand) declares itself under the same name."""
+        own = _options(self)
+        at = 0  # the command name's index
+        while at < len(args) and args[at].startswith("-") and args[at] != "--":
+            at += 2 if own.get(args[at]) else 1
+        if at >= len(args) or args[at] == "--":
+            return args
+        command: click.Command | None = self.get_command(ctx, args[at])
+        local = _options(command) if command is not None else {}
+        moved: list[str] = []
+        kept = [args[at]]
+        i = at + 1
+        while i < len(args):
+            arg = args[i]
+            if arg == "--":
+                kept += args[i:]
+                break
+            if not arg.startswith("-"):  # an argument, or a subcommand (with its own options)
+                if isinstance(command, click.Group):
+                    command = command.get_command(ctx, arg)
+                    local = _options(command) if command is not None else {}
+                kept.append(arg)
+                i += 1
+                continue
+            name = arg.split("=", 1)[0] if arg.startswith("--") else arg
+            ours = name not in local and (
+                name in own or (_repeated_short(arg, own) and arg[:2] not in local)
+            )
+            options = own if ours else local
+            width = 2 if options.get(name) and "=" not in arg else 1  # with its value
+            if ours and i + width > len(args):
+                raise click.UsageError(f"Option '{name}' requires an argument.", ctx)
+            (moved if ours else kept).extend(args[i : i + width])
+            i += width
+        return args[:at] + moved + kept
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -48,6 +92,27 @@ class _Cli(click.Group):
                 raise
             kind = click.UsageError if isinstance(e, click.UsageError) else click.ClickException
             raise kind(scrubbed) from None
+
+
+def _options(command: click.Command) -> dict[str, bool]:
+    """The option names of ``command``, each with whether it takes a value."""
+    return {
+        name: not (param.is_flag or param.count)
+        for param in command.params
+        if isinstance(param, click.Option)
+        for name in (*param.opts, *param.secondary_opts)
+    }
+
+
+def _repeated_short(arg: str, options: dict[str, bool]) -> bool:
+    """``-vv``: a short flag of ``options`` repeated."""
+    return (
+        len(arg) > 2
+        and arg[0] == "-"
+        and arg[1] != "-"
+        and set(arg[1:]) == {arg[1]}
+        and (options.get(f"-{arg[1]}") is False)
+    )
 
 
 class _ScrubbingFormatter(logging.Formatter):
@@ -100,32 +165,51 @@ class _ScrubbingJsonFormatter(JsonFormatter):
     help="SQLAlchemy URL of the store (default: $SAGALOOP_DATABASE_URL or sqlite:///sagaloop.db).",
 )
 @click.option(
+    "--broker-url",
+    default=None,
+    help="database, memory or an amqp:// URL of RabbitMQ (default: $SAGALOOP_BROKER_URL or "
+    "database).",
+)
+@click.option(
     "-v",
     "--verbose",
     count=True,
-    help="Log debug output of sagaloop; twice (-v -v) of pika and kombu too.",
+    default=None,
+    help="Log debug output of sagaloop; twice (-v -v) of pika and kombu too (default: "
+    "$SAGALOOP_VERBOSE or 0).",
 )
 @click.option(
     "--log-format",
     type=click.Choice(["text", "json"], case_sensitive=False),
-    default="text",
-    envvar="SAGALOOP_LOG_FORMAT",
+    default=None,
     help="Log lines on stderr as text, or as one JSON object each for log shippers "
     "(default: $SAGALOOP_LOG_FORMAT or text).",
 )
 @click.version_option(package_name="sagaloop")
 @click.pass_context
-def cli(ctx: click.Context, database_url: str | None, verbose: int, log_format: str) -> None:
-    """sagaloop: durable AI-agent loops as sagas."""
-    ctx.obj = obj = Obj(database_url)
+def cli(
+    ctx: click.Context,
+    database_url: str | None,
+    broker_url: str | None,
+    verbose: int | None,
+    log_format: str | None,
+) -> None:
+    """sagaloop: durable AI-agent loops as sagas.
+
+    The options below go before or after the command (sagaloop status RUN -v); each has its
+    SAGALOOP_... environment variable."""
+    ctx.obj = obj = Obj(database_url, broker_url=broker_url, log_format=log_format, verbose=verbose)
+    settings = obj.settings
     handler = logging.StreamHandler(sys.stderr)
-    json_lines = log_format.lower() == "json"
     handler.setFormatter(
-        _ScrubbingJsonFormatter(obj.scrub) if json_lines else _ScrubbingFormatter(obj.scrub)
+        _ScrubbingJsonFormatter(obj.scrub)
+        if settings.log_format == "json"
+        else _ScrubbingFormatter(obj.scrub)
     )
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
+    level = settings.verbose
+    logging.basicConfig(level=logging.DEBUG if level else logging.INFO, handlers=[handler])
     for name in DRIVER_LOGGERS:
-        logging.getLogger(name).setLevel(DRIVER_LEVELS[min(verbose, len(DRIVER_LEVELS) - 1)])
+        logging.getLogger(name).setLevel(DRIVER_LEVELS[min(level, len(DRIVER_LEVELS) - 1)])
 
 
 def _client(obj: Obj, app: App | None = None) -> Client:
@@ -225,6 +309,7 @@ def list_runs(obj: Obj, status_: str | None, saga: str | None, limit: int, as_js
         rows = [
             {
                 "run_id": r.run_id,
+                "app": r.app,
                 "saga": r.saga,
                 "status": r.status,
                 "created_at": r.created_at.isoformat(),

@@ -1,17 +1,72 @@
-"""Plain-text rendering of timelines and run lists for terminals."""
+"""Rendering of timelines, run lists and the other tables for terminals: in colour (rich) when
+stdout is a terminal, plain text when it is not (a pipe, a file, a test) or NO_COLOR is set."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import shutil
+import sys
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from sagaloop.engine.ports import RunRecord
 from sagaloop.engine.timeline import Timeline, short_json
+from sagaloop.sagas.approvals import KEY_PREFIX
+
+STYLES = {
+    **dict.fromkeys(("completed", "reconciled", "compensated", "ok", "yes", "approved"), "green"),
+    **dict.fromkeys(("running", "waiting", "scheduled", "pending"), "cyan"),
+    **dict.fromkeys(("retrying", "compensating", "in doubt", "escalated", "stale"), "yellow"),
+    **dict.fromkeys(("failed", "needs_attention", "in doubt (halted)", "no", "denied"), "bold red"),
+    **dict.fromkeys(("compensation failed", "down"), "bold red"),
+    "cancelled": "magenta",
+}
+"""The colour of a table cell that holds one of these words: statuses, states, answers."""
+
+
+def in_colour() -> bool:
+    """Whether to draw tables with rich: stdout is a terminal, NO_COLOR (https://no-color.org)
+    is unset or empty, and the terminal is not ``dumb``."""
+    isatty = getattr(sys.stdout, "isatty", None)
+    return (
+        not os.environ.get("NO_COLOR")
+        and os.environ.get("TERM") != "dumb"
+        and callable(isatty)
+        and bool(isatty())
+    )
+
+
+def _style(cell: str) -> str | None:
+    return STYLES.get(cell) or ("bold red" if cell.startswith("error") else None)
+
+
+def _rich(table: Any) -> str:
+    """``table`` (a rich renderable) drawn in colour, for a terminal as wide as this one."""
+    from rich.console import Console
+
+    out = io.StringIO()
+    width = shutil.get_terminal_size((120, 24)).columns
+    Console(file=out, force_terminal=True, width=width, highlight=False).print(table)
+    lines = [line.rstrip() for line in out.getvalue().splitlines()]
+    return "\n".join(lines).strip("\n")
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns under their headers: plain, or drawn by rich where :func:`in_colour`."""
+    if in_colour():
+        from rich import box
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False)
+        for header in headers:
+            table.add_column(header, overflow="fold")
+        for row in rows:
+            table.add_row(*(Text(cell, style=_style(cell) or "") for cell in row))
+        return _rich(table)
     widths = [len(h) for h in headers]
     for row in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
@@ -19,6 +74,26 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     out = [line.format(*headers), line.format(*("-" * w for w in widths))]
     out += [line.format(*row) for row in rows]
     return "\n".join(x.rstrip() for x in out)
+
+
+def pairs_text(rows: Sequence[tuple[str, str | None]]) -> str:
+    """Names and values in two columns (``health``); a row without a value is a line of its
+    own, under the row before it."""
+    if in_colour():
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2, 0, 0))
+        table.add_column(style="bold")
+        table.add_column(overflow="fold")
+        for name, value in rows:
+            if value is None:
+                table.add_row("", Text(name.strip()))
+            else:
+                table.add_row(name, Text(value, style=_style(value) or ""))
+        return _rich(table)
+    width = max((len(name) for name, value in rows if value is not None), default=0) + 2
+    return "\n".join(name if value is None else f"{name:<{width}}{value}" for name, value in rows)
 
 
 def _t(value: datetime | None) -> str:
@@ -34,6 +109,8 @@ def timeline_text(tl: Timeline) -> str:
     ]
     if tl.reason:
         head.append(f"reason    {tl.reason}")
+    if tl.cancel_reason is not None:
+        head.append(f"cancel    requested: {tl.cancel_reason}")
     rows = [
         [
             str(s.position),
@@ -60,11 +137,15 @@ def timeline_text(tl: Timeline) -> str:
     if errors:
         parts.append("last errors:\n" + "\n".join(errors))
     if tl.waiting_for:
-        parts.append("why it waits:\n" + "\n".join(f"  - {w}" for w in tl.waiting_for))
-    if tl.published:
-        values = [
-            f"  {key} = {short_json(value, 120)}" for key, value in sorted(tl.published.items())
-        ]
+        parts.append("why it waits:\n" + "\n".join(f"  - {_why(w)}" for w in tl.waiting_for))
+    asked = [w for w in tl.waits if w.kind == "approval" and isinstance(w.prompt, dict)]
+    if asked:
+        parts.append(
+            "approvals asked:\n" + "\n".join(_approval(w.events[0], w.prompt) for w in asked)
+        )
+    shown = {k: v for k, v in tl.published.items() if k not in {w.events[0] for w in asked}}
+    if shown:
+        values = [f"  {key} = {short_json(value, 120)}" for key, value in sorted(shown.items())]
         parts.append("published:\n" + "\n".join(values))
     if tl.status == "completed":
         parts.append("output: " + json.dumps(tl.output))
@@ -75,14 +156,33 @@ def timeline_text(tl: Timeline) -> str:
     return "\n\n".join(parts)
 
 
+def _why(line: str) -> str:
+    """A line of "why it waits"; an approval's without the request, shown below it."""
+    if line.startswith(f"waiting for event '{KEY_PREFIX}"):
+        return line.split(", asking ", 1)[0] + " (the approval below)"
+    return line
+
+
+def _approval(event: str, request: dict[str, Any]) -> str:
+    """What an approval asks, and how to answer it."""
+    call_id = event.removeprefix(KEY_PREFIX)
+    args = short_json(request.get("args"), 100)
+    why = f": {request['reason']}" if request.get("reason") else ""
+    status = request.get("status") or "pending"
+    return (
+        f"  {call_id}: {request.get('approve')} {args} ({status}){why}\n"
+        f"    answer: {request.get('answer')}"
+    )
+
+
 def _indent(text: str, by: str = "      ") -> str:
     """A stored traceback, indented under the error it belongs to."""
     return "\n".join(by + line for line in text.splitlines())
 
 
 def runs_text(runs: Sequence[RunRecord], counts: dict[str, int]) -> str:
-    rows = [[r.run_id, r.saga, r.status, _t(r.created_at), _t(r.updated_at)] for r in runs]
-    table = _table(["run", "saga", "status", "started (UTC)", "updated (UTC)"], rows)
+    rows = [[r.run_id, r.app, r.saga, r.status, _t(r.created_at), _t(r.updated_at)] for r in runs]
+    table = _table(["run", "app", "saga", "status", "started (UTC)", "updated (UTC)"], rows)
     summary = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no runs"
     return f"{table}\n\n{summary} (total {sum(counts.values())})"
 

@@ -16,6 +16,7 @@ import click
 from sagaloop._secrets import mask_url
 from sagaloop.cli import processes
 from sagaloop.cli.common import Obj, app_option, errors
+from sagaloop.cli.render import pairs_text
 from sagaloop.cli.services import EXIT_ACCESS_REFUSED, EXIT_THREAD_DIED, Runtime
 from sagaloop.cli.ui import with_ui_port
 from sagaloop.engine import crashpoints
@@ -365,14 +366,16 @@ def health(obj: Obj, as_json: bool, max_outbox_age: float, local: bool) -> None:
             return ", ".join(f"{k} {text(v)}" for k, v in value.items()) or "none"
         return str(value)
 
-    width = max(len(key) for key in checks) + 2
+    rows: list[tuple[str, str | None]] = []
     for key, value in checks.items():
         if key != "processes":
-            click.echo(f"{key:<{width}}{text(value)}")
+            rows.append((key, text(value)))
             continue
-        click.echo(f"{key:<{width}}{len(value)} registered")
-        for p in value:
-            click.echo(f"  {p['name']} ({p['role']} of app {p['app']!r}): {p['state']}")
+        rows.append((key, f"{len(value)} registered"))
+        rows += [
+            (f"  {p['name']} ({p['role']} of app {p['app']!r}): {p['state']}", None) for p in value
+        ]
+    click.echo(pairs_text(rows))
     sys.exit(0 if ok else 1)
 
 

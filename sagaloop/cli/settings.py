@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
+import traceback
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from sagaloop.errors import DeclarationError
+from sagaloop.errors import DeclarationError, SagaloopError
 from sagaloop.sagas.app import App
+
+logger = logging.getLogger(__name__)
 
 
 class Settings(BaseSettings):
@@ -21,7 +25,8 @@ class Settings(BaseSettings):
     database_url: str = "sqlite:///sagaloop.db"
     """SQLAlchemy URL of the store. The embedded default is a SQLite file in the current folder."""
     broker_url: str = "database"
-    """``database`` (the outbox table is the queue) or ``memory`` (one process only)."""
+    """``database`` (the outbox table is the queue), ``memory`` (one process only) or an
+    ``amqp://`` URL of RabbitMQ (``--broker-url``)."""
     lease: float = Field(default=60.0, gt=0, le=86_400)
     """Seconds a claimed message stays invisible to other consumers; a worker renews it every
     third of that while a step runs, so only a dead worker's messages are redelivered."""
@@ -29,13 +34,22 @@ class Settings(BaseSettings):
     """RabbitMQ: the exchange, and the prefix of every queue name."""
     queue_type: Literal["quorum", "classic"] = "quorum"
     retention_days: float = Field(default=7.0, gt=0)
+    """Finished runs and inbox rows older than this are deleted by the engine."""
     activation_deadline: float = Field(default=2.0, gt=0, le=3600)
     """CPU seconds saga code may run without reaching an ``await`` before its run is parked."""
-    """Finished runs and inbox rows older than this are deleted by the engine."""
     crash_at: str = ""
     """Test only: crash points to arm (see sagaloop.engine.crashpoints)."""
     app: str | None = None
     """The app to load, as ``module`` or ``module:attribute``."""
+    log_format: Literal["text", "json"] = "text"
+    """Log lines on stderr as text, or as one JSON object each (``--log-format``)."""
+    verbose: int = Field(default=0, ge=0)
+    """1: sagaloop's DEBUG lines; 2: the drivers' too (``-v``, ``-v -v``)."""
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
 
 
 def load_app(spec: str) -> App:
@@ -53,6 +67,13 @@ def load_app(spec: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise DeclarationError(f"cannot import {what}: {e}") from e
+    except SagaloopError:
+        raise  # a declaration error: its message says what is wrong
+    except Exception as e:  # the module raised: say where, keep the traceback for -v
+        logger.debug("importing %s failed", what, exc_info=True)
+        raise DeclarationError(
+            f"cannot import {what}: {_raised(e)} (-v shows the traceback)"
+        ) from e
     if attr:
         app = getattr(module, attr, None)
         if not isinstance(app, App):
@@ -64,6 +85,16 @@ def load_app(spec: str) -> App:
             f"module {module_name!r} defines {len(apps)} Apps: name one as {module_name}:ATTRIBUTE"
         )
     return apps[0]
+
+
+def _raised(e: Exception) -> str:
+    """``e`` in one line, with where it was raised (a syntax error names its line itself)."""
+    text = " ".join(str(e).split()) or "no message"
+    if isinstance(e, SyntaxError):
+        return f"{type(e).__name__}: {text}"
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f", raised at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return f"{type(e).__name__}: {text}{where}"
 
 
 def _from_path(path: str) -> str:

@@ -14,6 +14,7 @@ from sagaloop.engine.ports import RunRecord
 from sagaloop.engine.state import RunState
 from sagaloop.engine.steps import DO, UNDO, idempotency_key
 from sagaloop.errors import ErrorInfo
+from sagaloop.sagas.approvals import KEY_PREFIX
 
 
 @dataclasses.dataclass
@@ -35,6 +36,20 @@ class StepLine:
 
 
 @dataclasses.dataclass
+class WaitLine:
+    """One thing the run waits for, for scripts (``waiting_for`` says it in words)."""
+
+    kind: str
+    """``event``, ``approval`` (the answer to ``ctx.approval``: an event too) or ``sleep``."""
+    events: list[str]
+    """The event names that end it (any one of them); none for a sleep."""
+    until: datetime | None
+    """When it times out; a sleep: when it ends."""
+    prompt: Any = None
+    """What it asks (``wait_for_event(..., prompt=...)``); an approval: the request."""
+
+
+@dataclasses.dataclass
 class Timeline:
     run_id: str
     saga: str
@@ -51,6 +66,10 @@ class Timeline:
     """The latest value the saga published under each key (``ctx.publish``)."""
     prompts: dict[str, Any] = dataclasses.field(default_factory=dict)
     """What each open wait asks, by event name (``wait_for_event(..., prompt=...)``)."""
+    waits: list[WaitLine] = dataclasses.field(default_factory=list)
+    """The open waits and sleeps of a run that is not finished, in the order they began."""
+    cancel_reason: str | None = None
+    """Why the run was cancelled, once a cancellation was asked for (``cancel --reason``)."""
 
     def to_json(self) -> dict[str, Any]:
         def conv(v: Any) -> Any:
@@ -60,6 +79,8 @@ class Timeline:
         data["created_at"], data["updated_at"] = conv(self.created_at), conv(self.updated_at)
         for line in data["steps"]:
             line["started_at"] = conv(line["started_at"])
+        for wait in data["waits"]:
+            wait["until"] = conv(wait["until"])
         return data
 
 
@@ -130,7 +151,22 @@ def timeline(run: RunRecord, events: list[Event], now: datetime) -> Timeline:
             for w in sorted(st.waits.values(), key=lambda v: v.pos)
             if not w.resolved and w.prompt is not None and run.status not in s.FINAL_STATUSES
         },
+        waits=[] if run.status in s.FINAL_STATUSES else _waits(st),
+        cancel_reason=st.cancel_reason,
     )
+
+
+def _waits(st: RunState) -> list[WaitLine]:
+    """The open waits and sleeps of ``st``, in the order the saga began them."""
+    found: list[tuple[int, WaitLine]] = []
+    for w in st.waits.values():
+        if not w.resolved:
+            names = list(w.names or (w.name,))
+            approval = len(names) == 1 and names[0].startswith(KEY_PREFIX)
+            kind = "approval" if approval else "event"
+            found.append((w.pos, WaitLine(kind, names, w.until, w.prompt)))
+    found += [(pos, WaitLine("sleep", [], fire_at)) for pos, fire_at in st.sleeps.items()]
+    return [line for _, line in sorted(found, key=lambda x: x[0])]
 
 
 def _traceback(error: Any) -> str | None:

@@ -186,9 +186,10 @@ class Harness:
         return self.client.get(run_id)
 
     def result(self, run_id: str) -> Any:
-        """The run's output. Raises SagaFailedError for a run that did not complete or needs
-        attention (with the reason: a non-determinism, say), TimeoutError for one still going
-        (call :meth:`run_until_idle` first)."""
+        """The run's output, of the type its saga declares (``Client.result`` with the app: a
+        pydantic model, a dataclass...). Raises SagaFailedError for a run that did not complete
+        or needs attention (with the reason: a non-determinism, say), TimeoutError for one still
+        going (call :meth:`run_until_idle` first)."""
         run = self.client.get(run_id)
         if run.status == NEEDS_ATTENTION:
             raise SagaFailedError(run_id, run.status, ErrorInfo("NeedsAttention", run.reason or ""))

@@ -434,7 +434,7 @@ def test_a_structured_output_is_validated_in_saga_code_and_replays() -> None:
     env = Harness(app)
     run_id = env.start("judge", "decide")
     env.run_until_idle()
-    assert env.result(run_id) == {"refund": True, "cents": 4200}
+    assert env.result(run_id) == Verdict(refund=True, cents=4200)
     (call,) = model.calls
     assert call.output_schema is not None and call.output_schema.name() == "Verdict"
 

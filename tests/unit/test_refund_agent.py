@@ -131,9 +131,9 @@ def test_happy_path_refunds_exactly_once(env: Harness, provider: PaymentProvider
     run_id = env.start(refunds.refund_dispute, DISPUTE)
     answer_customer(env, run_id)
     result = env.result(run_id)
-    assert result["outcome"] == "refunded"
+    assert result.outcome == "refunded"
     [refund] = provider.refunds("D-1001")
-    assert result["refund_id"] == refund.refund_id
+    assert result.refund_id == refund.refund_id
     assert refund.amount_cents == 12999
     assert provider.reversals() == []
     steps = states(env, run_id)
@@ -146,7 +146,7 @@ def test_happy_path_refunds_exactly_once(env: Harness, provider: PaymentProvider
         ["issue_refund"],
         ["close"],
     ]
-    assert result["model_requests"] == 5
+    assert result.model_requests == 5
     usage: Any = env.client.get_published(run_id, "agent usage")
     assert usage["requests"] == 5 and usage["budget"]["requests"] == 20
     messages = Mailbox().messages("D-1001")
@@ -156,7 +156,7 @@ def test_happy_path_refunds_exactly_once(env: Harness, provider: PaymentProvider
 def test_small_dispute_is_refunded_without_asking(env: Harness, provider: PaymentProvider) -> None:
     run_id = env.start(refunds.refund_dispute, SMALL)
     env.run_until_idle()
-    assert env.result(run_id)["outcome"] == "refunded"
+    assert env.result(run_id).outcome == "refunded"
     assert "ask_customer" not in states(env, run_id)
     assert len(provider.refunds("D-1002")) == 1
 
@@ -167,8 +167,8 @@ def test_no_reply_in_two_days_denies_without_refund(
     run_id = env.start(refunds.refund_dispute, DISPUTE)
     env.run_until_idle()  # skips the virtual clock over the two-day timeout
     result = env.result(run_id)
-    assert result["outcome"] == "denied"
-    assert "did not answer" in result["summary"]
+    assert result.outcome == "denied"
+    assert "did not answer" in result.summary
     assert provider.refunds() == []
 
 
@@ -188,7 +188,7 @@ def test_model_is_not_asked_again_for_recorded_turns(
     env.restart()  # a new process: the saga code is replayed from the history
     env.send_event(run_id, "customer-reply", REPLY)
     env.run_until_idle()
-    assert env.result(run_id)["outcome"] == "refunded"
+    assert env.result(run_id).outcome == "refunded"
     assert asked == 3 and len(calls) == 5, "recorded answers must be replayed, not re-asked"
     assert len(calls) == len(set(calls))
 
@@ -212,7 +212,7 @@ def test_lost_response_is_reconciled_not_reissued(
     result = env.result(run_id)
     [refund] = provider.refunds()
     assert accepted == [refund.refund_id], "issue_refund must not run again when in doubt"
-    assert result["refund_id"] == refund.refund_id
+    assert result.refund_id == refund.refund_id
     line = next(x for x in env.status(run_id).steps if x.step == "issue_refund")
     assert (line.state, line.attempts) == ("reconciled", 2)
 
@@ -236,7 +236,7 @@ def test_worker_killed_after_the_provider_accepted(env: Harness, provider: Payme
     run_id = env.start(refunds.refund_dispute, DISPUTE)
     answer_customer(env, run_id)
     assert crashed, "the crash hook did not fire"
-    assert env.result(run_id)["outcome"] == "refunded"
+    assert env.result(run_id).outcome == "refunded"
     [refund] = provider.refunds()
     assert refund.reference == crashed[0]
     assert states(env, run_id)["issue_refund"] == ["reconciled"]
@@ -331,7 +331,7 @@ def test_a_large_refund_is_issued_once_after_a_person_approves(
     env.run_until_idle()
     result = env.result(run_id)
     [refund] = provider.refunds("D-1003")
-    assert result["outcome"] == "refunded" and result["refund_id"] == refund.refund_id
+    assert result.outcome == "refunded" and result.refund_id == refund.refund_id
     assert refund.amount_cents == 48900
     assert states(env, run_id)["issue_large_refund"] == ["completed"]
     record: Any = env.client.get_published(run_id, f"approval:{pending.call_id}")
@@ -343,8 +343,8 @@ def test_a_denied_large_refund_is_not_issued(env: Harness, provider: PaymentProv
     env.deny(run_id, pending.call_id, reason="the desk was a gift: refund the buyer", by="maria")
     env.run_until_idle()
     result = env.result(run_id)
-    assert result["outcome"] == "denied" and result["refund_id"] is None
-    assert "refund the buyer" in result["summary"]
+    assert result.outcome == "denied" and result.refund_id is None
+    assert "refund the buyer" in result.summary
     assert provider.refunds() == []
     assert "issue_large_refund" not in states(env, run_id)
 
@@ -360,7 +360,7 @@ def test_an_unanswered_approval_is_escalated_and_keeps_waiting(
     assert escalated.status == "escalated" and provider.refunds() == []
     env.approve(run_id, pending.call_id)
     env.run_until_idle()
-    assert env.result(run_id)["outcome"] == "refunded"
+    assert env.result(run_id).outcome == "refunded"
 
 
 def test_issue_refund_refuses_an_amount_above_the_limit(
@@ -411,4 +411,4 @@ def test_a_model_that_never_stops_waits_at_its_budget(
     use_policy(refund_model.policy)
     env.send_event(run_id, "budget", {"requests": 30})  # a person raises it; the agent goes on
     env.run_until_idle()
-    assert env.result(run_id)["outcome"] == "refunded"
+    assert env.result(run_id).outcome == "refunded"

@@ -112,7 +112,7 @@ def test_three_steps_complete_with_typed_results_each_recorded_once() -> None:
         "shipment": {"tracking": "t-p-r-o1"},
         "types": ["Reservation", "Payment", "Shipment"],
     }
-    assert env.result(run_id) == run.output
+    assert env.result(run_id) == Receipt.model_validate(run.output)  # the declared type
     assert calls == ["reserve", "charge", "ship"]
 
     scheduled = kinds(env, run_id, h.STEP_SCHEDULED)
