@@ -151,12 +151,8 @@ def resend(obj: Obj, id: str | None, all_: bool, yes: bool) -> None:
                 raise _unknown(id)
             click.echo(f"resent {resent[0].id} to {resent[0].queue}")
             return
-        total = broker.count_dead_letters()
-        if not total:
-            click.echo("no dead letters")
+        if not _confirm_all(broker, yes, "Resend all {} dead letters to their queues?"):
             return
-        if not yes:
-            click.confirm(f"Resend all {total} dead letters to their queues?", abort=True)
         resent = broker.resend_dead_letters(None)
     queues = collections.Counter(d.queue for d in resent)
     where = ", ".join(f"{q}: {n}" for q, n in sorted(queues.items()))
@@ -177,11 +173,19 @@ def purge(obj: Obj, id: str | None, all_: bool, yes: bool) -> None:
                 raise _unknown(id)
             click.echo(f"purged {id}")
             return
-        total = broker.count_dead_letters()
-        if not total:
-            click.echo("no dead letters")
+        if not _confirm_all(broker, yes, "Delete all {} dead letters for good?"):
             return
-        if not yes:
-            click.confirm(f"Delete all {total} dead letters for good?", abort=True)
         purged = broker.purge_dead_letters(None)
     click.echo(f"purged {purged} dead letter{'s' if purged != 1 else ''}")
+
+
+def _confirm_all(broker: DeadLetters, yes: bool, question: str) -> bool:
+    """Whether to go on with ``--all``: there are dead letters, and the user agreed (asked
+    ``question`` with their number, unless ``--yes``)."""
+    total = broker.count_dead_letters()
+    if not total:
+        click.echo("no dead letters")
+        return False
+    if not yes:
+        click.confirm(question.format(total), abort=True)
+    return True
