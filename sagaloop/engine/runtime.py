@@ -405,18 +405,18 @@ class WorkerConsumer:
         self, delivery: Delivery, env: Envelope, key: str, reply: dict[str, Any] | None
     ) -> None:
         with self.store.transaction() as tx:
-            if reply is None or not self.store.inbox_put(
+            ran = reply is not None and self.store.inbox_put(
                 tx, WORKER_CONSUMER, key, reply, self.clock.now()
-            ):
+            )
+            if not ran:
                 _, reply = self.store.inbox_get(tx, WORKER_CONSUMER, key)
             now = self.clock.now()
             result = step_result(env, reply, now)
             self.store.enqueue(tx, [Outgoing(self.reply_queue, result)], now)
             delivery.settle(tx)
-            if env.payload.get("direction") == "undo":
-                crash_point("worker.undo_before_commit")
-            else:
-                crash_point("worker.before_commit")
+            if ran:  # a copy whose reply was stored already ran nothing: no effect cut off
+                undo = env.payload.get("direction") == "undo"
+                crash_point("worker.undo_before_commit" if undo else "worker.before_commit")
         crash_point("worker.after_commit")
 
     def _failed(self, delivery: Delivery, env: Envelope, key: str, exc: Exception) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 import sagaloop
 from sagaloop import App, ApplicationError, NotAppliedError, RetryPolicy, SagaContext, StepContext
+from sagaloop.engine import crashpoints
 from sagaloop.engine import history as h
 from sagaloop.engine.crashpoints import CrashPointRaised
 from sagaloop.engine.messages import Envelope, step_queue
@@ -462,3 +463,42 @@ def test_a_copy_of_a_step_message_is_in_doubt_after_the_first_copy_ran(
         assert env.status(run_id).steps[0].state == "reconciled"
     else:
         assert env.get(run_id).status == "needs_attention"
+
+
+def test_worker_before_commit_is_passed_only_by_a_delivery_that_ran_the_body() -> None:
+    """``worker.before_commit`` means "the step ran (its effect happened), its result is not
+    committed". A copy of a step message whose reply is stored already (the relay published it
+    again) only settles: it runs nothing, so it must not pass that crash point. Were it
+    counted, a test arming ``worker.before_commit:N`` could kill a worker that cut off no
+    effect at all, and its in-doubt check would prove nothing."""
+    ran: list[int] = []
+    app = App("dup2")
+
+    @app.step(queue="pay")
+    def charge(ctx: StepContext, order: str) -> str:
+        ran.append(ctx.attempt)
+        return f"charged {order}"
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> str:
+        return await ctx.call(charge, "o-1")
+
+    env = Harness(app, broker="database")
+    first: list[bytes] = []
+
+    def keep(role: str, delivery: Delivery) -> None:
+        if role == "worker" and not first:
+            first.append(delivery.body)
+
+    env.crash_hook = keep
+    run_id = env.start(s)
+    env.run_until_idle()
+    assert env.get(run_id).status == "completed" and ran == [1]
+
+    crashpoints.arm("worker.before_commit:raise")
+    try:
+        env.broker.publish_raw(step_queue("dup2", "pay"), first[0], trusted=True)  # type: ignore[attr-defined]
+        env.run_until_idle()  # the copy only settles: no body ran, no crash point passed
+    finally:
+        crashpoints.disarm()
+    assert ran == [1]
