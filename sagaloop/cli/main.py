@@ -15,6 +15,7 @@ from sagaloop.cli.approvals import approvals, approve, deny
 from sagaloop.cli.common import Obj, app_option, errors, json_arg
 from sagaloop.cli.dead_letters import dead_letters
 from sagaloop.cli.demo import demo
+from sagaloop.cli.deploys import export, fork, replay
 from sagaloop.cli.mcp import mcp
 from sagaloop.cli.render import runs_text, stream_line, timeline_text
 from sagaloop.cli.serve import dev, engine, health, schema, worker
@@ -384,6 +385,9 @@ for command in (
     mcp,
     dead_letters,
     ui,
+    export,
+    replay,
+    fork,
 ):
     cli.add_command(command)
 

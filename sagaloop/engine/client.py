@@ -5,6 +5,7 @@ written)."""
 from __future__ import annotations
 
 import importlib
+import itertools
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pydantic import BaseModel
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine import tracing
+from sagaloop.engine.fork import fork_history
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import (
     MAX_MESSAGE_BYTES,
@@ -26,18 +28,21 @@ from sagaloop.engine.messages import (
     engine_queue,
 )
 from sagaloop.engine.ports import Clock, Outgoing, RunRecord, Store, SystemClock
+from sagaloop.engine.replay import check_replay
 from sagaloop.engine.state import RunState
 from sagaloop.engine.streams import Streams
 from sagaloop.engine.timeline import Timeline, timeline
-from sagaloop.errors import ErrorInfo as _ErrorInfo
 from sagaloop.errors import (
+    ActivationDeadlineError,
     MessageError,
+    NonDeterminismError,
     RunFinishedError,
     RunNotFoundError,
     RunStateError,
     SagaFailedError,
     ValidationError,
 )
+from sagaloop.errors import ErrorInfo as _ErrorInfo
 from sagaloop.sagas.app import App, SagaDef
 from sagaloop.sagas.approvals import (
     OPEN_STATUSES,
@@ -271,6 +276,92 @@ class Client:
         if run.status != s.NEEDS_ATTENTION:
             raise RunStateError(f"run {run_id!r} is {run.status}, not needs_attention")
         self._send(self._message("retry", run_id, {}), live=False)
+
+    def fork(self, source: str, /, at: int, *, run_id: str | None = None) -> str:
+        """Start a new run whose history is run ``source``'s up to command position ``at``,
+        and return its id. Nothing before the cut runs again: the new run gets a copy of every
+        command at a position before ``at`` whose outcome the history records, with that
+        outcome (:func:`~sagaloop.engine.fork.fork_history`); the rest (positions ``at`` and
+        after, and the commands still outstanding) is dropped, and the saga code as it is now
+        goes on from there, issuing again what it does next. The input is ``source``'s;
+        ``run_started`` records ``forked_from: {run_id, position}``. The copied steps' effects
+        stay ``source``'s: the fork never compensates them. Positions are those of ``sagaloop
+        status`` (the ``#`` of a step) and of ``sagaloop export`` (``pos``, and its
+        ``commands``).
+
+        Needs the App (``Client(store, app)``): the history kept is replayed against the saga
+        code first, and a fork that code could not continue is refused, as are a position
+        outside the history, a run of another app or of a saga the app does not declare, and a
+        ``run_id`` taken by another run (forking again with the same ``run_id``, source and
+        position returns it)."""
+        if self.app is None:
+            raise ValidationError("Client(store, app) needs the App to fork runs")
+        old = self.get(source)
+        saga = self.app.get_saga(old.saga) if old.app == self.app.name else None
+        if saga is None:
+            raise RunStateError(
+                f"run {source!r} is a run of saga {old.saga!r} of app {old.app!r}, which app "
+                f"{self.app.name!r} does not declare: fork it with the app that does"
+            )
+        if isinstance(at, bool) or not isinstance(at, int):
+            raise ValidationError(f"a position is a whole number, not {at!r:.60}")
+        kept = fork_history(self.store.load_history(None, source), at, run_id=source)
+        new_id = _check_text(uuid.uuid4().hex if run_id is None else run_id, "run_id")
+        if new_id == source:
+            raise RunStateError(f"a fork is a new run: give it another id than {source!r}")
+        link = {"run_id": source, "position": at}
+        first_pos = kept[0].data.get("first_pos")
+        input_json = kept[0].data.get("input")
+        now = self.clock.now()
+        shift = now - kept[-1].at  # the cut is now: timers issued after it count from now
+        with tracing.start(new_id, saga.name) as trace:
+            data = {
+                "input": input_json,
+                "forked_from": link,
+                **({"first_pos": first_pos} if first_pos else {}),
+                **({"trace": trace} if trace else {}),
+            }
+            events = [
+                Event(seq, e.kind, e.at + shift, e.pos, e.name, data if seq == 1 else e.data)
+                for seq, e in enumerate(kept, start=1)
+            ]
+            try:  # a fork the code as it is now cannot continue would park at once
+                check_replay(self.app, saga, new_id, events, whole=False)
+            except (NonDeterminismError, ActivationDeadlineError) as e:
+                reason = str(e).removeprefix(f"run {new_id!r}: ")
+                raise ValidationError(
+                    f"cannot fork run {source!r} at position {at}: the saga code does not "
+                    f"replay what the fork keeps ({reason}); fork at an earlier position"
+                ) from e
+            env = Envelope(
+                type="start",
+                message_id=derived_id("start", new_id),
+                run_id=new_id,
+                saga=saga.name,
+                payload={"input": input_json},
+                created_at=now,
+                trace=trace,
+            )
+            _check_message(env)
+            record = RunRecord(new_id, self.app.name, saga.name, s.RUNNING, input_json, now, now)
+            # Processed but the last event: the engine's activation replays the copy (the saga's
+            # logger silent), gives the code that last event, and records what it does next.
+            # The engine expects no command among the events it has not processed: if the last
+            # is one, the whole copy is given as new (the saga's log lines said again).
+            record.last_seq = len(events)
+            record.processed_seq = 0 if events[-1].kind in h.COMMAND_KINDS else len(events) - 1
+            with self.store.transaction() as tx:
+                if not self.store.create_run(tx, record):
+                    first = self.store.load_history(tx, new_id)[:1]
+                    if first and first[0].data.get("forked_from") == link:
+                        return new_id  # this very fork, made already
+                    raise RunStateError(f"run id {new_id!r} is taken: choose another run id")
+                after = 0
+                for when, group in itertools.groupby(events, key=lambda e: e.at):
+                    batch = [NewEvent(e.kind, e.pos, e.name, e.data) for e in group]
+                    after = self.store.append_events(tx, new_id, after, batch, when)[-1].seq
+                self.store.enqueue(tx, [Outgoing(engine_queue(self.app.name), env)], now)
+        return new_id
 
     # --- approvals (``ctx.approval``) ----------------------------------------------------------
 

@@ -552,3 +552,39 @@ class _Context(SagaContext):
 
 def _importable(model: Any) -> bool:
     return isinstance(model, type) and "<locals>" not in model.__qualname__
+
+
+def check_replay(
+    app: App, saga: SagaDef[Any, Any], run_id: str, events: Sequence[Event], *, whole: bool
+) -> None:
+    """Replay ``events`` (in ``seq`` order) against the saga code as it is now, and raise
+    NonDeterminismError at the first divergence: a recorded command the code no longer issues
+    or issues otherwise; with ``whole`` (the history is a run's, not a part of it kept by a
+    fork), a command the code issues beyond the history too. ActivationDeadlineError for saga
+    code that runs on without yielding. The engine would park the run for either."""
+    code = Replayer(app, saga, run_id, watchdog=Watchdog())
+    try:
+        code.feed(list(events), replaying=True)
+        recorded = [e for e in events if e.kind in h.COMMAND_KINDS and e.pos is not None]
+        gone = sorted(
+            (e for e in recorded if e.pos is not None and e.pos >= code.next_pos),
+            key=lambda e: e.pos or 0,
+        )
+        if gone:
+            message = f"the history has {gone[0].describe()} but the saga code no longer issues it"
+            raise _diverged(run_id, gone[0].pos, message)
+        new = code.take_new_commands() if whole else []
+        if new:
+            issued = Event(0, new[0].kind, events[-1].at, new[0].pos, new[0].name)
+            message = f"the history ends at event {events[-1].seq}, the code now issues "
+            raise _diverged(run_id, new[0].pos, message + issued.describe())
+    finally:
+        code.close()
+
+
+def _diverged(run_id: str, pos: int | None, message: str) -> NonDeterminismError:
+    return NonDeterminismError(
+        f"run {run_id!r}: non-deterministic saga code: {message}",
+        run_id=run_id,
+        position=-1 if pos is None else pos,
+    )

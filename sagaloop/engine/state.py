@@ -118,6 +118,9 @@ class RunState:
     """How many times the run continued as new before this history."""
     trace: dict[str, str] | None = None
     """The run's W3C trace context, stored in ``run_started`` (see ``tracing``)."""
+    forked_at: int = 0
+    """For a fork (``Client.fork``), the cut: the steps before it were copied from the source
+    run, whose effects they are, so this run never compensates them."""
     undoing: bool = False
     """A completed child run that its parent undoes as a whole."""
     continued: dict[str, Any] | None = None
@@ -145,6 +148,7 @@ class RunState:
             self.parent = d.get("parent")
             self.epoch = int(d.get("epoch", 0))
             self.trace = d.get("trace")
+            self.forked_at = int((d.get("forked_from") or {}).get("position", 0))
         elif kind == h.STEP_SCHEDULED:
             assert ev.pos is not None and ev.name is not None
             st = StepState(ev.pos, ev.name, d.get("args", {}), ev.at)
@@ -298,11 +302,12 @@ class RunState:
 
     def to_compensate(self) -> list[StepState]:
         """Steps not yet compensated that took effect or may have (failed in doubt), newest
-        first."""
+        first; none a fork copied from its source run."""
         done = [
             s
             for s in self.steps.values()
             if s.comp_status is None
+            and s.pos >= self.forked_at
             and (s.status == DONE or (s.status in (GAVE_UP, HALTED) and s.in_doubt))
         ]
         return sorted(done, key=lambda s: s.completed_seq or 0, reverse=True)

@@ -1,0 +1,221 @@
+"""``sagaloop export``, ``replay`` and ``fork``: safe deploys. Export the histories of runs in
+flight, replay them against the code about to be deployed (the deploy gate), and fork a run at
+a command position to see what changed code or prompts do from there."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+
+from sagaloop.cli.common import Obj, app_option, errors
+from sagaloop.engine import history as h
+from sagaloop.engine.client import Client
+from sagaloop.engine.history import Event
+from sagaloop.engine.state import ALL_STATUSES, FINAL_STATUSES
+from sagaloop.errors import ActivationDeadlineError, NonDeterminismError
+from sagaloop.testing.histories import history_document, read_history
+from sagaloop.testing.histories import replay as replay_history
+
+IN_FLIGHT = tuple(x for x in ALL_STATUSES if x not in FINAL_STATUSES)
+"""The statuses ``export --all`` takes by default: the runs a deploy replays."""
+MAX_RUNS = 1_000_000
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,150}")
+
+
+class InputError(click.ClickException):
+    """A file that is not a history: exit status 2 (1 says that a history diverged)."""
+
+    exit_code = 2
+
+
+# --- export ----------------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("run_id", required=False)
+@click.option(
+    "--format",
+    "format_",
+    type=click.Choice(["json"]),
+    default="json",
+    show_default=True,
+    help="The document's format.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    help="Write to this file instead of stdout (with --all: into this folder, a file per run).",
+)
+@click.option(
+    "--all",
+    "all_runs",
+    is_flag=True,
+    help="Export every run that is not finished (or those of --status), one file each.",
+)
+@click.option("--saga", help="With --all: only runs of this saga.")
+@click.option(
+    "--status",
+    "statuses",
+    type=click.Choice(ALL_STATUSES),
+    multiple=True,
+    help="With --all: only runs in this status (repeat it for more).",
+)
+@click.pass_obj
+def export(
+    obj: Obj,
+    run_id: str | None,
+    format_: str,
+    output: Path | None,
+    all_runs: bool,
+    saga: str | None,
+    statuses: Sequence[str],
+) -> None:
+    """Write the history of the run RUN_ID as a JSON document (format, version, app, saga, run
+    id, status, its commands by position, its events): what `sagaloop replay` and
+    `sagaloop.testing.replay` read. With --all -o DIR, one file per run in DIR."""
+    if all_runs == (run_id is not None):
+        raise click.UsageError("name a RUN_ID, or give --all (with -o DIR)")
+    if not all_runs and (saga is not None or statuses):
+        raise click.UsageError("--saga and --status go with --all")
+    if all_runs and output is None:
+        raise click.UsageError("--all writes a file per run: name their folder with -o DIR")
+    with errors():
+        client = Client(obj.store())
+        if run_id is not None:
+            text = _document(client, run_id)
+            if output is None:
+                click.echo(text)
+            else:
+                _write(output, text)
+            return
+        assert output is not None
+        runs = [
+            run
+            for status in statuses or IN_FLIGHT
+            for run in client.list(status=status, saga=saga, limit=MAX_RUNS)
+        ]
+        try:
+            output.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise click.ClickException(f"cannot create {output}: {e.strerror or e}") from None
+        for run in runs:
+            _write(output / file_name(run.run_id), _document(client, run.run_id))
+    click.echo(f"exported {len(runs)} run{'' if len(runs) == 1 else 's'} to {output}")
+
+
+def _document(client: Client, run_id: str) -> str:
+    run = client.get(run_id)
+    document = history_document(run, client.history(run_id))
+    return json.dumps(document, indent=2, ensure_ascii=False)
+
+
+def file_name(run_id: str) -> str:
+    """The file ``export --all`` writes the run ``run_id`` to: ``RUN_ID.json`` when the id
+    is a plain name, else a readable part and a hash of the id (ids may hold ``/``)."""
+    if PLAIN_NAME.fullmatch(run_id):
+        return f"{run_id}.json"
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", run_id)[:60].strip("._") or "run"
+    digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{readable}-{digest}.json"
+
+
+def _write(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all (a temporary file renamed over it)."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text + "\n", encoding="utf-8")
+        os.replace(temporary, path)
+    except OSError as e:
+        temporary.unlink(missing_ok=True)
+        raise click.ClickException(f"cannot write {path}: {e.strerror or e}") from None
+
+
+# --- replay ----------------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+@app_option
+@click.pass_obj
+def replay(obj: Obj, files: Sequence[Path], app_spec: str | None) -> None:
+    """Replay histories (files `sagaloop export` wrote, or bare lists of events; a folder: its
+    *.json files) against the app's code as it is now, the deploy gate. Prints a line per
+    file: ok, or the first divergence. Exit status 1 if a history diverged, 2 if a file is not
+    a history. Needs no database."""
+    histories = [(path, *_read(path)) for path in _files(files)]
+    with errors():
+        app = obj.app(app_spec)
+    diverged = 0
+    for path, events, run_id in histories:
+        try:
+            replay_history(app, events, run_id=run_id)
+        except (NonDeterminismError, ActivationDeadlineError, ValueError) as e:
+            diverged += 1
+            click.echo(f"{path}: diverged: {' '.join(str(e).split())}")
+        else:
+            click.echo(f"{path}: ok (run {run_id or 'replay'!r}, {len(events)} events)")
+    if diverged:
+        raise click.exceptions.Exit(1)
+
+
+def _files(paths: Sequence[Path]) -> list[Path]:
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            inside = sorted(p for p in path.glob("*.json") if p.is_file())
+            if not inside:
+                raise InputError(f"{path}: no .json file in this folder")
+            found += inside
+        else:
+            found.append(path)
+    return found
+
+
+def _read(path: Path) -> tuple[list[Event], str | None]:
+    try:
+        text = path.read_bytes()
+    except OSError as e:
+        raise InputError(f"{path}: cannot read it: {e.strerror or e}") from None
+    try:
+        events, run_id = read_history(text)
+    except (ValueError, RecursionError) as e:
+        raise InputError(f"{path}: {' '.join(str(e).split())}") from None
+    if not any(e.kind == h.RUN_STARTED for e in events):
+        raise InputError(
+            f"{path}: the history has no run_started event: export the whole history of a run"
+        )
+    return events, run_id
+
+
+# --- fork ------------------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("run_id")
+@click.option(
+    "--at",
+    "position",
+    type=int,
+    required=True,
+    help="The command position to cut at: what the commands before it did is kept, the code "
+    "goes on from there (the # of `sagaloop status`, the positions of `sagaloop export`).",
+)
+@click.option("--run-id", "new_run_id", help="The new run's id (default: a random one).")
+@app_option
+@click.pass_obj
+def fork(
+    obj: Obj, run_id: str, position: int, new_run_id: str | None, app_spec: str | None
+) -> None:
+    """Start a new run whose history is that of RUN_ID up to the command at position --at
+    (recorded results reused, nothing before it run again) and print its id: the app's code
+    as it is now goes on from there."""
+    with errors():
+        app = obj.app(app_spec)
+        click.echo(Client(obj.store(), app).fork(run_id, position, run_id=new_run_id))
