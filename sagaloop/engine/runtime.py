@@ -408,7 +408,7 @@ class WorkerConsumer:
             ran = reply is not None and self.store.inbox_put(
                 tx, WORKER_CONSUMER, key, reply, self.clock.now()
             )
-            if not ran:
+            if reply is None or not ran:
                 _, reply = self.store.inbox_get(tx, WORKER_CONSUMER, key)
             now = self.clock.now()
             result = step_result(env, reply, now)
