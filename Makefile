@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,pydantic-ai,openai-agents,mcp,ui,metrics,otel]'
+	$(BIN)/pip install --quiet -e '.[dev,pydantic-ai,openai-agents,mcp,ui,metrics,otel,redis]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -110,8 +110,27 @@ class Obj:
                 raise click.ClickException(
                     self.scrub(f"invalid SAGALOOP_BROKER_URL {mask_url(url)!r}: {e}")
                 ) from e
+        if url.startswith(("redis://", "rediss://")):
+            try:
+                from sagaloop.brokers.kombu import KombuBroker
+
+                return KombuBroker(
+                    url,
+                    namespace=self.settings.namespace,
+                    lease=lease,
+                    connect_timeout=timedelta(seconds=connect_timeout) if connect_timeout else None,
+                    # Shared through the database: signs and verifies internal messages.
+                    signing_key=store.signing_key(),
+                )
+            except ImportError as e:  # the redis package is missing: the message says what to do
+                raise click.ClickException(str(e)) from e
+            except ValueError as e:  # kombu cannot parse the URL (a bad port, say)
+                raise click.ClickException(
+                    self.scrub(f"invalid SAGALOOP_BROKER_URL {mask_url(url)!r}: {e}")
+                ) from e
         raise click.ClickException(
-            f"unsupported SAGALOOP_BROKER_URL {mask_url(url)!r}: use database, memory or amqp://"
+            f"unsupported SAGALOOP_BROKER_URL {mask_url(url)!r}: use database, memory, amqp:// "
+            "or redis://"
         )
 
     def streams(self) -> Streams:

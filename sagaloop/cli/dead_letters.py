@@ -27,7 +27,7 @@ def _broker(obj: Obj) -> Iterator[DeadLetters]:
     if obj.settings.broker_url == "memory":
         raise click.ClickException(
             "the memory broker keeps its dead letters inside the process that made them: "
-            "set SAGALOOP_BROKER_URL to database or amqp://..."
+            "set SAGALOOP_BROKER_URL to database, amqp://... or redis://..."
         )
     with errors():
         store = obj.store()

@@ -168,8 +168,8 @@ class _ScrubbingJsonFormatter(JsonFormatter):
 @click.option(
     "--broker-url",
     default=None,
-    help="database, memory or an amqp:// URL of RabbitMQ (default: $SAGALOOP_BROKER_URL or "
-    "database).",
+    help="database, memory, an amqp:// URL of RabbitMQ (several, comma-separated, for a "
+    "cluster) or a redis:// URL (default: $SAGALOOP_BROKER_URL or database).",
 )
 @click.option(
     "-v",

@@ -25,8 +25,8 @@ class Settings(BaseSettings):
     database_url: str = "sqlite:///sagaloop.db"
     """SQLAlchemy URL of the store. The embedded default is a SQLite file in the current folder."""
     broker_url: str = "database"
-    """``database`` (the outbox table is the queue), ``memory`` (one process only) or an
-    ``amqp://`` URL of RabbitMQ (``--broker-url``)."""
+    """``database`` (the outbox table is the queue), ``memory`` (one process only), an
+    ``amqp://`` URL of RabbitMQ or a ``redis://`` URL of Redis (``--broker-url``)."""
     lease: float = Field(default=60.0, gt=0, le=86_400)
     """Seconds a claimed message stays invisible to other consumers; a worker renews it every
     third of that while a step runs, so only a dead worker's messages are redelivered."""

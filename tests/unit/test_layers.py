@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sagaloop"
-DRIVERS = ("sqlalchemy", "psycopg", "kombu", "pika", "sqlite3", "prometheus_client")
+DRIVERS = ("sqlalchemy", "psycopg", "kombu", "redis", "pika", "sqlite3", "prometheus_client")
 
 # layer -> packages (inside sagaloop) it must not import
 FORBIDDEN = {
