@@ -21,7 +21,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks import agent_transcript, floor, peer_dbos, profile, roundtrips, sagaloop_bench
+from benchmarks import (
+    agent_transcript,
+    floor,
+    peer_dbos,
+    profile,
+    roundtrips,
+    sagaloop_bench,
+    scale,
+)
 from benchmarks.common import Figure, fmt_ms, fmt_ratio, latency, load_average
 
 FULL: dict[str, Any] = {
@@ -36,6 +44,7 @@ FULL: dict[str, Any] = {
     "profile_steps": 300,
     "roundtrip_steps": 50,
     "transcript_turns": agent_transcript.TURNS,
+    "scale_waves": 3,
 }
 QUICK: dict[str, Any] = {
     "sequential_steps": 100,
@@ -49,6 +58,7 @@ QUICK: dict[str, Any] = {
     "profile_steps": 0,
     "roundtrip_steps": 20,
     "transcript_turns": agent_transcript.QUICK_TURNS,
+    "scale_waves": 1,
 }
 FLAT = 1.25  # "flat": the per-iteration cost of the longest loop within 25 % of the shortest
 
@@ -93,6 +103,7 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, Callable[[], Any]]]:
             ),
         ),
         ("roundtrips", lambda: roundtrips.count(plan["roundtrip_steps"])),
+        ("scale", lambda: scale.measure(waves=plan["scale_waves"])),
         ("agent_transcript", lambda: agent_transcript.measure(plan["transcript_turns"])),
         (
             "profile",
@@ -113,9 +124,12 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, Callable[[], Any]]]:
     ]
 
 
-def measure(plan: dict[str, Any]) -> dict[str, Any]:
+def measure(plan: dict[str, Any], only: set[str] | None = None) -> dict[str, Any]:
+    """Run the sections (those named in ``only``, if given: the floor's always)."""
     results: dict[str, Any] = {"started": datetime.now(UTC).isoformat(timespec="seconds")}
     for name, fn in sections(plan):
+        if only is not None and name not in only and name not in ("floor", "floor_after"):
+            continue
         t0, load0 = time.monotonic(), load_average()
         print(f"bench: {name} ...", file=sys.stderr, flush=True)
         try:
@@ -137,7 +151,7 @@ def measure(plan: dict[str, Any]) -> dict[str, Any]:
 
 
 def _ok(section: Any) -> bool:
-    return isinstance(section, dict) and "error" not in section
+    return isinstance(section, dict) and bool(section) and "error" not in section
 
 
 def pooled_floor(results: dict[str, Any]) -> dict[str, Any]:
@@ -389,6 +403,9 @@ def table(results: dict[str, Any], plan: dict[str, Any]) -> list[Figure]:
 
     # 9. an agent's transcript stored once (offline: the harness, a FunctionModel)
     figs.extend(agent_transcript.figures(results.get("agent_transcript"), plan["transcript_turns"]))
+
+    # 10. scale-out: more worker and engine processes on the same wave
+    figs.extend(scale.figures(results.get("scale")))
     return figs
 
 
@@ -464,6 +481,9 @@ def bounds(results: dict[str, Any]) -> str:
             f"Database round trips per step: {total:.0f} ({'; '.join(parts)}), against the "
             "floor's 10 (2 transactions of 3 inserts)."
         )
+    scaled = scale.bounds(results.get("scale"))
+    if scaled:
+        out.append(scaled)
     pr = results.get("profile", {})
     if _ok(pr):
         for role in ("engine", "worker"):
@@ -513,21 +533,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--from-json", type=Path, help="print the table of results saved with --json instead"
     )
+    parser.add_argument(
+        "--only",
+        help="run only these sections (comma-separated, e.g. 'scale'), with the floor",
+    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     command = "make bench" + (" BENCH_ARGS=--quick" if args.quick else "")
+    if args.only:
+        command = f"python -m benchmarks.run{' --quick' if args.quick else ''} --only {args.only}"
     if args.from_json:
         results = json.loads(args.from_json.read_text())
         results["floor"]["_load"] = tuple(results["floor"]["_load"])
     else:
-        results = measure(plan)
+        results = measure(plan, set(args.only.split(",")) if args.only else None)
+    if args.json:  # first: the figures are kept even if the table cannot be made
+        args.json.write_text(json.dumps(results, indent=1, default=str))
     figs = table(results, plan)
     text = "\n\n".join([header(plan, results, command), markdown(figs), bounds(results)])
     print(text)
     if args.markdown:
         args.markdown.write_text(text + "\n")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1, default=str))
     return 0
 
 

@@ -23,6 +23,10 @@ class DeclarationError(SagaloopError):
     """A saga or step is declared wrongly (duplicate name, bad signature, missing annotation)."""
 
 
+class InvalidRateLimit(DeclarationError, ValueError):
+    """A step's ``rate_limit`` or ``rate_key`` is not valid (a ``ValueError`` too)."""
+
+
 class ValidationError(SagaloopError):
     """An input, result or event payload does not match the declared type."""
 

@@ -33,7 +33,10 @@ class ToolPolicy:
     ``reconcile(ctx, args) -> result | None`` says whether an attempt in doubt took effect; with
     ``idempotent=False`` and no reconcile an attempt in doubt halts the run in
     ``needs_attention`` instead of repeating. ``requires_approval`` pauses the run for a person
-    (``sagaloop approve``), waiting at most ``approval_timeout``, then ``on_timeout``."""
+    (``sagaloop approve``), waiting at most ``approval_timeout``, then ``on_timeout``.
+    ``rate_limit`` (``"10/s"``, ``"600/m"``) caps how often the tool's attempts start, across
+    every worker; tools (and model steps) with the same ``rate_key`` share one quota, as an
+    API's does (see ``@app.step(rate_limit=...)``)."""
 
     queue: str | None = None
     retry: RetryPolicy | None = None
@@ -44,6 +47,8 @@ class ToolPolicy:
     requires_approval: bool | None = None
     approval_timeout: timedelta | None = None
     on_timeout: Literal["deny", "escalate"] = "deny"
+    rate_limit: str | None = None
+    rate_key: str | None = None
 
 
 async def _run_plain(step: StepDef[Any, Any], kwargs: dict[str, Any]) -> Any:
@@ -149,6 +154,8 @@ def _tool_step(
             retry=policy.retry,
             timeout=policy.timeout,
             idempotent=policy.idempotent,
+            rate_limit=policy.rate_limit,
+            rate_key=policy.rate_key,
         )(fn)
         if policy.compensation is not None:
             undo = policy.compensation

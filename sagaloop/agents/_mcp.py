@@ -216,6 +216,8 @@ def _declare_server(
         retry=policy.retry,
         timeout=policy.timeout,
         idempotent=policy.idempotent,
+        rate_limit=policy.rate_limit,
+        rate_key=policy.rate_key,
     )(call_tool)
     tool_steps = {
         # the server's policy is the default of its tools'
@@ -223,7 +225,11 @@ def _declare_server(
             agent.app,
             f"{prefix}__call_tool__{_step_part(tool_name)}",
             dataclasses.replace(
-                p, retry=p.retry or policy.retry, timeout=p.timeout or policy.timeout
+                p,
+                retry=p.retry or policy.retry,
+                timeout=p.timeout or policy.timeout,
+                rate_limit=p.rate_limit or policy.rate_limit,
+                rate_key=p.rate_key or policy.rate_key,
             ),
             p.queue or queue,
         )(call_tool)

@@ -349,7 +349,9 @@ class SagaRunner:
 
     Declare it where the app's steps are declared, with the agents it may run: their steps (and
     those of every agent they hand off to) are registered on ``app`` here, so engine and
-    workers that import the app know them."""
+    workers that import the app know them. ``model_rate_limit`` (``"10/s"``) caps how often
+    model requests start across every worker (each agent's model step has its own quota unless
+    ``model_rate_key`` names a shared one; see ``@app.step(rate_limit=...)``)."""
 
     def __init__(
         self,
@@ -360,6 +362,8 @@ class SagaRunner:
         tool_queue: str = "tools",
         model_retry: RetryPolicy | None = None,
         model_timeout: timedelta | None = timedelta(minutes=10),
+        model_rate_limit: str | None = None,
+        model_rate_key: str | None = None,
         tools: Mapping[str, ToolPolicy] | None = None,
         context_type: Any = None,
         budget: Budget | None = None,
@@ -380,6 +384,7 @@ class SagaRunner:
         self._tool_queue = tool_queue
         self._model_retry = model_retry or RetryPolicy(max_attempts=3)
         self._model_timeout = model_timeout
+        self._model_rate = (model_rate_limit, model_rate_key)
         self._given = dict(tools or {})
         self.policies: dict[str, ToolPolicy] = {}
         self.agents: dict[str, Agent[Any]] = {}
@@ -427,6 +432,8 @@ class SagaRunner:
             queue=self._model_queue,
             retry=self._model_retry,
             timeout=self._model_timeout,
+            rate_limit=self._model_rate[0],
+            rate_key=self._model_rate[1],
         )(model_request)
         for tool in agent.tools:
             if isinstance(tool, FunctionTool):
@@ -493,6 +500,7 @@ class SagaRunner:
         calling = self.app.step(
             name=f"{step_prefix}__call_tool", queue=queue, retry=policy.retry,
             timeout=policy.timeout, idempotent=policy.idempotent,
+            rate_limit=policy.rate_limit, rate_key=policy.rate_key,
         )(call_tool)  # fmt: skip
         self.mcp_steps[key] = (listing, calling)
 

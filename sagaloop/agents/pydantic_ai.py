@@ -324,7 +324,9 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
     the run (see the module's doc); outside saga code it is the plain agent.
 
     Declare it where the app's steps are declared (its steps are registered on ``app`` here, so
-    engine and workers that import the app know them)."""
+    engine and workers that import the app know them). ``model_rate_limit`` (``"10/s"``) caps
+    how often model requests start across every worker; give agents that call one provider
+    the same ``model_rate_key`` to share its quota (see ``@app.step(rate_limit=...)``)."""
 
     def __init__(
         self,
@@ -336,6 +338,8 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
         tool_queue: str = "tools",
         model_retry: RetryPolicy | None = None,
         model_timeout: timedelta | None = timedelta(minutes=10),
+        model_rate_limit: str | None = None,
+        model_rate_key: str | None = None,
         fallback_models: Sequence[Model | str] = (),
         tools: Mapping[str, ToolPolicy] | None = None,
         budget: Budget | None = None,
@@ -361,6 +365,8 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
             queue=model_queue,
             retry=model_retry or RetryPolicy(max_attempts=3),
             timeout=model_timeout,
+            rate_limit=model_rate_limit,
+            rate_key=model_rate_key,
         )(self._model_request)
         self.tool_steps: dict[str, str] = {}
         self.step_tools: set[str] = set()

@@ -76,6 +76,21 @@ class QueuedMessage:
     """Written by sagaloop's store (``enqueue``), not put there raw (``enqueue_raw``)."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class HeldSlot:
+    """The rate-limit slot that a step message held while it was given back to its queue."""
+
+    key: str
+    slot: datetime
+    in_doubt: bool
+    """An earlier delivery of the message may have run its attempt."""
+    give_backs: int
+    """How often the message was given back for its rate limit (deliveries that ran nothing)."""
+    fresh: bool
+    """This delivery is the first to take the hold since the give-back: the slot is its own.
+    False: an earlier delivery took it, then went away (it may have run the attempt)."""
+
+
 class Tx(Protocol):
     """An open transaction of a store (opaque to the engine)."""
 
@@ -171,6 +186,31 @@ class Store(Protocol):
     def extend_claim(self, id: int, claim_token: str, until: datetime) -> bool: ...
     def dead_letter(self, id: int, claim_token: str, reason: str, now: datetime) -> None: ...
     def dead_letters(self) -> list[tuple[str, bytes, str]]: ...
+    # rate limits shared by every worker of the database (see ``store/limits.py``)
+    def reserve_slot(self, key: str, interval: float, now: datetime) -> datetime:
+        """Reserve the next start slot of the rate limit ``key`` (one start every ``interval``
+        seconds, no burst), atomically: ``slot = max(next_free, now)``, then ``next_free =
+        slot + interval``; return ``slot``."""
+        ...
+
+    def hold_slot(
+        self,
+        message_id: str,
+        key: str,
+        slot: datetime,
+        *,
+        in_doubt: bool,
+        give_backs: int,
+        now: datetime,
+    ) -> None:
+        """Keep ``slot`` for the step message ``message_id`` (its inbox key) while it is given
+        back to its queue until then."""
+        ...
+
+    def take_held_slot(self, message_id: str) -> HeldSlot | None:
+        """What :meth:`hold_slot` kept for ``message_id``, marked as taken (None: nothing)."""
+        ...
+
     def prune(self, *, before: datetime, batch: int = 1000) -> int: ...
     def oldest_outbox_message(self) -> datetime | None: ...
     def close(self) -> None: ...

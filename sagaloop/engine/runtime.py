@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -31,7 +31,7 @@ from sagaloop.engine.messages import (
     inbox_key,
     step_result,
 )
-from sagaloop.engine.ports import Clock, Delivery, Outgoing, Store
+from sagaloop.engine.ports import Clock, Delivery, HeldSlot, Outgoing, Store
 from sagaloop.engine.steps import DO, UNENCODABLE_RESULT, StepRunner
 from sagaloop.errors import (
     BrokerError,
@@ -45,6 +45,7 @@ from sagaloop.errors import (
 )
 from sagaloop.sagas.app import App
 from sagaloop.sagas.convert import encode_value
+from sagaloop.sagas.policy import RateLimit
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,16 @@ RETRY_DELAY = timedelta(seconds=1)
 MAX_FAILURES = 5
 """How often a message may fail (other than for an outage) before its run is parked."""
 CONFLICT_RETRIES = 5
+RATE_WAIT = timedelta(seconds=1)
+"""The longest a worker thread waits for the start slot of a rate-limited step; a slot further
+away gives the message back to its queue until shortly before it, the slot kept for it."""
+MAX_GIVE_BACK = timedelta(seconds=60)
+"""The longest a rate-limited message is given back for at once (a slot further away: again
+when it comes back), so that no broker holds it unacknowledged for long (RabbitMQ closes a
+channel whose delivery stays unacknowledged past its ``consumer_timeout``)."""
+LATE_WAKES = 3
+"""How often a thread that woke up too late for its slot takes the next one before it starts
+anyway."""
 
 
 def log_failure(what: str, exc: BaseException, extra: dict[str, Any] | None = None) -> None:
@@ -244,7 +255,13 @@ class WorkerConsumer:
     processing fails ``max_failures`` times (an unavailable database aside, which is retried
     for ever), or that was delivered ``2 * max_failures`` times without an answer (its worker
     died each time: a crash loop), is answered ``halted``, which parks its run in
-    ``needs_attention`` until ``sagaloop retry``."""
+    ``needs_attention`` until ``sagaloop retry``.
+
+    A step with a ``rate_limit`` starts its attempt at a slot reserved in the database (shared
+    by every worker): the thread waits for a slot at most ``rate_wait`` away; a message whose
+    slot is further away goes back to its queue until shortly before it, the slot held for it,
+    and its next delivery is neither in doubt nor counted as a crash (see ``store/limits.py``).
+    ``sleep`` waits on ``clock`` (default: its own ``sleep``, or moving a virtual clock)."""
 
     def __init__(
         self,
@@ -256,11 +273,15 @@ class WorkerConsumer:
         heartbeat: float | None = None,
         max_failures: int = MAX_FAILURES,
         lease: timedelta = timedelta(seconds=60),
+        rate_wait: timedelta = RATE_WAIT,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         self.app = app
         self.store = store
         self.runner = runner
         self.clock = clock
+        self.rate_wait = rate_wait
+        self._sleep = sleep or _sleeper(clock)
         self.reply_queue = engine_queue(app.name)
         self.max_failures = max_failures
         self.lease = lease
@@ -293,6 +314,9 @@ class WorkerConsumer:
         except _CopyRunning as e:
             logger.info("%s", e)
             delivery.retry_later(RETRY_DELAY)
+        except _GiveBack as e:
+            logger.debug("%s", e, extra=run_extra(env))
+            delivery.retry_later(e.delay)
         except BrokerError as e:
             logger.warning("%s", e)
         except TransientStoreError as e:
@@ -309,7 +333,16 @@ class WorkerConsumer:
     def _attempt(self, delivery: Delivery, env: Envelope, key: str) -> dict[str, Any]:
         """Run the attempt (or answer ``halted`` to a message in a crash loop) and keep the
         reply until it is stored."""
-        if self._troubles.unanswered(key, delivery.deliveries) >= 2 * self.max_failures:
+        step = self.app.get_step(str(env.payload.get("step")))
+        limit = step.rate_limit if step is not None else None
+        deliveries, held = delivery.deliveries, None
+        if limit is not None and deliveries > 1:
+            held = self.store.take_held_slot(key)
+            if held is not None:  # the deliveries it was given back for ran nothing
+                deliveries = max(1, deliveries - held.give_backs)
+        # An earlier delivery may have run the attempt: not when each was given back unrun.
+        redelivered = deliveries > 1 or (held is not None and (held.in_doubt or not held.fresh))
+        if self._troubles.unanswered(key, deliveries) >= 2 * self.max_failures:
             reply = self._halted(
                 env,
                 ErrorInfo(
@@ -321,11 +354,14 @@ class WorkerConsumer:
                 ),
             )
         else:
-            earlier = self._start(env, key, delivery.deliveries > 1)
+            slot = None if limit is None else self._slot(env, key, limit, held, redelivered)
+            earlier = self._start(env, key, redelivered)
             try:
                 with self._keep_alive.hold(delivery):
+                    if limit is not None and slot is not None:
+                        self._wait_for(env, limit, slot)  # the last thing before the body
                     beat = _Heartbeat(self.store, delivery, env.run_id)
-                    redelivered = delivery.deliveries > 1 or earlier
+                    redelivered = redelivered or earlier
                     reply = self.runner.run(env, redelivered=redelivered, beat=beat)
             finally:
                 with self._running_lock:
@@ -333,6 +369,57 @@ class WorkerConsumer:
             reply = _storable_reply(env, reply)
         self._troubles.keep(key, reply)
         return reply
+
+    def _wait_for(self, env: Envelope, limit: RateLimit, slot: datetime) -> None:
+        """Wait for ``slot``. A thread that wakes up too late to start within it (the machine
+        was busy) leaves it as a gap and waits for the next free one, so that starts never
+        bunch up; after ``LATE_WAKES`` such tries it starts anyway."""
+        for tries in range(1, LATE_WAKES + 1):
+            wait = (slot - self.clock.now()).total_seconds()
+            if wait > 0:
+                self._sleep(wait)
+            late = (self.clock.now() - slot).total_seconds()
+            if late < _tolerance(limit) or tries == LATE_WAKES:
+                return
+            logger.debug(
+                "step %r of run %s woke %.3f s after its slot of %s: taking the next one",
+                env.payload.get("step"),
+                env.run_id,
+                late,
+                limit.key,
+                extra=run_extra(env),
+            )
+            slot = self.store.reserve_slot(limit.key, limit.interval, self.clock.now())
+
+    def _slot(
+        self, env: Envelope, key: str, limit: RateLimit, held: HeldSlot | None, in_doubt: bool
+    ) -> datetime:
+        """The start slot of this attempt in the step's rate limit, at most ``rate_wait`` away
+        (the thread waits for it: :meth:`_wait_for`); a slot further away gives the message
+        back (raises _GiveBack) until shortly before it, keeping the slot for it. A slot held
+        since an earlier give-back is used if it is not over (see :func:`_tolerance`); one that
+        passed while no thread was free is a gap, and the next free slot is reserved."""
+        now = self.clock.now()
+        slot = None
+        if held is not None and held.fresh and held.key == limit.key:
+            slot = held.slot if (now - held.slot).total_seconds() < _tolerance(limit) else None
+        if slot is None:
+            slot = self.store.reserve_slot(limit.key, limit.interval, now)
+        wait = (slot - now).total_seconds()
+        bound = self.rate_wait.total_seconds()
+        if wait > bound:
+            give_backs = (held.give_backs if held is not None else 0) + 1
+            self.store.hold_slot(
+                key, limit.key, slot, in_doubt=in_doubt, give_backs=give_backs, now=now
+            )
+            back = min(timedelta(seconds=wait - bound / 2), MAX_GIVE_BACK)  # then waits here
+            raise _GiveBack(
+                back,
+                f"step {env.payload.get('step')!r} of run {env.run_id}: its rate limit "
+                f"{limit.rate} ({limit.key}) gives it a slot in {wait:.2f} s: back in "
+                f"{back.total_seconds():.2f} s",
+            )
+        return slot
 
     def _start(self, env: Envelope, key: str, redelivered: bool) -> bool:
         """Before the body of a guarded step runs (``idempotent=False`` or a reconcile, doing
@@ -571,6 +658,34 @@ class _Heartbeat:
 
 class _CopyRunning(Exception):
     """Another copy of this step message may be running its attempt now: come back later."""
+
+
+class _GiveBack(Exception):
+    """The step's rate limit has no slot for it soon: back to the queue for ``delay``."""
+
+    def __init__(self, delay: timedelta, message: str) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+def _tolerance(limit: RateLimit) -> float:
+    """How late after its slot an attempt may still start: half an interval, so that starts
+    stay more than half an interval apart even with the few milliseconds between this check
+    and the body (a window of N intervals sees at most N + 1 starts); never less than 20 ms,
+    a thread's wake-up on a busy machine (a high rate tolerates that much bunching)."""
+    return max(limit.interval / 2, 0.02)
+
+
+def _sleeper(clock: Clock) -> Callable[[float], None]:
+    """How to wait ``seconds`` on ``clock``: its own ``sleep``; on a virtual clock (the test
+    harness's), move it; else really sleep."""
+    sleep = getattr(clock, "sleep", None)
+    if callable(sleep):
+        return sleep  # type: ignore[no-any-return]
+    advance = getattr(clock, "advance", None)
+    if callable(advance):
+        return lambda seconds: advance(timedelta(seconds=seconds))
+    return time.sleep
 
 
 class _KeepAlive:

@@ -8,10 +8,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from sagaloop.errors import DeclarationError
+from sagaloop.errors import DeclarationError, InvalidRateLimit
 from sagaloop.sagas.context import SagaContext
 from sagaloop.sagas.convert import ANY, Converter, Signature
-from sagaloop.sagas.policy import RetryPolicy
+from sagaloop.sagas.policy import RateLimit, RetryPolicy, check_rate_key
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -50,6 +50,7 @@ class StepDef(Generic[P, R_co]):
         schedule_to_close: timedelta | None = None,
         approval: bool = False,
         approval_timeout: timedelta | None = None,
+        rate_limit: RateLimit | None = None,
     ) -> None:
         self.fn = fn
         self.approval = approval
@@ -69,6 +70,12 @@ class StepDef(Generic[P, R_co]):
         self.heartbeat_timeout = heartbeat_timeout
         self.schedule_to_close = schedule_to_close
         self.local = local
+        if local and rate_limit is not None:
+            raise InvalidRateLimit(
+                f"step {name!r}: a local step cannot have a rate_limit (it runs inside the "
+                "engine's activation, which must not wait): drop local=True or the limit"
+            )
+        self.rate_limit = rate_limit
         self.idempotent = idempotent
         self.aliases = tuple(_check_name("step", a) for a in aliases)
         self.is_async = inspect.iscoroutinefunction(fn)
@@ -152,6 +159,7 @@ class App:
         self.steps: dict[str, StepDef[Any, Any]] = {}
         self._saga_aliases: dict[str, str] = {}
         self._step_aliases: dict[str, str] = {}
+        self._rate_keys: dict[str, tuple[str, RateLimit]] = {}
 
     def __repr__(self) -> str:
         return f"App({self.name!r}, sagas={sorted(self.sagas)}, steps={sorted(self.steps)})"
@@ -201,6 +209,8 @@ class App:
         schedule_to_close: timedelta | None = None,
         approval: bool = False,
         approval_timeout: timedelta | None = None,
+        rate_limit: str | None = None,
+        rate_key: str | None = None,
     ) -> Callable[[Callable[P, R]], StepDef[P, R]]: ...
 
     def step(
@@ -218,6 +228,8 @@ class App:
         schedule_to_close: timedelta | None = None,
         approval: bool = False,
         approval_timeout: timedelta | None = None,
+        rate_limit: str | None = None,
+        rate_key: str | None = None,
     ) -> Any:
         """Declare a step ``fn(ctx: StepContext, ...) -> result`` (sync or async).
 
@@ -235,12 +247,19 @@ class App:
         - ``approval=True``: each ``ctx.call`` first asks a person (``ctx.approval`` with the
           step's name and arguments, waiting at most ``approval_timeout``); the approved, maybe
           edited, arguments are used; a denial raises ``ApprovalDenied`` in the saga.
+        - ``rate_limit``: ``"10/s"``, ``"600/m"``, ``"2/h"``: attempts of the step (and of its
+          compensation) start at most that often, spread evenly, across every worker process
+          of the database. Steps with the same ``rate_key`` share one quota (an LLM
+          provider's, say; a key is shared by every app of the database); by default the
+          step has its own. A wrong value raises :class:`InvalidRateLimit` (a ``ValueError``).
         """
 
         def register(f: Callable[..., Any]) -> StepDef[Any, Any]:
+            step_name = name or f.__name__
+            limit = self._rate_limit(step_name, rate_limit, rate_key)
             definition: StepDef[Any, Any] = StepDef(
                 f,
-                name=name or f.__name__,
+                name=step_name,
                 queue=queue,
                 retry=retry or RetryPolicy(),
                 timeout=timeout,
@@ -251,11 +270,31 @@ class App:
                 schedule_to_close=schedule_to_close,
                 approval=approval,
                 approval_timeout=approval_timeout,
+                rate_limit=limit,
             )
             self._register(definition, self.steps, self._step_aliases, "step")
+            if limit is not None:
+                self._rate_keys.setdefault(limit.key, (definition.name, limit))
             return definition
 
         return register(fn) if fn is not None else register
+
+    def _rate_limit(self, step: str, rate: str | None, key: str | None) -> RateLimit | None:
+        """The step's limit; steps of this app that share a key must share its rate."""
+        what = f"step {step!r}"
+        if rate is None:
+            if key is not None:
+                raise InvalidRateLimit(f"{what}: rate_key {key!r} needs a rate_limit")
+            return None
+        key = f"{self.name}/{step}" if key is None else check_rate_key(key, what)
+        limit = RateLimit.parse(rate, key=key, what=what)
+        other = self._rate_keys.get(limit.key)
+        if other is not None and other[1].per_second != limit.per_second:
+            raise InvalidRateLimit(
+                f"{what}: rate_key {limit.key!r} is already limited to {other[1].rate!r} by "
+                f"step {other[0]!r}, not {rate!r}: steps that share a quota declare one rate"
+            )
+        return limit
 
     def _register(
         self,

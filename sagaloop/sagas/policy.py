@@ -1,10 +1,13 @@
-"""Retry policy: a frozen value, stored with each step declaration."""
+"""Retry policy and rate limit: frozen values, kept with each step declaration."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sagaloop.errors import InvalidRateLimit
 
 
 class RetryPolicy(BaseModel):
@@ -51,3 +54,51 @@ class RetryPolicy(BaseModel):
 
 
 NO_RETRY = RetryPolicy(max_attempts=1)
+
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*([A-Za-z]+)\s*$")
+_UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0}
+_UNITS |= {"h": 3600.0, "hour": 3600.0}
+RATE_FORMS = "'N/s', 'N/m' or 'N/h' (N starts per second, minute or hour; N > 0, e.g. '10/s')"
+_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
+
+
+class RateLimit(BaseModel):
+    """How often attempts of a step may start, across every worker process of the database:
+    one start every ``interval`` seconds at most, spread evenly (no burst). Steps with the same
+    ``key`` share one quota. Built by ``@app.step(rate_limit=..., rate_key=...)``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rate: str
+    """As declared: ``"10/s"``, ``"600/m"``..."""
+    key: str
+    """The quota's name in the database: ``rate_key``, or ``{app}/{step}`` by default."""
+    per_second: float = Field(gt=0)
+
+    @property
+    def interval(self) -> float:
+        """Seconds between two starts."""
+        return 1.0 / self.per_second
+
+    @classmethod
+    def parse(cls, rate: str, *, key: str, what: str) -> RateLimit:
+        """``rate`` (``"10/s"``) for the quota ``key``; :class:`InvalidRateLimit` naming
+        ``what`` (``"step 'x'"``) and the accepted forms when ``rate`` is not valid."""
+        found = _RATE.match(rate) if isinstance(rate, str) else None
+        per = _UNITS.get(found.group(2).lower()) if found else None
+        count = float(found.group(1)) if found else 0.0
+        if found is None or per is None or not 0 < count < 1e9:
+            raise InvalidRateLimit(f"{what}: rate_limit {rate!r} is not valid: use {RATE_FORMS}")
+        return cls(rate=rate.strip(), key=key, per_second=count / per)
+
+
+def check_rate_key(key: str, what: str) -> str:
+    """A ``rate_key`` as given: letters, digits and ``_.:-`` (never ``/``, which the default
+    keys, ``{app}/{step}``, hold: the two never collide)."""
+    if not isinstance(key, str) or not _KEY.match(key):
+        raise InvalidRateLimit(
+            f"{what}: rate_key {key!r} is not valid: use letters, digits and '_.:-', "
+            "at most 200 characters"
+        )
+    return key

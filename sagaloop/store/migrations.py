@@ -11,9 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sqlalchemy import (
+    Boolean,
     Column,
     Connection,
+    Double,
     Engine,
+    Integer,
     LargeBinary,
     MetaData,
     String,
@@ -78,7 +81,33 @@ Table(
 )
 
 
-MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [(1, _v1), (2, _v2)]
+def _v3(conn: Connection) -> None:
+    """Rate limits shared by the workers: a limiter per key and the slots of given-back
+    messages."""
+    _V3_TABLES.create_all(conn)
+
+
+_V3_TABLES = MetaData()  # the tables version 3 added, frozen as it added them
+Table(
+    "sagaloop_rate_limits",
+    _V3_TABLES,
+    Column("key", String(200), primary_key=True),
+    Column("next_free", Double, nullable=False),
+)
+Table(
+    "sagaloop_rate_holds",
+    _V3_TABLES,
+    Column("message_id", String(200), primary_key=True),
+    Column("key", String(200), nullable=False),
+    Column("slot", Double, nullable=False),
+    Column("in_doubt", Boolean, nullable=False),
+    Column("give_backs", Integer, nullable=False),
+    Column("turn", Integer, nullable=False),
+    Column("at", t.UTCDateTime, nullable=False),
+)
+
+
+MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [(1, _v1), (2, _v2), (3, _v3)]
 LATEST = MIGRATIONS[-1][0]
 
 

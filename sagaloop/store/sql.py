@@ -29,9 +29,9 @@ from sqlalchemy.pool import StaticPool
 from sagaloop.engine import history as h
 from sagaloop.engine.history import Event, NewEvent, number
 from sagaloop.engine.messages import Envelope
-from sagaloop.engine.ports import Handoff, Outgoing, QueuedMessage, RunRecord, Timer
+from sagaloop.engine.ports import Handoff, HeldSlot, Outgoing, QueuedMessage, RunRecord, Timer
 from sagaloop.engine.state import ALL_STATUSES, NEEDS_ATTENTION
-from sagaloop.store import migrations, payloads, queue
+from sagaloop.store import limits, migrations, payloads, queue
 from sagaloop.store import processes as registry
 from sagaloop.store import tables as t
 from sagaloop.store.connect import create_sa_engine, mask_url, translate
@@ -555,6 +555,49 @@ class SqlStore:
         with self._read() as conn:
             return queue.oldest_available(conn)
 
+    # --- rate limits (SQL in limits.py) -------------------------------------------------------
+
+    @contextmanager
+    def _one_write(self) -> Iterator[Connection]:
+        """A connection for one statement that writes: autocommit on PostgreSQL (one round
+        trip; the statement is atomic by itself), a write transaction on SQLite."""
+        if self.dialect != "postgresql":
+            with self.transaction() as tx:
+                yield tx.conn
+            return
+        with self._read() as conn:  # autocommit
+            yield conn
+
+    def reserve_slot(self, key: str, interval: float, now: datetime) -> datetime:
+        with self._one_write() as conn:
+            return limits.reserve(conn, self.dialect, key, interval, now)
+
+    def hold_slot(
+        self,
+        message_id: str,
+        key: str,
+        slot: datetime,
+        *,
+        in_doubt: bool,
+        give_backs: int,
+        now: datetime,
+    ) -> None:
+        with self._one_write() as conn:
+            limits.hold(
+                conn,
+                self.dialect,
+                message_id,
+                key,
+                slot,
+                in_doubt=in_doubt,
+                give_backs=give_backs,
+                now=now,
+            )
+
+    def take_held_slot(self, message_id: str) -> HeldSlot | None:
+        with self._one_write() as conn:
+            return limits.take(conn, self.dialect, message_id)
+
     # --- retention ---------------------------------------------------------------------------
 
     def prune(self, *, before: datetime, batch: int = 1000) -> int:
@@ -586,7 +629,8 @@ class SqlStore:
                 conn.execute(t.timers.delete().where(t.timers.c.run_id.in_(ids)))
                 conn.execute(t.runs.delete().where(t.runs.c.run_id.in_(ids)))
                 payloads.delete(conn, ids)
-        return len(keys) + len(ids)
+            holds = limits.prune(conn, before)
+        return len(keys) + len(ids) + holds
 
     # --- process registry (read by `sagaloop health`; SQL in processes.py) --------------------
 

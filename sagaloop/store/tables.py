@@ -9,8 +9,10 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Dialect,
+    Double,
     Index,
     Integer,
     LargeBinary,
@@ -185,3 +187,31 @@ processes = Table(
     Column("stopped_at", UTCDateTime),
 )
 """The services that run (or ran recently): what ``sagaloop health`` reports on."""
+
+rate_limits = Table(
+    "sagaloop_rate_limits",
+    metadata,
+    Column("key", ID, primary_key=True),
+    # The earliest start the next reservation may get, in seconds since the epoch (UTC).
+    Column("next_free", Double, nullable=False),
+)
+"""One row per rate-limit key: the "next free slot" of a GCRA limiter with no burst (see
+``limits.py``)."""
+
+rate_holds = Table(
+    "sagaloop_rate_holds",
+    metadata,
+    # The inbox key of the step message that was given back to its queue.
+    Column("message_id", ID, primary_key=True),
+    Column("key", ID, nullable=False),
+    # The start slot it holds, in seconds since the epoch.
+    Column("slot", Double, nullable=False),
+    # Whether an earlier delivery may have run the attempt (carried to the next delivery).
+    Column("in_doubt", Boolean, nullable=False),
+    # How often the message was given back for its rate limit, in all.
+    Column("give_backs", Integer, nullable=False),
+    # 0 when given back; each delivery that takes the hold adds 1 (1: it follows a give-back).
+    Column("turn", Integer, nullable=False),
+    Column("at", UTCDateTime, nullable=False),
+)
+"""The slots that rate-limited step messages hold while given back to their queue."""
