@@ -41,7 +41,12 @@ bench: $(STAMP)
 
 .PHONY: chaos
 # The chaos soaks (tests/chaos/soak.py): the short one's test, then 300 runs, at most 5 minutes;
-# private servers.
+# private servers. With CLUSTER=1, then the cluster soak (tests/chaos/test_rabbit_cluster.py: a
+# private three-node RabbitMQ cluster, nodes and processes killed for CLUSTER_SOAK_SECONDS,
+# default 240; about 5 minutes in all).
 chaos: $(STAMP)
 	$(BIN)/pytest -q -m soak tests/chaos
 	$(BIN)/python tests/chaos/soak.py
+	if [ -n "$(CLUSTER)" ]; then \
+		CLUSTER_SOAK=1 $(BIN)/pytest -q -s -m soak tests/chaos/test_rabbit_cluster.py; \
+	fi

@@ -24,6 +24,9 @@ _SEPARATORS = re.compile(r"[/#?:@%&=;\s]+")
 _URL_USERINFO = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s'\"]*:)\S*@")
 """``scheme://user:`` and everything up to the last ``@`` of the same word: a password may hold
 ``/``, ``#``, ``?``, ``@`` and ``:``, so the password ends at the last ``@``, not the first."""
+_URL_LIST = re.compile(r"\s*[,;]\s*(?=[a-zA-Z][a-zA-Z0-9+.-]*://)")
+"""Between the URLs of a list (``amqp://...,amqp://...``, the nodes of a cluster): a comma or
+semicolon followed by the next URL's scheme, so a password holding ``,`` or ``;`` is not cut."""
 _QUERY_PASSWORD = re.compile(r"(?P<head>[?&;]password=)[^&#\s'\"]*", re.IGNORECASE)
 _CONNINFO_PASSWORD = re.compile(
     r"(?P<head>(?<![?&;])\bpassword\s*=\s*)(?:'(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE
@@ -44,12 +47,27 @@ def password_of(url: str | None) -> str | None:
     return password if colon and password else None
 
 
+def split_urls(text: str) -> list[str]:
+    """The URLs of a list, in order (one for a single URL); empty for blank ``text``."""
+    return [u for u in _URL_LIST.split(text.strip()) if u]
+
+
+def passwords_of(url: str | None) -> list[str]:
+    """The password of each URL of ``url`` (a single URL or a list, see :func:`split_urls`)."""
+    found = (password_of(u) for u in split_urls(url or ""))
+    return [p for p in found if p is not None]
+
+
 def mask_url(url: object) -> str:
     """``url`` fit for logs and errors: the password of its ``user:password@`` part (however it
     is written) and a ``password=`` parameter replaced by ``***``. Takes a string or a
-    SQLAlchemy URL (whose ``str`` would hide the password but not a ``password=`` parameter)."""
+    SQLAlchemy URL (whose ``str`` would hide the password but not a ``password=`` parameter),
+    or a list of URLs (:func:`split_urls`), each masked on its own."""
     render = getattr(url, "render_as_string", None)
     text = render(hide_password=False) if callable(render) else str(url)
+    urls = split_urls(text)
+    if len(urls) > 1:  # the nodes of a cluster: each masked, the hosts kept
+        return ",".join(mask_url(u) for u in urls)
     password = password_of(text)
     if password is not None:
         scheme, _, rest = text.partition("://")

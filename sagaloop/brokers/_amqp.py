@@ -1,6 +1,6 @@
-"""Helpers of the RabbitMQ broker: URL masking, the topology (names, arguments, and the
-declarations that run on a channel of the I/O thread), delivery counts,
-dead-letter origins, and the bookkeeping of publisher confirms."""
+"""Helpers of the RabbitMQ broker: URL lists and their masking, the topology (names, arguments,
+and the declarations that run on a channel of the I/O thread), delivery counts, dead-letter
+origins, and the bookkeeping of publisher confirms."""
 
 from __future__ import annotations
 
@@ -11,9 +11,20 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sagaloop._secrets import mask_url as mask_url  # the one masking function, re-exported
+from sagaloop._secrets import split_urls
 
 REASON_HEADER = "x-sagaloop-reason"
 QUEUE_HEADER = "x-sagaloop-queue"
+
+
+def broker_urls(url: str) -> list[str]:
+    """The hosts of a broker URL, in order: ``amqp://u:p@h1:5672/vh,amqp://u:p@h2:5672/vh``
+    (commas or semicolons between whole URLs) is two; a single URL is one. Raises ValueError
+    when none is given."""
+    urls = split_urls(url)
+    if not urls:
+        raise ValueError("no RabbitMQ URL given: use amqp://user:password@host:port/vhost")
+    return urls
 
 
 def queue_arguments(
@@ -67,9 +78,10 @@ class Topology:
         return f"{self.namespace}.{name}"
 
     def declare(self, queues: list[str], channel: Any, call: Call) -> None:
-        """Declare everything (idempotent) on ``channel``, then close it and resolve ``call``.
-        Sent without waiting for each reply (nowait) but the last: a refused declaration closes
-        the channel, which fails the call."""
+        """Declare the exchanges and the work queues (idempotent) on ``channel``, then close it
+        and resolve ``call``. Sent without waiting for each reply (nowait) but the last: a
+        refused declaration closes the channel, which fails the call. The dead-letter queue is
+        declared apart (:meth:`declare_dead_letters`)."""
 
         def done(_frame: Any) -> None:
             call.resolve()
@@ -77,10 +89,6 @@ class Topology:
 
         channel.exchange_declare(self.exchange, "topic", durable=True)
         channel.exchange_declare(self.internal_exchange, "topic", durable=True)
-        channel.exchange_declare(self.dead_letter_exchange, "fanout", durable=True)
-        # Classic: peeking requeues, which a quorum queue would count towards a delivery limit.
-        dead_args = {"x-queue-type": "classic"}
-        channel.queue_declare(self.dead_letter_queue, durable=True, arguments=dead_args)
         args = queue_arguments(self.queue_type, self.delivery_limit, self.dead_letter_exchange)
         for q in queues:
             channel.queue_declare(self.queue(q), durable=True, arguments=args)
@@ -89,7 +97,29 @@ class Topology:
                 channel.queue_bind(self.queue(q), self.exchange, routing_key=q)
             else:  # earlier versions bound it: take that away (a no-op when absent)
                 channel.queue_unbind(self.queue(q), self.exchange, routing_key=q)
+        channel.exchange_declare(self.dead_letter_exchange, "fanout", durable=True, callback=done)
+
+    def declare_dead_letters(self, channel: Any, call: Call) -> None:
+        """Declare the dead-letter queue and bind it (idempotent), as :meth:`declare` does.
+
+        It is a classic queue (peeking requeues, which a quorum queue would count towards a
+        delivery limit), so it lives on one node of a cluster: while that node is down RabbitMQ
+        refuses its declaration (see :func:`dead_letters_unavailable`), and a message
+        dead-lettered to it comes back unroutable."""
+
+        def done(_frame: Any) -> None:
+            call.resolve()
+            channel.close()
+
+        dead_args = {"x-queue-type": "classic"}
+        channel.queue_declare(self.dead_letter_queue, durable=True, arguments=dead_args)
         channel.queue_bind(self.dead_letter_queue, self.dead_letter_exchange, callback=done)
+
+
+def dead_letters_unavailable(error: str) -> bool:
+    """Whether declaring the dead-letter queue failed because the node it lives on is down
+    (a node of the cluster lost), not because the declaration is wrong."""
+    return "NOT_FOUND" in error and "is down or inaccessible" in error
 
 
 def delivery_count(headers: Mapping[str, Any] | None, redelivered: bool) -> int:

@@ -27,6 +27,12 @@ handed-out delivery is leased on ``clock``: unacked past its lease it is nacked 
 RabbitMQ redelivers it and counts it towards the delivery limit, and its stale ack is ignored.
 ``retry_later`` keeps the message here without telling RabbitMQ. A process that dies loses its
 connection, and RabbitMQ redelivers its messages at once.
+
+Several hosts (the nodes of a cluster): ``url`` may list whole URLs separated by commas or
+semicolons. The broker connects to the first that answers; when a connection fails or is lost
+it goes on to the next host at once, round-robin, and waits a backoff (0.2 s doubling to 3 s)
+only after every host of the list failed in turn. Each connection (and loss) is logged with
+the host. The quorum queues are replicated on the cluster's nodes, so any node serves them.
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ from sagaloop.brokers._amqp import (
     Message,
     PublishRequest,
     Topology,
+    broker_urls,
+    dead_letters_unavailable,
     delivery_count,
     mask_url,
 )
@@ -129,7 +137,8 @@ class RabbitDelivery:
 
 
 class RabbitBroker:
-    """The broker on a RabbitMQ server (``url``: ``amqp://user:password@host:port/vhost``).
+    """The broker on a RabbitMQ server (``url``: ``amqp://user:password@host:port/vhost``, or
+    several such URLs separated by commas: the nodes of a cluster, tried in turn).
 
     ``namespace`` names the exchange and prefixes the queues; ``queue_type`` is ``quorum``
     (durable and replicated, with ``delivery_limit``: a message delivered more often goes to the
@@ -162,7 +171,7 @@ class RabbitBroker:
     ) -> None:
         if queue_type not in ("quorum", "classic"):
             raise ValueError(f"queue_type must be 'quorum' or 'classic', not {queue_type!r}")
-        self.safe_url = mask_url(url)  # for logs and errors: the password masked
+        self.safe_url = mask_url(url)  # for logs and errors: the passwords masked
         self.topology = Topology(namespace, queue_type, delivery_limit)
         self.prefetch = max(1, prefetch)
         self.confirm_timeout = confirm_timeout.total_seconds()
@@ -170,8 +179,11 @@ class RabbitBroker:
         self.clock = clock or SystemClock()
         self.max_message_bytes = max_message_bytes
         self._signing_key = signing_key
-        self._params = pika.URLParameters(url)
-        self._params.client_properties = {"connection_name": connection_name}
+        self._hosts: list[tuple[str, pika.URLParameters]] = []  # (masked URL, parameters)
+        for one in broker_urls(url):
+            params = pika.URLParameters(one)
+            params.client_properties = {"connection_name": connection_name}
+            self._hosts.append((mask_url(one), params))
 
         # Shared with the I/O thread, guarded by _cond.
         self._held = Holdings(self.clock, self.lease, self.prefetch)
@@ -189,6 +201,9 @@ class RabbitBroker:
         self._consume_channel: Any = None
         self._confirms = Confirms()
         self._backoff = FIRST_BACKOFF
+        self._host = 0  # index in _hosts of the host connected to, or tried next
+        self._failures = 0  # hosts that failed in a row since the last connection
+        self._dead_letters_down = False  # the dead-letter queue's node was down when declared
         self._lost = False
         self._closing = False
         self._topology_error = ""
@@ -228,7 +243,7 @@ class RabbitBroker:
 
     def declare(self, queues: Sequence[str]) -> None:
         names = list(dict.fromkeys(queues))
-        self._call(functools.partial(self._with_channel, self._declare(names)), "declaring")
+        self._call(functools.partial(self._declare, names), "declaring")
         with self._cond:  # declared again on every reconnect
             self._queues.update(dict.fromkeys(names))
 
@@ -444,12 +459,17 @@ class RabbitBroker:
                 self._housekeep()
             self._ioloop.call_later(POLL, self._tick)
 
+    @property
+    def host_url(self) -> str:
+        """The host (masked URL) connected to, or tried next."""
+        return self._hosts[self._host][0]
+
     def _connect(self) -> None:
         if self._closing:
             return
         try:
             self._connection = pika.SelectConnection(
-                self._params,
+                self._hosts[self._host][1],
                 on_open_callback=self._on_open,
                 on_open_error_callback=self._on_open_error,
                 on_close_callback=self._on_closed,
@@ -459,14 +479,20 @@ class RabbitBroker:
             self._retry(repr(e))
 
     def _retry(self, error: str) -> None:
+        """Try the next host: at once, or after a backoff once every host failed in turn."""
+        failed = self.host_url
         with self._cond:
-            self._last_error = self._last_error if self._topology_error else error
+            self._last_error = self._last_error if self._topology_error else f"{failed}: {error}"
         if self._closing:
             self._ioloop.stop()
             return
-        delay, self._backoff = self._backoff, min(self._backoff * 2, MAX_BACKOFF)
+        self._host = (self._host + 1) % len(self._hosts)
+        self._failures += 1
+        delay = 0.0
+        if self._failures % len(self._hosts) == 0:  # a whole round failed
+            delay, self._backoff = self._backoff, min(self._backoff * 2, MAX_BACKOFF)
         logger.debug(
-            "connecting to %s failed (%s); next try in %.1f s", self.safe_url, error, delay
+            "connecting to %s failed (%s); trying %s in %.1f s", failed, error, self.host_url, delay
         )
         self._ioloop.call_later(delay, self._connect)
 
@@ -485,7 +511,7 @@ class RabbitBroker:
             channel.add_on_cancel_callback(self._on_cancelled_by_server)
             with self._cond:
                 queues = list(self._queues)
-            self._with_channel(self._declare(queues), Call(then=self._on_topology))
+            self._declare(queues, Call(then=self._on_topology))
 
         def confirming(_frame: Any) -> None:
             channel = connection.channel(on_open_callback=consume_channel_open)
@@ -503,7 +529,7 @@ class RabbitBroker:
     def _on_topology(self, call: Call) -> None:
         if call.error is not None:
             if call.error != self._topology_error:  # once, not on every try
-                logger.error("declaring the topology on %s failed: %s", self.safe_url, call.error)
+                logger.error("declaring the topology on %s failed: %s", self.host_url, call.error)
             self._topology_error = call.error
             with self._cond:  # a constructor waiting for the first connection gives up
                 self._last_error = f"declaring the topology failed: {call.error}"
@@ -513,10 +539,12 @@ class RabbitBroker:
             if self._connection is not None and self._connection.is_open:
                 self._connection.close()  # and try again after a backoff
             return
-        self._backoff, self._topology_error = FIRST_BACKOFF, ""
+        self._backoff, self._topology_error, self._failures = FIRST_BACKOFF, "", 0
         if self._lost:
             self._lost = False
-            logger.warning("reconnected to RabbitMQ at %s", self.safe_url)
+            logger.warning("reconnected to RabbitMQ at %s", self.host_url)
+        elif len(self._hosts) > 1:
+            logger.info("connected to RabbitMQ at %s", self.host_url)
         with self._cond:
             self._ready = True
             self._last_error = ""
@@ -526,7 +554,7 @@ class RabbitBroker:
         connection = self._connection
         if self._closing or connection is None or not connection.is_open:
             return  # the connection is going: _on_closed cleans up
-        logger.warning("a channel to %s closed (%s); reconnecting", self.safe_url, reason)
+        logger.warning("a channel to %s closed (%s); reconnecting", self.host_url, reason)
         connection.close()
 
     def _on_closed(self, connection: Any, reason: BaseException) -> None:
@@ -541,7 +569,12 @@ class RabbitBroker:
         if was_ready:
             self._lost = True
             logger.warning(
-                "lost the connection to RabbitMQ at %s (%s); reconnecting", self.safe_url, reason
+                "lost the connection to RabbitMQ at %s (%s); reconnecting%s",
+                self.host_url,
+                reason,
+                f" to {self._hosts[(self._host + 1) % len(self._hosts)][0]}"
+                if len(self._hosts) > 1
+                else "",
             )
         self._retry(str(reason) or repr(reason))
 
@@ -558,15 +591,43 @@ class RabbitBroker:
         if connection is None or connection.is_closed:
             self._ioloop.stop()
 
-    def _declare(self, queues: list[str]) -> Callable[[Any, Call], None]:
-        return functools.partial(self.topology.declare, queues)
+    def _declare(self, queues: list[str], call: Call) -> None:
+        """The topology, each part on a channel of its own: the exchanges and ``queues``, then
+        the dead-letter queue. The latter lives on one node of a cluster: while that node is
+        down, the rest is served (and dead-lettering waits, see ``_dead_letter``)."""
+
+        def dead_letters_declared(declared: Call) -> None:
+            if declared.error is None:
+                self._dead_letters_down = False
+                call.resolve()
+            elif dead_letters_unavailable(declared.error):
+                if not self._dead_letters_down:  # once, not on every declaration
+                    logger.warning(
+                        "the dead-letter queue %s is unavailable (%s): the node it lives on is "
+                        "down; serving the other queues, dead-lettering waits for it",
+                        self.topology.dead_letter_queue,
+                        declared.error,
+                    )
+                self._dead_letters_down = True
+                call.resolve()
+            else:
+                call.fail(declared.error)
+
+        def queues_declared(declared: Call) -> None:
+            if declared.error is not None:
+                call.fail(declared.error)
+            else:
+                after = Call(then=dead_letters_declared)
+                self._with_channel(self.topology.declare_dead_letters, after)
+
+        self._with_channel(functools.partial(self.topology.declare, queues), Call(queues_declared))
 
     def _with_channel(self, use: Callable[[Any, Call], None], call: Call) -> None:
         """Run ``use`` on a channel of its own, which it closes when done: a refused
         declaration closes its channel and must not take the others with it."""
         connection = self._connection
         if connection is None or not connection.is_open:
-            call.fail(f"not connected to RabbitMQ at {self.safe_url}")
+            call.fail(f"not connected to RabbitMQ at {self.host_url}")
             return
 
         def closed(_channel: Any, reason: BaseException) -> None:
@@ -578,7 +639,7 @@ class RabbitBroker:
     def _publish_now(self, request: PublishRequest, items: list[_Item]) -> None:
         channel = self._publish_channel
         if channel is None or not channel.is_open:
-            request.fail(f"cannot publish: not connected to RabbitMQ at {self.safe_url}")
+            request.fail(f"cannot publish: not connected to RabbitMQ at {self.host_url}")
             return
         try:
             for exchange, key, body, props in items:

@@ -3,7 +3,11 @@ keyed by run id. A reader binds an exclusive, auto-deleted queue to its run's ke
 kept for a reader that is not there (the history holds what is durable).
 
 Anyone allowed to publish to that exchange can put items in front of readers: they are shown,
-never recorded or trusted (docs/operations.md has the permissions)."""
+never recorded or trusted (docs/operations.md has the permissions).
+
+The URL may list several hosts (the nodes of a cluster, separated by commas): a connection goes
+to the first that answers; the publisher's next connection (after a loss) tries the hosts after
+that one first."""
 
 from __future__ import annotations
 
@@ -17,14 +21,27 @@ from typing import Any
 import pika
 import pika.exceptions
 
+from sagaloop.brokers._amqp import broker_urls
 from sagaloop.engine.streams import Subscription
 
 logger = logging.getLogger(__name__)
 
 
+def _parameters(url: str) -> list[pika.URLParameters]:
+    return [pika.URLParameters(one) for one in broker_urls(url)]
+
+
+def _after(hosts: list[pika.URLParameters], connection: Any) -> list[pika.URLParameters]:
+    """``hosts`` turned so that the one ``connection`` went to comes last (round-robin: after
+    a loss, the others are tried first)."""
+    used = getattr(getattr(connection, "_impl", None), "params", None)
+    at = next((i for i, h in enumerate(hosts) if h is used or h == used), None)
+    return hosts if at is None else hosts[at + 1 :] + hosts[: at + 1]
+
+
 class _RabbitSubscription:
-    def __init__(self, url: str, exchange: str, run_id: str) -> None:
-        self._connection = pika.BlockingConnection(pika.URLParameters(url))
+    def __init__(self, hosts: list[pika.URLParameters], exchange: str, run_id: str) -> None:
+        self._connection = pika.BlockingConnection(hosts)  # the first that answers
         self._channel = self._connection.channel()
         self._channel.exchange_declare(exchange, "direct", durable=False)
         declared = self._channel.queue_declare("", exclusive=True, auto_delete=True)
@@ -57,7 +74,7 @@ class RabbitStreams:
     reopened after a loss); an item that cannot be sent is dropped with a warning."""
 
     def __init__(self, url: str, *, namespace: str = "sagaloop") -> None:
-        self._url = url
+        self._hosts = _parameters(url)
         self._exchange = f"{namespace}.stream"
         self._lock = threading.Lock()
         self._connection: Any = None
@@ -69,7 +86,8 @@ class RabbitStreams:
             for attempt in (1, 2):
                 try:
                     if self._channel is None:
-                        self._connection = pika.BlockingConnection(pika.URLParameters(self._url))
+                        self._connection = pika.BlockingConnection(self._hosts)
+                        self._hosts = _after(self._hosts, self._connection)
                         self._channel = self._connection.channel()
                         self._channel.exchange_declare(self._exchange, "direct", durable=False)
                     self._channel.basic_publish(self._exchange, run_id, body)
@@ -80,7 +98,7 @@ class RabbitStreams:
                         logger.warning("stream item of run %s dropped: %s", run_id, e)
 
     def subscribe(self, run_id: str) -> Subscription:
-        return _RabbitSubscription(self._url, self._exchange, run_id)
+        return _RabbitSubscription(self._hosts, self._exchange, run_id)
 
     def _drop(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
