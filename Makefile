@@ -25,7 +25,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 test: lint typecheck
-	$(BIN)/pytest -q -m "not soak"
+	$(BIN)/pytest -q -m "not soak and not long"
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
@@ -45,7 +45,7 @@ bench: $(STAMP)
 # private three-node RabbitMQ cluster, nodes and processes killed for CLUSTER_SOAK_SECONDS,
 # default 240; about 5 minutes in all).
 chaos: $(STAMP)
-	$(BIN)/pytest -q -m soak tests/chaos
+	$(BIN)/pytest -q -m "soak or long"
 	$(BIN)/python tests/chaos/soak.py
 	if [ -n "$(CLUSTER)" ]; then \
 		CLUSTER_SOAK=1 $(BIN)/pytest -q -s -m soak tests/chaos/test_rabbit_cluster.py; \

@@ -55,10 +55,20 @@ def test_crash_point(cell: Cell, system: System) -> None:
     check(cell, system, run_id)
 
 
+IN_MAKE_TEST = {(RABBIT, "engine.before_commit"), (EMBEDDED, "worker.before_commit")}
+"""The primitive cells `make test` runs (each primitive once per backend, at a commit point of
+the engine on RabbitMQ and of the worker on the embedded default); `make chaos` runs them all
+(marker ``long``: the suite's time budget)."""
+
+
 @pytest.mark.parametrize(
     ("cell", "system"),
-    [(c, c) for c in PRIMITIVE_CELLS],
-    ids=[c.id for c in PRIMITIVE_CELLS],
+    [
+        pytest.param(
+            c, c, marks=() if (c.backend, c.point) in IN_MAKE_TEST else pytest.mark.long, id=c.id
+        )
+        for c in PRIMITIVE_CELLS
+    ],
     indirect=["system"],
 )
 def test_crash_point_primitive(cell: PrimitiveCell, system: System) -> None:

@@ -284,6 +284,7 @@ def test_services_wait_for_a_database_that_is_not_there_yet(
     assert s.store.dead_letters() == [] and s.rabbit_dead_letters() == 0
 
 
+@pytest.mark.long  # make chaos: the suite's time budget
 def test_a_database_outage_while_runs_are_in_flight(
     private_postgres: PrivatePostgres,
     rabbitmq_url: str,
@@ -323,6 +324,7 @@ def test_a_database_outage_while_runs_are_in_flight(
 # --- RabbitMQ ----------------------------------------------------------------------------------
 
 
+@pytest.mark.long  # make chaos: the suite's time budget
 def test_a_broker_outage_while_runs_are_in_flight(
     private_postgres: PrivatePostgres,
     private_rabbit: PrivateRabbit,  # noqa: F811

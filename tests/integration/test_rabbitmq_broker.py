@@ -271,6 +271,7 @@ def test_a_message_over_the_size_limit_is_refused(namespace: Namespace) -> None:
 # --- (e) a restart of a private node ---------------------------------------------------------
 
 
+@pytest.mark.long  # make chaos: the suite's time budget
 def test_a_node_restart_loses_nothing_and_the_broker_reconnects(
     private_rabbit: PrivateRabbit,  # noqa: F811
     caplog: pytest.LogCaptureFixture,

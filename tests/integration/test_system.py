@@ -184,6 +184,7 @@ def test_poison_messages_are_dead_lettered_and_the_engine_keeps_going(system: Sy
         assert any(expected in r for r in reasons), (expected, reasons)
 
 
+@pytest.mark.long  # make chaos: the suite's time budget
 def test_private_broker_restart_with_50_runs_in_flight(
     tmp_path: Path,
     private_rabbit: PrivateRabbit,  # noqa: F811

@@ -472,7 +472,7 @@ def plans(draw: st.DrawFn, ops: list[dict[str, Any]]) -> Plan:
 
 
 @pytest.mark.parametrize("broker", BROKERS)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(ops_and_plan=programs.flatmap(lambda ops: st.tuples(st.just(ops), plans(ops))))
 def test_interrupted_program_ends_like_uninterrupted(
     broker: Broker, ops_and_plan: tuple[list[dict[str, Any]], Plan]
