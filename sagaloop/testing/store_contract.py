@@ -33,6 +33,7 @@ more detail.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
@@ -588,6 +589,52 @@ class StoreContract:
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         assert not dupes, f"rows claimed twice: {dupes}"
         assert sorted(m.body for r in results for m in r) == sorted(bodies), "all rows claimed"
+
+    # --- rate limits (``@app.step(rate_limit=...)``) ----------------------------------------
+
+    def test_rate_limit_slots_are_one_interval_apart_and_an_idle_limiter_starts_now(
+        self, store: Store
+    ) -> None:
+        key, step = _id("rate"), timedelta(seconds=0.1)
+        assert [store.reserve_slot(key, 0.1, T0) for _ in range(3)] == [
+            T0,
+            T0 + step,
+            T0 + 2 * step,
+        ]
+        later = T0 + timedelta(seconds=0.25)  # between two slots: the next free one
+        assert store.reserve_slot(key, 0.1, later) == T0 + 3 * step
+        idle = T0 + timedelta(seconds=10)  # idle since: no burst is saved up
+        assert [store.reserve_slot(key, 0.1, idle) for _ in range(2)] == [idle, idle + step]
+        assert store.reserve_slot(_id("rate"), 0.5, T0) == T0, "each key has its own limiter"
+
+    def test_concurrent_rate_limit_reservations_are_distinct_and_one_interval_apart(
+        self, store: Store
+    ) -> None:
+        key = _id("rate")
+
+        def reserve() -> list[datetime]:
+            return [store.reserve_slot(key, 0.01, T0) for _ in range(25)]
+
+        slots = sorted(s for r in _in_threads([reserve] * 4, self.thread_timeout) for s in r)
+        assert len(set(slots)) == 100, "a slot given twice"
+        gaps = {round((b - a).total_seconds(), 4) for a, b in itertools.pairwise(slots)}
+        assert gaps == {0.01}, f"starts must be one interval apart: gaps {sorted(gaps)}"
+
+    def test_a_held_rate_limit_slot_is_fresh_for_the_first_delivery_that_takes_it(
+        self, store: Store
+    ) -> None:
+        key, message = _id("rate"), _id("step:r")
+        slot = T0 + timedelta(seconds=5)
+        store.hold_slot(message, key, slot, in_doubt=False, give_backs=1, now=T0)
+        first = store.take_held_slot(message)
+        assert first is not None and first.fresh and first.slot == slot
+        assert (first.key, first.in_doubt, first.give_backs) == (key, False, 1)
+        again = store.take_held_slot(message)
+        assert again is not None and not again.fresh, "taken before: that holder may have run it"
+        store.hold_slot(message, key, slot, in_doubt=True, give_backs=2, now=T0)
+        third = store.take_held_slot(message)
+        assert third is not None and third.fresh and third.in_doubt and third.give_backs == 2
+        assert store.take_held_slot(_id("step:r")) is None
 
     # --- retention ---------------------------------------------------------------------------
 

@@ -7,8 +7,6 @@ PostgreSQL: concurrent reservations get distinct slots one interval apart."""
 from __future__ import annotations
 
 import itertools
-import threading
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,8 +14,6 @@ import sqlalchemy as sa
 from system import System
 
 from sagaloop.store import tables as t
-from sagaloop.store.sql import SqlStore
-from sagaloop.testing import services
 
 pytestmark = pytest.mark.integration
 
@@ -66,39 +62,3 @@ def test_thirty_calls_from_two_workers_keep_to_ten_per_second(
     assert busiest <= RATE + 1, f"{busiest} starts within one second; gaps {gaps}"
     span = at[-1] - at[0]
     assert span >= (CALLS - 1) / RATE - 0.4, f"30 starts in {span:.2f} s; gaps {gaps}"
-
-
-def test_concurrent_reservations_on_postgres_are_one_interval_apart(postgres_url: str) -> None:
-    url, drop = services.fresh_database(postgres_url)
-    stores = [SqlStore(url, pool_size=1) for _ in range(4)]
-    try:
-        stores[0].upgrade()
-        slots: list[datetime] = []
-        lock = threading.Lock()
-        barrier = threading.Barrier(len(stores))
-
-        def reserve(store: SqlStore) -> None:
-            barrier.wait(10)
-            for _ in range(25):
-                slot = store.reserve_slot("shared", 0.01, datetime.now(UTC))
-                with lock:
-                    slots.append(slot)
-
-        threads = [threading.Thread(target=reserve, args=(s,)) for s in stores]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(30)
-        store = stores[0]
-        store.hold_slot("step:r:1", "shared", slots[0], in_doubt=True, give_backs=3, now=slots[0])
-        first, second = store.take_held_slot("step:r:1"), store.take_held_slot("step:r:1")
-    finally:
-        for s in stores:
-            s.close()
-        drop()
-    slots.sort()
-    assert len(slots) == 100
-    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(slots)]
-    assert min(gaps) == pytest.approx(0.01, abs=1e-5)
-    assert first is not None and first.fresh and first.in_doubt and first.give_backs == 3
-    assert second is not None and not second.fresh

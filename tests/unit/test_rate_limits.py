@@ -6,10 +6,7 @@ the slot kept for it, without making the attempt in doubt."""
 from __future__ import annotations
 
 import asyncio
-import itertools
-import threading
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +17,6 @@ from sagaloop.agents._core import ToolPolicy, _tool_step
 from sagaloop.errors import InvalidRateLimit
 from sagaloop.sagas.policy import RateLimit
 from sagaloop.store import tables as t
-from sagaloop.store.sql import SqlStore
 from sagaloop.testing import Harness, VirtualClock
 
 T0 = datetime(2030, 1, 2, tzinfo=UTC)
@@ -81,75 +77,8 @@ def test_a_tool_policy_rate_limit_reaches_the_tool_step() -> None:
     assert step.rate_limit == RateLimit(rate="2/s", key="search-api", per_second=2.0)
 
 
-# --- the store: GCRA slots and holds -------------------------------------------------------
-
-
-@pytest.fixture(params=["file", "memory"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    url = f"sqlite:///{tmp_path / 'limits.db'}" if request.param == "file" else "sqlite://"
-    store = SqlStore(url)
-    store.upgrade()
-    yield store
-    store.close()
-
-
-def test_slots_are_one_interval_apart_and_an_idle_limiter_starts_now(store: SqlStore) -> None:
-    reserve = store.reserve_slot
-    assert [reserve("k", 0.1, T0) for _ in range(3)] == [
-        T0,
-        T0 + timedelta(seconds=0.1),
-        T0 + timedelta(seconds=0.2),
-    ]
-    later = T0 + timedelta(seconds=0.25)  # between two slots: the next free one
-    assert reserve("k", 0.1, later) == T0 + timedelta(seconds=0.3)
-    idle = T0 + timedelta(seconds=10)  # idle since: no burst is saved up
-    assert [reserve("k", 0.1, idle) for _ in range(2)] == [idle, idle + timedelta(seconds=0.1)]
-    assert reserve("other", 0.5, T0) == T0, "each key has its own limiter"
-
-
-def test_concurrent_reservations_get_distinct_evenly_spaced_slots(tmp_path: Path) -> None:
-    """Four threads with a store each (four processes would do the same) reserve at once."""
-    url = f"sqlite:///{tmp_path / 'limits.db'}"
-    stores = [SqlStore(url) for _ in range(4)]
-    stores[0].upgrade()
-    slots: list[datetime] = []
-    lock = threading.Lock()
-    barrier = threading.Barrier(len(stores))
-
-    def reserve(store: SqlStore) -> None:
-        barrier.wait(10)
-        for _ in range(25):
-            slot = store.reserve_slot("shared", 0.01, datetime.now(UTC))
-            with lock:
-                slots.append(slot)
-
-    threads = [threading.Thread(target=reserve, args=(s,)) for s in stores]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(30)
-    for s in stores:
-        s.close()
-    slots.sort()
-    assert len(slots) == 100
-    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(slots)]
-    assert min(gaps) == pytest.approx(0.01, abs=1e-5), "never two starts within one interval"
-
-
-def test_a_hold_is_fresh_for_the_first_delivery_that_takes_it(store: SqlStore) -> None:
-    slot = T0 + timedelta(seconds=5)
-    store.hold_slot("step:r:1", "k", slot, in_doubt=False, give_backs=1, now=T0)
-    first = store.take_held_slot("step:r:1")
-    assert first is not None and first.fresh and first.slot == slot
-    assert (first.key, first.in_doubt, first.give_backs) == ("k", False, 1)
-    again = store.take_held_slot("step:r:1")
-    assert again is not None and not again.fresh, "taken before: that holder may have run it"
-    store.hold_slot("step:r:1", "k", slot, in_doubt=True, give_backs=2, now=T0)
-    third = store.take_held_slot("step:r:1")
-    assert third is not None and third.fresh and third.in_doubt and third.give_backs == 2
-    assert store.take_held_slot("step:r:2") is None
-    assert store.prune(before=T0 + timedelta(seconds=1)) == 1, "old holds are pruned"
-    assert store.take_held_slot("step:r:1") is None
+# The store's slots and holds: StoreContract (sagaloop/testing/store_contract.py), on SQLite
+# and PostgreSQL.
 
 
 # --- the worker ------------------------------------------------------------------------------
