@@ -80,7 +80,7 @@ from sagaloop.errors import BrokerError
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing.harness import VirtualClock
 
-__all__ = ["BrokerContract", "BrokerUnderTest"]
+__all__ = ["BrokerContract", "BrokerUnderTest", "receive_exactly"]
 
 
 @dataclasses.dataclass
@@ -104,6 +104,23 @@ class _Rollback(Exception):
     """Raised inside a store transaction to roll it back."""
 
 
+def receive_exactly(
+    broker: Broker, queues: Sequence[str], n: int, timeout: float, *, max_messages: int = 10
+) -> list[Delivery]:
+    """Exactly ``n`` deliveries from ``queues``, received in as many calls as needed; fails
+    (AssertionError) if fewer come within ``timeout`` seconds, or a call returns more than it
+    was asked for."""
+    out: list[Delivery] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"expected {n} deliveries, got {len(out)} in time"
+        batch = broker.receive(queues, min(max_messages, n - len(out)), remaining)
+        assert len(batch) <= n - len(out), "receive returned more than max_messages"
+        out.extend(batch)
+    return out
+
+
 class BrokerContract:
     """The contract tests. Subclass it as ``TestXxx`` and provide a ``harness`` fixture."""
 
@@ -124,17 +141,8 @@ class BrokerContract:
     def receive(
         self, h: BrokerUnderTest, queues: Sequence[str], n: int, *, max_messages: int = 10
     ) -> list[Delivery]:
-        """Exactly ``n`` deliveries, received in as many calls as needed (fails if fewer come
-        within ``wait_timeout``)."""
-        out: list[Delivery] = []
-        deadline = time.monotonic() + self.wait_timeout
-        while len(out) < n:
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, f"expected {n} deliveries, got {len(out)} in time"
-            batch = h.broker.receive(queues, min(max_messages, n - len(out)), remaining)
-            assert len(batch) <= n - len(out), "receive returned more than max_messages"
-            out.extend(batch)
-        return out
+        """Exactly ``n`` deliveries (:func:`receive_exactly`, within ``wait_timeout``)."""
+        return receive_exactly(h.broker, queues, n, self.wait_timeout, max_messages=max_messages)
 
     def receive_one(self, h: BrokerUnderTest, queue: str) -> Delivery:
         return self.receive(h, [queue], 1)[0]

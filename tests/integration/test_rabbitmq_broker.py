@@ -33,7 +33,7 @@ from sagaloop.engine.runtime import decode
 from sagaloop.errors import BrokerError
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import VirtualClock, eventually
-from sagaloop.testing.contracts import BrokerContract, BrokerUnderTest
+from sagaloop.testing.contracts import BrokerContract, BrokerUnderTest, receive_exactly
 
 pytestmark = pytest.mark.integration
 
@@ -99,12 +99,7 @@ def namespace(url: str) -> Iterator[Namespace]:
 
 
 def receive(broker: Broker, queue: str, n: int, timeout: float = 10.0) -> list[Delivery]:
-    out: list[Delivery] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n and time.monotonic() < deadline:
-        out += broker.receive([queue], n - len(out), 0.5)
-    assert len(out) == n, f"expected {n} deliveries, got {len(out)}"
-    return out
+    return receive_exactly(broker, [queue], n, timeout)
 
 
 # --- (a) the contract ------------------------------------------------------------------------
