@@ -17,8 +17,10 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
+from sagaloop.brokers.local import LOCAL_LEASE, Handoffs, LocalLane
 from sagaloop.cli.processes import SEEN_EVERY, ProcessRegistry, Registration, describe
 from sagaloop.engine.activation import Engine
+from sagaloop.engine.local import LocalWorker
 from sagaloop.engine.messages import engine_queue, step_queue
 from sagaloop.engine.ports import Broker, Clock, Delivery, Store, SystemClock
 from sagaloop.engine.runtime import EngineConsumer, TimerScheduler, WorkerConsumer, log_failure
@@ -28,6 +30,7 @@ from sagaloop.engine.watchdog import DEADLINE, Watchdog
 from sagaloop.errors import BrokerError
 from sagaloop.outbox.relay import Relay
 from sagaloop.sagas.app import App
+from sagaloop.store.sql import SqlStore
 
 logger = logging.getLogger(__name__)
 
@@ -90,19 +93,44 @@ class Runtime:
         )
         step_queues = [step_queue(app.name, q) for q in (app.queues if queues is None else queues)]
         broker.declare([engine_queue(app.name), *[step_queue(app.name, q) for q in app.queues]])
+        self.lane: LocalLane | None = None
+        """The in-process lane, in an engine of an app with ``local=True`` steps."""
         if engine:
             watchdog = Watchdog(activation_deadline)
             consumer = EngineConsumer(
                 Engine(app, store, clock=self.clock, watchdog=watchdog), store
             )
             self.engine_problems.append(watchdog.stalled)
-            self._spawn("engine", self._consume, [consumer.queue], consumer.process_batch, batch)
+            self._spawn(
+                "engine", self._consume, broker, [consumer.queue], consumer.process_batch, batch
+            )
+            if any(step.local for step in app.steps.values()):
+                if not isinstance(store, SqlStore):
+                    raise TypeError("in-process steps need a SqlStore")
+                lease = min(LOCAL_LEASE, relay_lease)  # short leases in tests: quick recovery
+                self.lane = lane = LocalLane(
+                    store, app.name, clock=self.clock, lease=lease, poll=poll
+                )
+                local = LocalWorker(
+                    app,
+                    store,
+                    self.runner,
+                    self.clock,
+                    consumer=consumer,
+                    heartbeat=lane.lease.total_seconds() / 3,
+                    lease=relay_lease,
+                )
+                for i in range(concurrency):
+                    args = (lane, [lane.queue], local.process_batch, 1)
+                    self._spawn(f"local-{i}", self._consume, *args)
         if step_queues:
             worker = WorkerConsumer(
                 app, store, self.runner, self.clock, heartbeat=heartbeat, lease=relay_lease
             )
             for i in range(concurrency):
-                self._spawn(f"worker-{i}", self._consume, step_queues, worker.process_batch, 1)
+                self._spawn(
+                    f"worker-{i}", self._consume, broker, step_queues, worker.process_batch, 1
+                )
         if timers:
             scheduler = TimerScheduler(app, store, self.clock)
             self._spawn("timers", self._repeat, scheduler.fire_due)
@@ -133,8 +161,8 @@ class Runtime:
             self._registration = Registration(registry, self.name, self.app.name, role, self.clock)
             self._registration.started()
             self._spawn("registry", self._beat, self._registration)
-        if self.relay is not None:
-            self.store.hand_over_to(self.relay)
+        if self.relay is not None or self.lane is not None:
+            self.store.hand_over_to(Handoffs(self.lane, self.relay))
         for thread in self.threads:
             thread.start()
         return self
@@ -197,9 +225,11 @@ class Runtime:
         self._halt()
         for thread in self.threads:
             thread.join(timeout)
+        self.store.hand_over_to(None)
         if self.relay is not None:
-            self.store.hand_over_to(None)
             self._flush(self.relay)
+        if self.lane is not None:
+            self.lane.release_handed()
         self.runner.close()
         if self._registration is not None:
             self._registration.stopped(self._deaths())
@@ -215,11 +245,15 @@ class Runtime:
             logger.warning("relay: could not publish at stop (%s); a sweep will", e)
 
     def _consume(
-        self, queues: list[str], process: Callable[[list[Delivery]], None], batch: int
+        self,
+        broker: Broker,
+        queues: list[str],
+        process: Callable[[list[Delivery]], None],
+        batch: int,
     ) -> None:
         while not self.stopping.is_set():
             try:
-                deliveries = self.broker.receive(queues, batch, self.poll)
+                deliveries = broker.receive(queues, batch, self.poll)
                 if deliveries:
                     process(deliveries)
             except Exception as e:

@@ -30,13 +30,14 @@ from sagaloop.engine.messages import (
     derived_id,
     engine_queue,
     inbox_key,
+    local_queue,
     parse_payload,
     step_queue,
 )
 from sagaloop.engine.ports import Clock, Outgoing, RunRecord, Store, SystemClock, Timer, Tx
 from sagaloop.engine.replay import Replayer
 from sagaloop.engine.state import RunState
-from sagaloop.engine.steps import DO, UNDO, StepRunner, idempotency_key, task_message_id
+from sagaloop.engine.steps import DO, UNDO, idempotency_key, task_message_id
 from sagaloop.engine.watchdog import Watchdog
 from sagaloop.errors import (
     ActivationDeadlineError,
@@ -133,7 +134,6 @@ class Engine:
         *,
         clock: Clock | None = None,
         cache_size: int = 1024,
-        runner: StepRunner | None = None,
         watchdog: Watchdog | None = None,
     ) -> None:
         self.app = app
@@ -148,9 +148,6 @@ class Engine:
         """Runs whose history a staged plan restarts: not activated again before it commits."""
         self._logs: list[runlog.Line] = []
         """The log lines of the plans applied in the open transaction (see ``runlog``)."""
-        self._runner = runner or StepRunner(
-            app, threads=1, worker="engine", history=lambda run: store.load_history(None, run)
-        )
         self.queue = engine_queue(app.name)
 
     # --- messages ----------------------------------------------------------------------------
@@ -836,10 +833,8 @@ class Engine:
             created_at=self.clock.now(),
             trace=effects.trace,
         )
-        if step.local:
-            reply = self._runner.run(task, inline=True)
-            return self._result_events(st, pos, attempt, reply)
-        effects.messages.append(Outgoing(step_queue(self.app.name, step.queue), task))
+        queue = local_queue(self.app.name) if step.local else step_queue(self.app.name, step.queue)
+        effects.messages.append(Outgoing(queue, task))
         return []
 
     def _result_events(

@@ -21,6 +21,10 @@ POINTS = {
     "worker.before_commit": "the step ran (its effect happened), its result is not committed",
     "worker.after_commit": "the step's result is committed, the message is not yet acked",
     "worker.undo_before_commit": "a compensation ran, its completion is not committed",
+    "local.before_commit": "an in-process step ran, its result and the run's next decisions "
+    "are not committed",
+    "local.undo_before_commit": "an in-process compensation ran, its completion is not committed",
+    "local.after_commit": "an in-process step's result and the run's next decisions committed",
     "relay.before_publish": "the relay claimed outbox rows and has not published them",
     "relay.after_publish": "the broker confirmed the rows, the relay has not deleted them",
     "timers.before_commit": "due timers were taken and turned into messages, not committed",

@@ -220,3 +220,14 @@ def engine_queue(app: str) -> str:
 
 def step_queue(app: str, queue: str) -> str:
     return f"{app}.steps.{queue}"
+
+
+LOCAL_SUFFIX = "/local"
+"""Ends the name of an app's in-process lane. A ``/`` is in no app or queue name, so no other
+queue ends this way."""
+
+
+def local_queue(app: str) -> str:
+    """The in-process lane of ``app``: the outbox rows of its ``local=True`` steps. Only its
+    engine processes consume it, from the database; no relay publishes it to a broker."""
+    return f"{app}{LOCAL_SUFFIX}"

@@ -99,13 +99,15 @@ class Handoff(Protocol):
     """Takes the outbox rows a transaction wrote, in memory, right after it committed (the
     relay: it publishes them at once instead of finding them with a claim).
 
-    The store writes such rows already claimed with ``token`` until ``now + handoff_lease``:
-    nobody else claims them while the relay holds them in memory, and if the process dies before
-    the relay deleted them, the lease runs out and any relay's sweep publishes them."""
+    The store writes such rows already claimed with ``token`` until ``now + lease_for(queue)``
+    (rows whose ``lease_for`` is None are written unclaimed and not handed over): nobody else
+    claims them while they are held in memory, and if the process dies before they were
+    deleted, the lease runs out and any relay's sweep (or, for an in-process lane, any engine
+    of the app) takes them."""
 
     token: str
-    handoff_lease: timedelta
 
+    def lease_for(self, queue: str) -> timedelta | None: ...
     def take(self, rows: Sequence[QueuedMessage]) -> None: ...
 
 

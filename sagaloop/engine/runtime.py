@@ -136,8 +136,21 @@ class EngineConsumer:
         self.queue = engine.queue
         self.max_failures = max_failures
         self._troubles = _Troubles()
+        self.lock = threading.Lock()
+        """Held while the engine activates: its threads and the in-process steps' (see
+        ``local.py``) share one :class:`Engine`, which is not thread-safe."""
 
     def process_batch(self, deliveries: Sequence[Delivery]) -> None:
+        with self.lock:
+            self._process_batch(deliveries)
+
+    def process(self, delivery: Delivery) -> None:
+        with self.lock:
+            env = decode(delivery, self.store)
+            if env is not None:
+                self._process(delivery, env)
+
+    def _process_batch(self, deliveries: Sequence[Delivery]) -> None:
         """Process the messages in one transaction (one commit for the batch), then ack them.
 
         They are activated in order of run id (stable, so a run's messages keep their order),
@@ -156,11 +169,6 @@ class EngineConsumer:
                     _finish(delivery, plan)
                 return
         for delivery, env in batch:
-            self._process(delivery, env)
-
-    def process(self, delivery: Delivery) -> None:
-        env = decode(delivery, self.store)
-        if env is not None:
             self._process(delivery, env)
 
     def _commit(self, batch: Sequence[tuple[Delivery, Envelope]]) -> list[Plan]:

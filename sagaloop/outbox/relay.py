@@ -64,6 +64,10 @@ class Relay:
 
     # --- hand-over ---------------------------------------------------------------------------
 
+    def lease_for(self, queue: str) -> timedelta | None:
+        """How long a row handed over stays claimed (the same for every queue)."""
+        return self.handoff_lease
+
     def take(self, rows: Sequence[QueuedMessage]) -> None:
         """Called by the store after a commit (any thread): publish these rows soon."""
         now = time.monotonic()

@@ -70,11 +70,6 @@ class StepDef(Generic[P, R_co]):
         self.heartbeat_timeout = heartbeat_timeout
         self.schedule_to_close = schedule_to_close
         self.local = local
-        if local and rate_limit is not None:
-            raise InvalidRateLimit(
-                f"step {name!r}: a local step cannot have a rate_limit (it runs inside the "
-                "engine's activation, which must not wait): drop local=True or the limit"
-            )
         self.rate_limit = rate_limit
         self.idempotent = idempotent
         self.aliases = tuple(_check_name("step", a) for a in aliases)
@@ -236,7 +231,11 @@ class App:
         - ``queue``: the queue its messages go to; workers consume queues.
         - ``retry``: a :class:`RetryPolicy` (default: 5 attempts, 1 s doubling to 60 s).
         - ``timeout``: start-to-close limit of one attempt; a timed-out attempt is in doubt.
-        - ``local``: run inside the engine's activation instead of on a worker (cheap pure work).
+        - ``local=True``: an in-process step: the engine's processes run it (``sagaloop engine
+          --concurrency``), with no broker hop, outside any transaction, then checkpoint its
+          outcome in the transaction that goes on with the run. The same rules as on a worker
+          (retries, timeouts, in doubt, reconcile, idempotency key, rate limit); see
+          docs/concepts/steps.md, "In-process steps".
         - ``idempotent=False``: the step has external effects that must not happen twice and
           that the downstream cannot deduplicate. Without a ``reconcile`` such a step is never
           re-attempted when in doubt: the run halts in ``needs_attention`` instead.

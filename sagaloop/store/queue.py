@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
+from sagaloop.engine.messages import LOCAL_SUFFIX
 from sagaloop.engine.ports import Outgoing, QueuedMessage
 from sagaloop.store import payloads
 from sagaloop.store import tables as t
@@ -33,10 +34,11 @@ def enqueue(
     conn: Connection,
     messages: Sequence[Outgoing],
     now: datetime,
-    claim: tuple[str, datetime] | None = None,
+    claim: tuple[str, Callable[[str], datetime | None]] | None = None,
 ) -> list[QueuedMessage]:
-    """Insert the messages. With ``claim`` (a token and a deadline), the rows available now are
-    inserted already claimed with it, and returned, so that their writer can publish them.
+    """Insert the messages. With ``claim`` (a token, and the deadline of a row's claim by its
+    queue: None, not claimed), the rows available now that get a deadline are inserted
+    already claimed with the token, and returned, so that their writer can hand them over.
     Large payload values go to the payload table (see ``payloads.py``)."""
     offload = payloads.Offloader()
     bodies = [offload.message(m.envelope) for m in messages]
@@ -49,15 +51,19 @@ def enqueue(
         if rows:
             conn.execute(t.outbox.insert(), rows)
         return []
-    token, until = claim
-    ready = [r for r in rows if r["available_at"] <= now]
-    later = [r for r in rows if r["available_at"] > now]
+    token, until_of = claim
+    ready, later = [], []
+    for r in rows:
+        until = until_of(r["queue"]) if r["available_at"] <= now else None
+        if until is None:
+            later.append(r)
+        else:
+            r.update(claim_token=token, claimed_until=until, deliveries=1)
+            ready.append(r)
     if later:
         conn.execute(t.outbox.insert(), later)
     if not ready:
         return []
-    for r in ready:
-        r.update(claim_token=token, claimed_until=until, deliveries=1)
     ids = conn.execute(_INSERT_CLAIMED, ready).scalars().all()
     return [
         QueuedMessage(i, r["queue"], r["body"], 1, token) for i, r in zip(ids, ready, strict=True)
@@ -107,6 +113,8 @@ def claim(
     )
     if queues is not None:
         q = q.where(c.queue.in_(list(queues)))
+    else:  # a relay's sweep: every queue but the in-process lanes, which no broker serves
+        q = q.where(c.queue.not_like(f"%{LOCAL_SUFFIX}"))
     if dialect == "postgresql":
         q = q.with_for_update(skip_locked=True)
     rows = list(conn.execute(q))

@@ -457,7 +457,7 @@ class SqlStore:
         if not messages:
             return
         handoff = self.handoff if tx.own else None
-        claim = None if handoff is None else (handoff.token, now + handoff.handoff_lease)
+        claim = None if handoff is None else (handoff.token, _deadlines(handoff, now))
         tx.handed.extend(queue.enqueue(_conn(tx), messages, now, claim))
         tx.enqueued = True
 
@@ -870,3 +870,13 @@ def _run(row: Any) -> RunRecord:
         error=row["error"],
         reason=row["reason"],
     )
+
+
+def _deadlines(handoff: Handoff, now: datetime) -> Callable[[str], datetime | None]:
+    """The claim deadline of a row handed over to ``handoff``, by its queue (None: not taken)."""
+
+    def until(queue: str) -> datetime | None:
+        lease = handoff.lease_for(queue)
+        return None if lease is None else now + lease
+
+    return until

@@ -12,7 +12,8 @@ from sagaloop.brokers.memory import MemoryBroker
 from sagaloop.engine.activation import Engine
 from sagaloop.engine.client import Client
 from sagaloop.engine.history import Event
-from sagaloop.engine.messages import engine_queue, step_queue
+from sagaloop.engine.local import LocalWorker
+from sagaloop.engine.messages import engine_queue, local_queue, step_queue
 from sagaloop.engine.ports import Broker, Delivery, RunRecord
 from sagaloop.engine.runtime import EngineConsumer, TimerScheduler, WorkerConsumer
 from sagaloop.engine.state import NEEDS_ATTENTION
@@ -129,6 +130,9 @@ class Harness:
         :meth:`restart`."""
         self._steps = _StepsView(app)
         self.relay = Relay(self.store, self.broker, clock=self.clock)
+        self._lane = DatabaseBroker(self.store, clock=self.clock, lease=lease)
+        self._lane_queue = local_queue(app.name)
+        """The in-process steps' queue: always in the database, as in production."""
         self.timers = TimerScheduler(app, self.store, self.clock)
         self.queues: list[str] | None = None
         """The queues this harness consumes; None: the engine's and every step queue of the
@@ -142,14 +146,22 @@ class Harness:
         runner = StepRunner(
             self._steps, worker="harness", inline=True, history=history, streams=self.streams
         )
-        # the engine's local steps
-        local = StepRunner(self._steps, threads=1, worker="engine", history=history)
-        self.engine = Engine(
-            self.app, self.store, clock=self.clock, cache_size=self.cache_size, runner=local
-        )
+        self.engine = Engine(self.app, self.store, clock=self.clock, cache_size=self.cache_size)
         self._engine_consumer = EngineConsumer(self.engine, self.store)
         self._worker_consumer = WorkerConsumer(
             self.app, self.store, runner, self.clock, lease=self.lease
+        )
+        # the engine's in-process steps: always served from the database, as in production
+        local = StepRunner(
+            self._steps, worker="engine", inline=True, history=history, streams=self.streams
+        )
+        self._local_consumer = LocalWorker(
+            self.app,
+            self.store,
+            local,
+            self.clock,
+            consumer=self._engine_consumer,
+            lease=self.lease,
         )
 
     # --- client operations -------------------------------------------------------------------
@@ -212,7 +224,10 @@ class Harness:
         if not self.broker.uses_outbox:
             work += self.relay.relay_once()
         work += self.timers.fire_due()
-        for delivery in self.broker.receive(self._consumed(), 1, 0):
+        deliveries = self.broker.receive(self._consumed(), 1, 0)
+        if not deliveries and (self.queues is None or self._lane_queue in self.queues):
+            deliveries = self._lane.receive([self._lane_queue], 1, 0)
+        for delivery in deliveries:
             work += 1
             queue = getattr(delivery, "queue", None) or getattr(
                 getattr(delivery, "_message", None), "queue", ""
@@ -225,6 +240,8 @@ class Harness:
                     continue  # the message stays claimed until its lease expires
             if role == "engine":
                 self._engine_consumer.process(delivery)
+            elif queue == self._lane_queue:
+                self._local_consumer.process(delivery)
             else:
                 self._worker_consumer.process(delivery)
         return work
@@ -255,12 +272,13 @@ class Harness:
         raise RuntimeError(f"still busy after {max_steps} steps")
 
     def _messages_in_hand(self) -> bool:
-        if isinstance(self.broker, MemoryBroker):
-            return bool(self.broker._unacked) or any(
-                self.broker._queues.get(q) for q in self._consumed()
-            )
+        memory = self.broker if isinstance(self.broker, MemoryBroker) else None
+        if memory is not None and (
+            memory._unacked or any(memory._queues.get(q) for q in self._consumed())
+        ):
+            return True
         depths = self.store.queue_depths()
-        return any(depths.get(q) for q in self._consumed())
+        return any(depths.get(q) for q in [*self._consumed(), self._lane_queue])
 
     def _consumed(self) -> list[str]:
         if self.queues is not None:

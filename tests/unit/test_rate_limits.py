@@ -63,8 +63,6 @@ def test_keys_are_checked_and_shared_keys_share_one_rate() -> None:
         app.step(name="d", rate_limit="1/s", rate_key="a/b")(lambda ctx: None)
     with pytest.raises(InvalidRateLimit, match="needs a rate_limit"):
         app.step(name="e", rate_key="openai")(lambda ctx: None)
-    with pytest.raises(InvalidRateLimit, match="local step cannot have a rate_limit"):
-        app.step(name="f", rate_limit="1/s", local=True)(lambda ctx: None)
     a, b = app.steps["a"].rate_limit, app.steps["b"].rate_limit
     assert a is not None and b is not None
     assert (a.key, a.per_second) == (b.key, b.per_second) == ("openai", 10.0)

@@ -1,0 +1,222 @@
+"""In-process steps (``local=True``): run by the engine's process, outside any transaction, then
+checkpointed with the same rules as a worker's steps (see sagaloop/engine/local.py)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from sagaloop import App, RetryPolicy, SagaContext, StepContext
+from sagaloop.engine import crashpoints
+from sagaloop.engine import history as h
+from sagaloop.engine.client import Client
+from sagaloop.engine.crashpoints import CrashPointRaised
+from sagaloop.engine.messages import local_queue
+from sagaloop.store.sql import SqlStore
+from sagaloop.testing import Harness
+
+FAST = RetryPolicy(max_attempts=3, initial_interval=timedelta(milliseconds=10))
+
+
+def test_in_process_steps_need_no_worker_and_record_the_engine_as_their_worker() -> None:
+    app = App("inproc")
+
+    @app.step(local=True)
+    def double(ctx: StepContext, x: int) -> int:
+        return 2 * x
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext, x: int) -> int:
+        return await ctx.call(double, await ctx.call(double, x))
+
+    assert app.queues == []  # nothing for a worker process
+    env = Harness(app)
+    run_id = env.start(s, 3)
+    env.run_until_idle()
+    assert env.result(run_id) == 12
+    done = [e for e in env.history(run_id) if e.kind == h.STEP_COMPLETED]
+    assert [e.data["worker"] for e in done] == ["engine", "engine"]
+
+
+def test_an_in_process_step_runs_after_its_dispatch_is_committed(tmp_path: Path) -> None:
+    """The body runs outside the activation's transaction: when it runs, the history already
+    says that it was scheduled, as seen from another connection (before, a local step ran
+    while its activation was being prepared, before anything of it was committed)."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    seen: list[list[str]] = []
+    app = App("committed")
+
+    @app.step(local=True)
+    def look(ctx: StepContext) -> None:
+        other = SqlStore(url)
+        try:
+            seen.append([e.kind for e in Client(other, app).history(ctx.run_id)])
+        finally:
+            other.close()
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> None:
+        await ctx.call(look)
+
+    env = Harness(app, url=url)
+    run_id = env.start(s)
+    env.run_until_idle()
+    assert env.get(run_id).status == "completed"
+    assert seen == [[h.RUN_STARTED, h.STEP_SCHEDULED]]
+
+
+def test_one_transaction_stores_the_result_and_goes_on_with_the_run() -> None:
+    """The step's row, its reply and the run's next decision are one commit: no reply message
+    travels to the engine queue."""
+    app = App("onecommit")
+
+    @app.step(local=True)
+    def inc(ctx: StepContext, x: int) -> int:
+        return x + 1
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> int:
+        return await ctx.call(inc, await ctx.call(inc, 0))
+
+    env = Harness(app)
+    run_id = env.start(s)
+    # the start, then each step's delivery does both the step and the next activation
+    assert env.step_once() == 1 and env.step_once() == 1 and env.step_once() == 1
+    assert env.get(run_id).status == "completed"
+    assert env.store.queue_depths() == {}
+
+
+@pytest.mark.parametrize("point", ["local.before_commit", "local.after_commit"])
+def test_a_crash_around_the_checkpoint_neither_loses_nor_repeats_a_guarded_effect(
+    point: str,
+) -> None:
+    """The process dies after the body of a non-idempotent step ran: before its checkpoint
+    committed, the next delivery is in doubt and reconciled, not run again; after, the inbox
+    answers it."""
+    effects: list[str] = []
+    app = App("crash")
+
+    @app.step(local=True, idempotent=False, retry=FAST)
+    def charge(ctx: StepContext, order: str) -> str:
+        effects.append(ctx.idempotency_key)
+        return "charged"
+
+    @charge.reconcile
+    def find(ctx: StepContext, order: str) -> str | None:
+        return "found" if ctx.idempotency_key in effects else None
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> str:
+        return await ctx.call(charge, "o-1")
+
+    env = Harness(app)
+    run_id = env.start(s)
+    crashpoints.arm(f"{point}:raise")
+    try:
+        with pytest.raises(CrashPointRaised):
+            env.run_until_idle()
+    finally:
+        crashpoints.disarm()
+    env.restart()  # the process died: what it held in memory is gone
+    env.run_until_idle()  # the step's row comes back once its claim runs out
+    assert len(effects) == 1
+    assert env.result(run_id) == ("found" if point == "local.before_commit" else "charged")
+    completed = [e for e in env.history(run_id) if e.kind == h.STEP_COMPLETED]
+    assert [e.data["reconciled"] for e in completed] == [point == "local.before_commit"]
+
+
+def test_an_in_process_step_in_doubt_without_reconcile_halts_the_run() -> None:
+    ran: list[int] = []
+    app = App("halt")
+
+    @app.step(local=True, idempotent=False, retry=FAST)
+    def charge(ctx: StepContext) -> str:
+        ran.append(ctx.attempt)
+        return "charged"
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> str:
+        return await ctx.call(charge)
+
+    env = Harness(app)
+    run_id = env.start(s)
+    crashpoints.arm("local.before_commit:raise")
+    try:
+        with pytest.raises(CrashPointRaised):
+            env.run_until_idle()
+    finally:
+        crashpoints.disarm()
+    env.restart()
+    env.run_until_idle()
+    assert ran == [1]
+    assert env.get(run_id).status == "needs_attention"
+
+
+def test_failed_in_process_steps_retry_and_compensate_as_remote_ones() -> None:
+    calls: list[str] = []
+    app = App("comp")
+
+    @app.step(local=True)
+    def book(ctx: StepContext, what: str) -> str:
+        calls.append(f"book {what}")
+        return what
+
+    @book.compensation
+    def unbook(ctx: StepContext, what: str, result: str) -> None:
+        calls.append(f"unbook {what}")
+
+    @app.step(local=True, retry=FAST)
+    def pay(ctx: StepContext) -> None:
+        calls.append(f"pay {ctx.attempt}")
+        raise RuntimeError("card declined")
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> None:
+        await ctx.call(book, "hotel")
+        await ctx.call(pay)
+
+    env = Harness(app)
+    run_id = env.start(s)
+    env.run_until_idle()
+    assert env.get(run_id).status == "compensated"
+    assert calls == ["book hotel", "pay 1", "pay 2", "pay 3", "unbook hotel"]
+
+
+def test_an_in_process_step_may_have_a_rate_limit() -> None:
+    app = App("limited")
+
+    @app.step(local=True, rate_limit="2/s")
+    def tick(ctx: StepContext, i: int) -> int:
+        return i
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> list[int]:
+        return [await ctx.call(tick, i) for i in range(3)]
+
+    env = Harness(app)
+    run_id = env.start(s)
+    env.run_until_idle()
+    assert env.result(run_id) == [0, 1, 2]
+
+
+def test_no_relay_sweep_takes_the_rows_of_an_in_process_lane() -> None:
+    """The lane lives in the database: a relay (any process's, any app's) never publishes it
+    to a broker; only the app's engines claim it by name."""
+    from datetime import UTC, datetime
+
+    from sagaloop.engine.messages import Envelope
+    from sagaloop.engine.ports import Outgoing
+
+    store = SqlStore("sqlite://")
+    store.upgrade()
+    now = datetime.now(UTC)
+    env = Envelope(type="step", message_id="step:x", run_id="r", payload={}, created_at=now)
+    with store.transaction() as tx:
+        store.enqueue(tx, [Outgoing(local_queue("a"), env), Outgoing("a.steps.q", env)], now)
+    swept = store.claim(None, 10, now, timedelta(seconds=5))
+    assert [r.queue for r in swept] == ["a.steps.q"]
+    assert [r.queue for r in store.claim([local_queue("a")], 10, now, timedelta(seconds=5))] == [
+        local_queue("a")
+    ]
