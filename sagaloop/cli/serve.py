@@ -234,17 +234,38 @@ def dev(
 
 @click.command()
 @app_option
+@click.option(
+    "--concurrency",
+    default=4,
+    type=click.IntRange(1, 256),
+    show_default=True,
+    help="In-process steps (local=True) run at once by this process.",
+)
 @_poll
 @_metrics_port
 @_metrics_host
 @click.pass_obj
 def engine(
-    obj: Obj, app_spec: str | None, poll: float, metrics_port: int | None, metrics_host: str
+    obj: Obj,
+    app_spec: str | None,
+    concurrency: int,
+    poll: float,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
-    """Run the engine: activations, timers, the outbox relay and retention. Run as many as you
-    like; activations of one run are serialized by the database."""
+    """Run the engine: activations, in-process steps, timers, the outbox relay and retention.
+    Run as many as you like; activations of one run are serialized by the database."""
     metrics = (metrics_port, metrics_host)
-    _serve(obj, app_spec, "engine", upgrade=False, queues=[], poll=poll, metrics=metrics)
+    _serve(
+        obj,
+        app_spec,
+        "engine",
+        upgrade=False,
+        queues=[],
+        concurrency=concurrency,
+        poll=poll,
+        metrics=metrics,
+    )
 
 
 @click.command()

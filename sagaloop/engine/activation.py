@@ -67,6 +67,9 @@ class _Live:
     state: RunState
     code: Replayer | None
     divergence: dict[str, Any] | None = None
+    record: RunRecord | None = None
+    """The run's row as this engine last committed it (see :meth:`Engine.prepare`'s
+    ``trust_cache``)."""
     """A reason to park found while catching up (non-determinism, the deadline), not yet
     recorded as ``run_parked``."""
 
@@ -152,12 +155,14 @@ class Engine:
 
     # --- messages ----------------------------------------------------------------------------
 
-    def prepare(self, env: Envelope) -> Plan:
+    def prepare(self, env: Envelope, *, trust_cache: bool = False) -> Plan:
         """Decide what ``env`` does, outside any transaction: the saga code runs here. Raises
         MessageError for a message that can never be processed (the consumer dead-letters it).
 
         Call :meth:`committed` or :meth:`rolled_back` once the plan's transaction ended, so that
-        the cache only ever holds committed state."""
+        the cache only ever holds committed state. With ``trust_cache``, a run this engine
+        activated last is not read again: if another engine changed it since, :meth:`apply`
+        raises ActivationConflict (its update names the ``last_seq`` it started from)."""
         if env.type == "start":
             return self._on_start(env)
         if env.type == "child_start":
@@ -165,15 +170,24 @@ class Engine:
         triggers = _TRIGGERS.get(env.type)
         if triggers is None:
             raise MessageError(f"message type {env.type!r} is not for the engine")
-        run = self._read_run(env.run_id)
+        run = (trust_cache and self._cached_record(env.run_id)) or self._read_run(env.run_id)
         return self._activate(env, run, triggers(self, env, run))
 
-    def apply(self, tx: Tx, plan: Plan) -> None:
+    def _cached_record(self, run_id: str) -> RunRecord | None:
+        live = self._cache.get(run_id)
+        if live is None or run_id in self._staged or run_id in self._restarted:
+            return None
+        record = live.record
+        return record if record is not None and record.last_seq == live.state.last_seq else None
+
+    def apply(self, tx: Tx, plan: Plan, *, inbox: bool = True) -> None:
         """Write the plan in ``tx``. A duplicate message writes nothing; a run changed since
-        :meth:`prepare` read it raises ActivationConflict (roll back and prepare again)."""
+        :meth:`prepare` read it raises ActivationConflict (roll back and prepare again).
+        ``inbox=False``: the message needs no inbox row, because it is never delivered (the
+        reply of an in-process step, applied in the transaction that stores it)."""
         now = self.clock.now()
         key = inbox_key(self.app.name, plan.env)
-        if not self.store.inbox_put(tx, ENGINE_CONSUMER, key, None, now):
+        if inbox and not self.store.inbox_put(tx, ENGINE_CONSUMER, key, None, now):
             logger.debug("duplicate message %s ignored", plan.env.message_id)
             run_id = plan.env.run_id  # what prepare staged for it did not happen
             _drop(self._staged.pop(run_id, None))
@@ -501,6 +515,7 @@ class Engine:
             _drop(self._staged.pop(run_id, None))  # the next activation replays the fresh history
             self._restarted.add(run_id)
         else:
+            live.record = plan.run or run  # in the cache once committed
             self._staged[run_id] = live
         if plan.run is not None:
             self._staged_runs[run_id] = plan.run

@@ -171,9 +171,14 @@ class EngineConsumer:
         for delivery, env in batch:
             self._process(delivery, env)
 
-    def _commit(self, batch: Sequence[tuple[Delivery, Envelope]]) -> list[Plan]:
+    def _commit(
+        self, batch: Sequence[tuple[Delivery, Envelope]], *, trust_cache: bool = True
+    ) -> list[Plan]:
+        """Prepare and apply the batch in one transaction. ``trust_cache``: runs this engine
+        activated last are not read again (a change by another engine since is an
+        ActivationConflict, and the retry reads them)."""
         try:
-            plans = [self.engine.prepare(env) for _, env in batch]
+            plans = [self.engine.prepare(env, trust_cache=trust_cache) for _, env in batch]
             with self.store.transaction() as tx:
                 for (delivery, _), plan in zip(batch, plans, strict=True):
                     self.engine.apply(tx, plan)
@@ -188,9 +193,9 @@ class EngineConsumer:
         return plans
 
     def _process(self, delivery: Delivery, env: Envelope) -> None:
-        for _ in range(CONFLICT_RETRIES):
+        for tries in range(CONFLICT_RETRIES):
             try:
-                plans = self._commit([(delivery, env)])
+                plans = self._commit([(delivery, env)], trust_cache=tries == 0)
             except ActivationConflict as e:
                 logger.debug("%s; preparing again", e)
                 continue

@@ -220,3 +220,32 @@ def test_no_relay_sweep_takes_the_rows_of_an_in_process_lane() -> None:
     assert [r.queue for r in store.claim([local_queue("a")], 10, now, timedelta(seconds=5))] == [
         local_queue("a")
     ]
+
+
+def test_an_engine_that_trusts_its_cache_still_sees_what_another_engine_did(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An activation does not read a run this engine activated last (its cached row says
+    where the run stands); if another engine changed the run since, the update fails on the
+    ``last_seq`` it started from and the message is prepared again from a fresh read."""
+    from sagaloop.engine.activation import Engine
+    from sagaloop.engine.runtime import EngineConsumer
+
+    app = App("twoengines")
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> list[str]:
+        return [await ctx.wait_for_event("a"), await ctx.wait_for_event("b")]
+
+    env = Harness(app, cache=True)
+    other = EngineConsumer(Engine(app, env.store, clock=env.clock), env.store)
+    run_id = env.start(s)
+    env.run_until_idle()  # this harness's engine caches the waiting run
+    env.send_event(run_id, "a", "first")
+    (delivery,) = env.broker.receive(env._consumed(), 1, 0)
+    other.process(delivery)  # another engine takes the event
+    env.send_event(run_id, "b", "second")
+    with caplog.at_level("DEBUG", logger="sagaloop.engine.runtime"):
+        env.run_until_idle()  # the cached run is stale: found by the update, then read again
+    assert env.result(run_id) == ["first", "second"]
+    assert f"run {run_id!r} changed meanwhile; preparing again" in caplog.text
