@@ -249,3 +249,45 @@ def test_an_engine_that_trusts_its_cache_still_sees_what_another_engine_did(
         env.run_until_idle()  # the cached run is stale: found by the update, then read again
     assert env.result(run_id) == ["first", "second"]
     assert f"run {run_id!r} changed meanwhile; preparing again" in caplog.text
+
+
+def test_replies_ready_together_are_checkpointed_in_one_transaction() -> None:
+    """Group commit: the thread that takes the engine's lock checkpoints every reply that is
+    ready, in one transaction; then the run goes on as if each had been alone."""
+    import asyncio
+
+    from sqlalchemy import event
+
+    from sagaloop.engine.local import _Checkpoint
+    from sagaloop.engine.messages import inbox_key
+    from sagaloop.engine.runtime import decode
+
+    app = App("group")
+
+    @app.step(local=True)
+    def square(ctx: StepContext, x: int) -> int:
+        return x * x
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> list[int]:
+        return list(await asyncio.gather(*(ctx.call(square, x) for x in (1, 2, 3))))
+
+    env = Harness(app, cache=True)
+    run_id = env.start(s)
+    assert env.step_once() == 1  # the start: three in-process steps dispatched
+    worker = env._local_consumer
+    ready = []
+    for delivery in env._lane.receive([local_queue("group")], 3, 0):
+        task = decode(delivery, env.store)
+        assert task is not None
+        reply = worker.runner.run(task)
+        ready.append(_Checkpoint(delivery, task, inbox_key("group", task), reply))
+    assert len(ready) == 3
+    commits: list[int] = []
+    event.listen(env.store.engine, "commit", lambda conn: commits.append(1))
+    worker._ready.extend(ready[:2])  # two threads wait for the lock, the third takes it
+    assert worker._checkpoint(ready[2])
+    assert [c.done for c in ready] == [True, True, True] and len(commits) == 1
+    env.run_until_idle()
+    assert env.result(run_id) == [1, 4, 9]
+    assert env.store.queue_depths() == {}
