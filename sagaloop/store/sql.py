@@ -29,7 +29,15 @@ from sqlalchemy.pool import StaticPool
 from sagaloop.engine import history as h
 from sagaloop.engine.history import Event, NewEvent, number
 from sagaloop.engine.messages import Envelope
-from sagaloop.engine.ports import Handoff, HeldSlot, Outgoing, QueuedMessage, RunRecord, Timer
+from sagaloop.engine.ports import (
+    Handoff,
+    HeldSlot,
+    Outgoing,
+    QueuedMessage,
+    RunRecord,
+    Timer,
+    batched,
+)
 from sagaloop.engine.state import ALL_STATUSES, NEEDS_ATTENTION
 from sagaloop.store import limits, migrations, payloads, queue
 from sagaloop.store import processes as registry
@@ -39,6 +47,8 @@ from sagaloop.store.connect import create_sa_engine, mask_url, translate
 __all__ = ["SqlStore", "create_sa_engine"]
 
 FINISHED = ("completed", "failed", "compensated", "cancelled")
+DELETE_CHUNK = 1000
+"""The most published rows one statement deletes."""
 SIGNING_KEY = "message-signing-key"
 """The name of the signing key in ``sagaloop_secrets``."""
 _DB_ERRORS = (sa_exc.DBAPIError, sa_exc.TimeoutError)
@@ -227,8 +237,12 @@ class SqlStore:
         with self._published_lock:
             published, self._published = self._published, []
         tx.published = published
-        for ids, token in published:
-            queue.delete_claimed(tx.conn, ids, token)
+        by_token: dict[str, list[int]] = {}
+        for ids, token in published:  # a relay publishes under one token: one statement
+            by_token.setdefault(token, []).extend(ids)
+        for token, ids in by_token.items():
+            for chunk in batched(ids, DELETE_CHUNK):
+                queue.delete_claimed(tx.conn, chunk, token)
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:

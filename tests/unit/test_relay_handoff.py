@@ -102,3 +102,25 @@ def test_rows_of_an_attached_transaction_are_not_handed_over(store: SqlStore) ->
     assert relay.send_handed() == 0
     assert relay.relay_once() == 1, "swept at once: nobody holds it"
     assert _received(broker) == ["m-1"]
+
+
+def test_the_sweep_deletes_what_a_relay_published_in_one_statement(store: SqlStore) -> None:
+    """Rows handed over and published one transaction at a time share the relay's token: the
+    next sweep deletes all of them with one DELETE, not one per publish."""
+    from sqlalchemy import event
+
+    clock, broker = VirtualClock(), MemoryBroker()
+    relay = Relay(store, broker, clock=clock)
+    store.hand_over_to(relay)
+    for i in range(5):
+        _write(store, clock, i)
+        assert relay.send_handed() == 1
+    deletes: list[str] = []
+
+    def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if statement.lstrip().upper().startswith("DELETE"):
+            deletes.append(statement)
+
+    event.listen(store.engine, "before_cursor_execute", seen)
+    assert relay.relay_once() == 0
+    assert len(deletes) == 1 and store.queue_depths() == {}
