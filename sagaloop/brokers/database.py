@@ -98,9 +98,11 @@ class DatabaseBroker:
 
     def receive(self, queues: Sequence[str], max_messages: int, timeout: float) -> list[Delivery]:
         deadline = time.monotonic() + timeout
+        woken = True
         while True:
             seen = self.store.writes
-            rows = self.store.claim(queues, max_messages, self.clock.now(), self.lease)
+            now = self.clock.now()
+            rows = self.store.claim(queues, max_messages, now, self.lease, probe=not woken)
             if rows:
                 return [DatabaseDelivery(self, r) for r in rows]
             remaining = deadline - time.monotonic()
@@ -108,6 +110,7 @@ class DatabaseBroker:
                 return []
             # Woken at once by a commit in this process; other processes are seen by polling.
             self.store.wait_for_writes(seen, min(remaining, self.poll_interval))
+            woken = self.store.writes != seen
 
     def close(self) -> None:
         pass

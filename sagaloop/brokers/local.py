@@ -69,7 +69,8 @@ class LocalLane(DatabaseBroker):
         while True:
             rows = self._pop(max_messages)
             if not rows and self._look_now():
-                rows = self.store.claim([self.queue], max_messages, self.clock.now(), self.lease)
+                at = self.clock.now()
+                rows = self.store.claim([self.queue], max_messages, at, self.lease, probe=True)
             if rows:
                 return [DatabaseDelivery(self, r) for r in rows]
             now = time.monotonic()

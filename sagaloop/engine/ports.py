@@ -176,8 +176,18 @@ class Store(Protocol):
         ...
 
     def claim(
-        self, queues: Sequence[str] | None, limit: int, now: datetime, lease: timedelta
-    ) -> list[QueuedMessage]: ...
+        self,
+        queues: Sequence[str] | None,
+        limit: int,
+        now: datetime,
+        lease: timedelta,
+        *,
+        probe: bool = False,
+    ) -> list[QueuedMessage]:
+        """Claim up to ``limit`` available rows until ``now + lease``. ``probe``: a poll that
+        likely finds nothing: look first, without a transaction."""
+        ...
+
     def delete_claimed(self, tx: Tx | None, ids: Sequence[int], claim_token: str) -> int: ...
     def delete_later(self, ids: Sequence[int], claim_token: str) -> None:
         """Delete these claimed rows with the next :meth:`claim` (the relay's sweep)."""

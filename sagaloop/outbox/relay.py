@@ -98,7 +98,7 @@ class Relay:
 
     def relay_once(self) -> int:
         """Claim and publish one batch of the rows nobody holds; return how many left."""
-        rows = self.store.claim(None, self.batch, self.clock.now(), self.lease)
+        rows = self.store.claim(None, self.batch, self.clock.now(), self.lease, probe=True)
         return self._send(rows)
 
     # --- both ----------------------------------------------------------------------------------

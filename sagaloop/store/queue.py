@@ -94,6 +94,22 @@ def _row(queue: str, message_id: str, body: bytes, available_at: datetime, now: 
     }
 
 
+def _claimable(q: sa.Select[Any], queues: Sequence[str] | None, now: datetime) -> sa.Select[Any]:
+    q = q.where(
+        c.available_at <= now,
+        sa.or_(c.claimed_until.is_(None), c.claimed_until < now),
+    )
+    if queues is not None:
+        return q.where(c.queue.in_(list(queues)))
+    # a relay's sweep: every queue but the in-process lanes, which no broker serves
+    return q.where(c.queue.not_like(f"%{LOCAL_SUFFIX}"))
+
+
+def any_claimable(conn: Connection, queues: Sequence[str] | None, now: datetime) -> bool:
+    """Whether :func:`claim` would find a row now (without locking anything)."""
+    return conn.execute(_claimable(sa.select(c.id), queues, now).limit(1)).first() is not None
+
+
 def claim(
     conn: Connection,
     dialect: str,
@@ -102,19 +118,8 @@ def claim(
     now: datetime,
     lease: timedelta,
 ) -> list[QueuedMessage]:
-    q = (
-        sa.select(c.id, c.queue, c.body, c.deliveries, c.message_id)
-        .where(
-            c.available_at <= now,
-            sa.or_(c.claimed_until.is_(None), c.claimed_until < now),
-        )
-        .order_by(c.id)
-        .limit(limit)
-    )
-    if queues is not None:
-        q = q.where(c.queue.in_(list(queues)))
-    else:  # a relay's sweep: every queue but the in-process lanes, which no broker serves
-        q = q.where(c.queue.not_like(f"%{LOCAL_SUFFIX}"))
+    q = _claimable(sa.select(c.id, c.queue, c.body, c.deliveries, c.message_id), queues, now)
+    q = q.order_by(c.id).limit(limit)
     if dialect == "postgresql":
         q = q.with_for_update(skip_locked=True)
     rows = list(conn.execute(q))

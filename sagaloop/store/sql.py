@@ -498,10 +498,23 @@ class SqlStore:
             tx.enqueued = True
 
     def claim(
-        self, queues: Sequence[str] | None, limit: int, now: datetime, lease: timedelta
+        self,
+        queues: Sequence[str] | None,
+        limit: int,
+        now: datetime,
+        lease: timedelta,
+        *,
+        probe: bool = False,
     ) -> list[QueuedMessage]:
         """Claim up to ``limit`` available rows (oldest first) until ``now + lease``; first,
-        delete the published rows :meth:`delete_later` left pending."""
+        delete the published rows :meth:`delete_later` left pending. ``probe`` (a poll): with
+        nothing to delete and nothing to claim, one read and no transaction."""
+        with self._published_lock:
+            pending = bool(self._published)
+        if probe and not pending:
+            with self._read() as conn:
+                if not queue.any_claimable(conn, queues, now):
+                    return []
         with self.transaction() as tx:
             self._delete_published(tx)
             return queue.claim(tx.conn, self.dialect, queues, limit, now, lease)

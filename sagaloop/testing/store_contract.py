@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 import pytest
 
 from sagaloop.engine.history import NewEvent
-from sagaloop.engine.messages import MAX_MESSAGE_BYTES, Envelope
+from sagaloop.engine.messages import MAX_MESSAGE_BYTES, Envelope, local_queue
 from sagaloop.engine.ports import Outgoing, QueuedMessage, RunRecord, Store, Timer
 from sagaloop.errors import MessageError, StoreError, TransientStoreError
 
@@ -493,6 +493,26 @@ class StoreContract:
         assert store.claim([q1], 10, T0, LEASE) == [], "claimed rows are leased"
         assert [m.body for m in store.claim(None, 10, T0, LEASE)] == other, "None: any queue"
         assert store.claim(None, 10, T0, LEASE) == []
+
+    def test_a_probing_claim_takes_what_a_claim_takes(self, store: Store) -> None:
+        """``probe=True`` (a poll) looks before it opens a transaction: the same rows."""
+        queue = _id("q")
+        assert store.claim([queue], 10, T0, LEASE, probe=True) == []
+        bodies = self.enqueue(store, queue, 2)
+        assert [m.body for m in store.claim([queue], 10, T0, LEASE, probe=True)] == bodies
+        assert store.claim([queue], 10, T0, LEASE, probe=True) == [], "claimed rows are leased"
+        after = T0 + LEASE + timedelta(seconds=1)
+        assert [m.body for m in store.claim([queue], 10, after, LEASE, probe=True)] == bodies
+
+    def test_a_sweep_never_takes_an_in_process_lane(self, store: Store) -> None:
+        """``queues=None`` (a relay's sweep) takes every queue but the lanes of in-process
+        steps (``<app>/local``): those are the app's engines' alone."""
+        lane, other = local_queue(_id("app")), _id("q")
+        self.enqueue(store, lane, 1)
+        bodies = self.enqueue(store, other, 1)
+        swept = store.claim(None, 1000, FAR, LEASE) + store.claim(None, 1000, FAR, LEASE)
+        assert lane not in {m.queue for m in swept} and bodies[0] in {m.body for m in swept}
+        assert len(store.claim([lane], 10, FAR, LEASE)) == 1
 
     def test_a_delayed_message_is_claimable_from_its_available_at(self, store: Store) -> None:
         queue = _id("q")

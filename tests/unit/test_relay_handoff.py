@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,3 +125,30 @@ def test_the_sweep_deletes_what_a_relay_published_in_one_statement(store: SqlSto
     event.listen(store.engine, "before_cursor_execute", seen)
     assert relay.relay_once() == 0
     assert len(deletes) == 1 and store.queue_depths() == {}
+
+
+def test_an_idle_sweep_and_an_idle_timer_poll_are_one_read_each(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Polling while nothing is to be done costs one statement each, a read (each process
+    polls every ``--poll`` seconds, idle or not): no write transaction (on PostgreSQL, a
+    ``BEGIN``, the claim's ``SELECT ... FOR UPDATE`` and a ``COMMIT``: three round trips)."""
+    from sagaloop import App
+    from sagaloop.engine.runtime import TimerScheduler
+
+    clock, broker = VirtualClock(), MemoryBroker()
+    relay = Relay(store, broker, clock=clock)
+    timers = TimerScheduler(App("idle"), store, clock)
+    opened: list[int] = []
+    transaction = store.transaction
+
+    def counted() -> Any:
+        opened.append(1)
+        return transaction()
+
+    monkeypatch.setattr(store, "transaction", counted)
+    assert relay.relay_once() == 0 and timers.fire_due() == 0
+    assert opened == []
+    _write(store, clock, 1)  # written by another process: nothing holds it
+    opened.clear()
+    assert relay.relay_once() == 1 and len(opened) == 1, "found by the look, then claimed"
