@@ -13,12 +13,27 @@ def noop(ctx: StepContext, i: int) -> int:
     return i
 
 
+@app.step(local=True)
+def noop_local(ctx: StepContext, i: int) -> int:
+    """``noop`` as an in-process step: the ``sagaloop engine`` process runs it, no worker."""
+    return i
+
+
 @app.saga(name="chain")
 async def chain(ctx: SagaContext, steps: int) -> int:
     """``steps`` trivial steps, one after the other."""
     total = 0
     for i in range(steps):
         total += await ctx.call(noop, i)
+    return total
+
+
+@app.saga(name="chain_local")
+async def chain_local(ctx: SagaContext, steps: int) -> int:
+    """``chain`` with in-process steps: ``steps`` calls of ``noop_local``, one after the other."""
+    total = 0
+    for i in range(steps):
+        total += await ctx.call(noop_local, i)
     return total
 
 

@@ -3,7 +3,11 @@ timers as threads of this process) runs a sequential saga on RabbitMQ + PostgreS
 SQLAlchemy's events count, per thread role, the statements, the transactions (each one a
 ``BEGIN`` and a ``COMMIT`` or ``ROLLBACK`` round trip; an autocommit read sends neither, so
 only its statement counts) and the pings of pooled connections (a round trip each). The floor
-needs 10 per step: two transactions of three inserts."""
+needs 10 per step: two transactions of three inserts.
+
+Counted twice: ``chain`` (steps on a worker) with the roles of ``sagaloop engine`` and
+``sagaloop worker`` together, and ``chain_local`` (in-process steps) with only those of
+``sagaloop engine`` (no worker), as :func:`count_all` reports them."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from sqlalchemy import event
 
 from benchmarks import benchapp
 from benchmarks.common import delete_rabbit, fresh_database, namespace, rabbitmq_url, wait_until
+from benchmarks.sagaloop_bench import ENGINE_THREADS
 from sagaloop.brokers.rabbitmq import RabbitBroker
 from sagaloop.cli.services import Runtime
 from sagaloop.engine.client import Client
@@ -26,14 +31,27 @@ FLOOR = {"statements": 6, "begin": 2, "commit": 2, "ping": 0}
 
 def _role() -> str:
     name = threading.current_thread().name
-    for role in ("engine", "worker", "relay", "timers", "step"):
+    for role in ("engine", "worker", "relay", "timers", "step", "local"):
         if name.startswith(role):
             return role
     return "other"
 
 
-def count(steps: int) -> dict[str, dict[str, float]]:
-    """Round trips per step by thread role and kind, over a sequential run of ``steps``."""
+def count_all(steps: int) -> dict[str, Any]:
+    """:func:`count` of ``chain`` (by role: engine, relay, worker...) and, under
+    ``"inprocess"``, of ``chain_local`` with the engine's roles only (or its error)."""
+    out: dict[str, Any] = dict(count(steps))
+    try:
+        out["inprocess"] = count(steps, in_process=True)
+    except Exception as e:
+        out["inprocess"] = {"error": f"{type(e).__name__}: {e}"[:400]}
+    return out
+
+
+def count(steps: int, *, in_process: bool = False) -> dict[str, dict[str, float]]:
+    """Round trips per step by thread role and kind, over a sequential run of ``steps``:
+    of ``chain`` with an engine and a worker, or with ``in_process``, of ``chain_local`` with
+    only an engine (as ``sagaloop engine`` runs it: no worker threads)."""
     amqp, ns = rabbitmq_url(), namespace("trips")
     with fresh_database() as url:
         store = SqlStore(url)
@@ -69,13 +87,21 @@ def count(steps: int) -> dict[str, dict[str, float]]:
 
         store.engine.dialect.do_ping = counted_ping  # type: ignore[method-assign]
         broker = RabbitBroker(amqp, namespace=ns, signing_key=store.signing_key())
-        runtime = Runtime(benchapp.app, store, broker, concurrency=2, poll=0.05).start()
+        if in_process:
+            saga: Any = benchapp.chain_local
+            runtime = Runtime(
+                benchapp.app, store, broker, queues=[], concurrency=ENGINE_THREADS, poll=0.05
+            )
+        else:
+            saga = benchapp.chain
+            runtime = Runtime(benchapp.app, store, broker, concurrency=2, poll=0.05)
+        runtime.start()
         client = Client(store, benchapp.app)
         try:
-            warm = client.start(benchapp.chain, 3)
+            warm = client.start(saga, 3)
             wait_until(lambda: client.get(warm).status == "completed", 60, "warm-up")
             on.set()
-            run_id = client.start(benchapp.chain, steps)
+            run_id = client.start(saga, steps)
             wait_until(lambda: client.get(run_id).status == "completed", 60 + steps, "the run")
             on.clear()
             time.sleep(0.2)
@@ -94,4 +120,4 @@ def count(steps: int) -> dict[str, dict[str, float]]:
 if __name__ == "__main__":
     import json
 
-    print(json.dumps(count(50), indent=1))
+    print(json.dumps(count_all(50), indent=1))

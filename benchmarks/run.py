@@ -16,7 +16,7 @@ import math
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ FULL: dict[str, Any] = {
     "concurrency": [1, 8, 64],
     "waves": {1: 10, 8: 5, 64: 1},
     "floor_waves": 5,
-    "loops": [10, 100, 1000],
+    "loops": [10, 100, 1000, 10_000],
     "loop_iterations": 200,
     "waiting": (10, 10_000),
     "recovery_runs": 1000,
@@ -61,6 +61,10 @@ QUICK: dict[str, Any] = {
     "scale_waves": 1,
 }
 FLAT = 1.25  # "flat": the per-iteration cost of the longest loop within 25 % of the shortest
+INPROCESS_SEQUENTIAL = 1.0  # in-process steps: sequential p50 <= 1.0x DBOS's p50
+INPROCESS_THROUGHPUT = 1.2  # in-process steps: steps/s at 8 and at 64 >= 1.2x DBOS's at each
+NEEDS = {"inprocess": ("dbos",)}
+"""What a section is compared with, run with it under ``--only`` (the floor always runs)."""
 
 
 def sections(plan: dict[str, Any]) -> list[tuple[str, Callable[[], Any]]]:
@@ -90,6 +94,14 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, Callable[[], Any]]]:
                 waves={str(k): v for k, v in waves.items()},
             ),
         ),
+        (
+            "inprocess",
+            lambda: sagaloop_bench.measure_inprocess(
+                sequential_steps=plan["sequential_steps"],
+                concurrency=conc,
+                waves=waves,
+            ),
+        ),
         ("loops", lambda: sagaloop_bench.measure_loops(plan["loops"], plan["loop_iterations"])),
         ("waiting", lambda: sagaloop_bench.measure_waiting(*plan["waiting"])),
         ("recovery", lambda: sagaloop_bench.measure_recovery(plan["recovery_runs"])),
@@ -102,7 +114,7 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, Callable[[], Any]]]:
                 waves=waves,
             ),
         ),
-        ("roundtrips", lambda: roundtrips.count(plan["roundtrip_steps"])),
+        ("roundtrips", lambda: roundtrips.count_all(plan["roundtrip_steps"])),
         ("scale", lambda: scale.measure(waves=plan["scale_waves"])),
         ("agent_transcript", lambda: agent_transcript.measure(plan["transcript_turns"])),
         (
@@ -125,8 +137,11 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, Callable[[], Any]]]:
 
 
 def measure(plan: dict[str, Any], only: set[str] | None = None) -> dict[str, Any]:
-    """Run the sections (those named in ``only``, if given: the floor's always)."""
+    """Run the sections (those named in ``only``, if given, and what they are compared with:
+    the floor's always, see ``NEEDS``)."""
     results: dict[str, Any] = {"started": datetime.now(UTC).isoformat(timespec="seconds")}
+    if only is not None:
+        only = only | {need for name in only for need in NEEDS.get(name, ())}
     for name, fn in sections(plan):
         if only is not None and name not in only and name not in ("floor", "floor_after"):
             continue
@@ -300,6 +315,9 @@ def table(results: dict[str, Any], plan: dict[str, Any]) -> list[Figure]:
                     )
                 )
 
+    # 11. in-process steps, next to the peer's figures of the same run
+    figs.extend(inprocess_figures(results, plan))
+
     # 5. long agent loops
     lp = results.get("loops", {})
     if _ok(lp):
@@ -323,9 +341,10 @@ def table(results: dict[str, Any], plan: dict[str, Any]) -> list[Figure]:
             figs.append(
                 Figure(
                     "5 agent loops",
-                    f"{n} iterations, per-iteration p50",
+                    f"{int(n):,} iterations, per-iteration p50",
                     fmt_ms(x["p50_ms"]),
-                    f"{fmt_ratio(x['p50_ms'] / seq_floor)} floor, {fmt_ratio(flat)} 10-loop",
+                    f"{fmt_ratio(x['p50_ms'] / seq_floor)} floor, "
+                    f"{fmt_ratio(flat)} {sizes[0]}-loop",
                     target,
                     met,
                     note,
@@ -409,6 +428,92 @@ def table(results: dict[str, Any], plan: dict[str, Any]) -> list[Figure]:
     return figs
 
 
+def inprocess_figures(results: dict[str, Any], plan: dict[str, Any]) -> list[Figure]:
+    """Row 11: in-process steps (``chain_local`` on one ``sagaloop engine`` process, no
+    worker), each figure next to DBOS's of the same run."""
+    targets = (
+        f"p50 <= {INPROCESS_SEQUENTIAL}x DBOS p50; "
+        f"steps/s at 8 and 64 >= {INPROCESS_THROUGHPUT}x DBOS's"
+    )
+    if not _ok(results.get("inprocess")):
+        # a failure misses; a section skipped with --only does not
+        met = None if "inprocess" not in results else False
+        return [Figure("11 in-process", "", _err(results, "inprocess"), target=targets, met=met)]
+    ip: dict[str, Any] = results["inprocess"]
+    db = results.get("dbos", {})
+    peer = db if _ok(db) else None
+    no_peer = "" if peer else f"; DBOS {_err(results, 'dbos')}"
+    threads = ip.get("engine_concurrency")
+    engine = f"sagaloop engine --concurrency {threads}" if threads else "sagaloop engine"
+    fl = pooled_floor(results)
+    seq_floor = fl.get("sequential", {}).get("p50_ms", math.nan)
+    n_seq = plan["sequential_steps"]
+    figs: list[Figure] = []
+
+    s = ip["sequential"]
+    ratio = s["p50_ms"] / peer["sequential"]["p50_ms"] if peer else math.nan
+    note = (
+        f"DBOS p50 {fmt_ms(peer['sequential']['p50_ms'])} / p99 "
+        f"{fmt_ms(peer['sequential']['p99_ms'])}; "
+        if peer
+        else ""
+    )
+    figs.append(
+        Figure(
+            "11 in-process",
+            f"sagaloop, local steps, 1 saga of {n_seq} steps, per-step p50 / p99",
+            f"{fmt_ms(s['p50_ms'])} / {fmt_ms(s['p99_ms'])}",
+            f"{fmt_ratio(ratio)} DBOS",
+            f"p50 <= {INPROCESS_SEQUENTIAL}x DBOS p50",
+            None if math.isnan(ratio) else bool(ratio <= INPROCESS_SEQUENTIAL),
+            note + f"{fmt_ratio(s['p50_ms'] / seq_floor)} floor; engine CPU "
+            f"{s['cpu_ms_per_step'][0]:.1f} ms per step; one {engine} process, no worker" + no_peer,
+        )
+    )
+    for c in plan["concurrency"]:
+        x = ip[f"concurrent_{c}"]
+        other = peer.get(f"concurrent_{c}") if peer else None
+        ratio = x["steps_per_s"] / other["steps_per_s"] if other else math.nan
+        note = (
+            f"DBOS {other['steps_per_s']:.0f} steps/s, p50 {fmt_ms(other['p50_ms'])}, "
+            f"p99 {fmt_ms(other['p99_ms'])}; "
+            if other
+            else ""
+        )
+        target, met = "", None
+        if c >= 8:
+            target = f">= {INPROCESS_THROUGHPUT}x DBOS at {c}"
+            met = None if math.isnan(ratio) else bool(ratio >= INPROCESS_THROUGHPUT)
+        figs.append(
+            Figure(
+                "11 in-process",
+                f"sagaloop, local steps, {c} concurrent sagas x 10 steps",
+                f"{x['steps_per_s']:.0f} steps/s; p50 {fmt_ms(x['p50_ms'])}, "
+                f"p99 {fmt_ms(x['p99_ms'])}",
+                f"{fmt_ratio(ratio)} DBOS",
+                target,
+                met,
+                note + f"{x['steps']} steps; engine CPU {x['cpu_ms_per_step'][0]:.1f} ms "
+                "per step" + no_peer,
+            )
+        )
+    return figs
+
+
+def _trips(by_role: dict[str, Any], roles: Sequence[str]) -> tuple[float, str]:
+    """Round trips per step of ``roles`` in all, and the share of each role."""
+    parts, total = [], 0.0
+    for role in roles:
+        r = by_role.get(role, {})
+        n = sum(v for k, v in r.items() if not k.startswith("_"))
+        total += n
+        parts.append(
+            f"{role} {n:.1f} ({r.get('begin', 0):.1f} transactions, "
+            f"{r.get('statements', 0):.1f} statements, {r.get('ping', 0):.1f} pings)"
+        )
+    return total, "; ".join(parts)
+
+
 def _err(results: dict[str, Any], key: str) -> str:
     section = results.get(key)
     if section is None:
@@ -468,18 +573,32 @@ def bounds(results: dict[str, Any]) -> str:
                 )
     rt = results.get("roundtrips", {})
     if _ok(rt):
-        parts, total = [], 0.0
-        for role in ("engine", "relay", "worker"):
-            r = rt.get(role, {})
-            n = sum(v for k, v in r.items() if not k.startswith("_"))
-            total += n
-            parts.append(
-                f"{role} {n:.1f} ({r.get('begin', 0):.1f} transactions, "
-                f"{r.get('statements', 0):.1f} statements, {r.get('ping', 0):.1f} pings)"
+        total, parts = _trips(rt, ("engine", "relay", "worker"))
+        text = (
+            f"Database round trips per step: {total:.0f} ({parts}), against the floor's 10 "
+            "(2 transactions of 3 inserts)"
+        )
+        ip = rt.get("inprocess")
+        if _ok(ip):  # the engine's threads: activations, in-process steps (local-N), relay
+            roles = [r for r in ("engine", "local", "relay", "other") if r in ip]
+            total, parts = _trips(ip, roles)
+            text += (
+                f"; in-process: {total:.0f} round trips per step ({parts}), with `sagaloop "
+                "engine` alone"
             )
+        elif ip:
+            text += f"; in-process: FAILED: {ip.get('error', '?')}"
+        out.append(text + ".")
+    ip = results.get("inprocess", {})
+    if _ok(ip):
+        cpu = ", ".join(
+            f"{c} concurrent {ip[f'concurrent_{c}']['cpu_ms_per_step'][0]:.1f} ms"
+            for c in (1, 8, 64)
+            if f"concurrent_{c}" in ip
+        )
         out.append(
-            f"Database round trips per step: {total:.0f} ({'; '.join(parts)}), against the "
-            "floor's 10 (2 transactions of 3 inserts)."
+            "In-process steps, CPU per step of the engine process (the only process): "
+            f"sequential {ip['sequential']['cpu_ms_per_step'][0]:.1f} ms; {cpu}."
         )
     scaled = scale.bounds(results.get("scale"))
     if scaled:
@@ -535,7 +654,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        help="run only these sections (comma-separated, e.g. 'scale'), with the floor",
+        help="run only these sections (comma-separated, e.g. 'scale' or 'inprocess'), with the "
+        "floor (and what they are compared with: DBOS for 'inprocess')",
     )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL

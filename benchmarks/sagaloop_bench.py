@@ -1,6 +1,7 @@
 """sagaloop measured as it is deployed: ``sagaloop engine`` and ``sagaloop worker`` as separate
-processes on RabbitMQ + PostgreSQL (or ``sagaloop dev``, one process, on the embedded default:
-SQLite and the database broker), driven from this process.
+processes on RabbitMQ + PostgreSQL (``sagaloop engine`` alone for in-process steps; or ``sagaloop
+dev``, one process, on the embedded default: SQLite and the database broker), driven from this
+process.
 
 Runs are started by publishing plain JSON start messages (the documented message contract) in
 one batch, so that a wave of runs reaches the engine at once. Every figure comes from the
@@ -90,8 +91,11 @@ class System:
         self.procs.append(proc)
         return proc
 
-    def engine(self) -> subprocess.Popen[bytes]:
-        return self.spawn("engine")
+    def engine(self, concurrency: int | None = None) -> subprocess.Popen[bytes]:
+        """``sagaloop engine``; with ``concurrency``, ``--concurrency N`` (its threads for
+        in-process steps)."""
+        args = () if concurrency is None else ("--concurrency", str(concurrency))
+        return self.spawn("engine", *args)
 
     def worker(self, concurrency: int = 2) -> subprocess.Popen[bytes]:
         return self.spawn("worker", "--queue", "bench", "--concurrency", str(concurrency))
@@ -329,9 +333,13 @@ def segments(s: System, ids: Sequence[str]) -> dict[str, float]:
     return {k: latency(v)["p50_ms"] for k, v in parts.items()}
 
 
-def warm_up(s: System) -> None:
-    ids = s.start("chain", [3, 3])
+def warm_up(s: System, saga: str = "chain") -> None:
+    ids = s.start(saga, [3, 3])
     s.wait_finished(ids, timeout=120)
+
+
+ENGINE_THREADS = 4
+"""``sagaloop engine --concurrency`` of the in-process case: the command's default."""
 
 
 # --- the cases -------------------------------------------------------------------------------
@@ -350,6 +358,29 @@ def measure_main(
         out["sequential"]["segments"] = s.last_segments
         for c in concurrency:
             out[f"concurrent_{c}"] = run_waves(s, "chain", c, 10, waves[c], pids)
+    return out
+
+
+def measure_inprocess(
+    *,
+    sequential_steps: int,
+    concurrency: Sequence[int],
+    waves: dict[int, int],
+    engine_threads: int = ENGINE_THREADS,
+) -> dict[str, Any]:
+    """In-process steps (``chain_local``, whose steps are ``local=True``) with one ``sagaloop
+    engine`` process and no worker, on RabbitMQ + PostgreSQL: the measurements of
+    :func:`measure_main`, with the engine's CPU time per step (``--concurrency
+    engine_threads``)."""
+    threads = engine_threads
+    out: dict[str, Any] = {"engine_concurrency": threads}
+    with system("rabbitmq") as s:
+        engine = s.engine(threads)
+        pids = [engine.pid]
+        warm_up(s, "chain_local")
+        out["sequential"] = run_waves(s, "chain_local", 1, sequential_steps, 1, pids)
+        for c in concurrency:
+            out[f"concurrent_{c}"] = run_waves(s, "chain_local", c, 10, waves[c], pids)
     return out
 
 
