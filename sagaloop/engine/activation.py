@@ -117,6 +117,10 @@ class Plan:
     """The run as it will be saved (None: the message changes no run)."""
     base_seq: int = 0
     """The run's ``last_seq`` when it was read: the update applies only if it is unchanged."""
+    cached: bool = False
+    """Decided on the engine's cached run, not read: even a plan that writes nothing checks,
+    when applied, that the run is still at ``base_seq`` (else a result the cached state does
+    not expect yet would be taken for a late one and dropped)."""
     effects: _Effects | None = None
     create: bool = False
     """The run does not exist yet: insert it (a start published without a client)."""
@@ -170,8 +174,11 @@ class Engine:
         triggers = _TRIGGERS.get(env.type)
         if triggers is None:
             raise MessageError(f"message type {env.type!r} is not for the engine")
-        run = (trust_cache and self._cached_record(env.run_id)) or self._read_run(env.run_id)
-        return self._activate(env, run, triggers(self, env, run))
+        cached = self._cached_record(env.run_id) if trust_cache else None
+        run = cached or self._read_run(env.run_id)
+        plan = self._activate(env, run, triggers(self, env, run))
+        plan.cached = cached is not None
+        return plan
 
     def _cached_record(self, run_id: str) -> RunRecord | None:
         live = self._cache.get(run_id)
@@ -195,6 +202,10 @@ class Engine:
             return
         run, effects = plan.run, plan.effects
         if run is None or effects is None:
+            if plan.cached:
+                current = self.store.lock_run(tx, plan.env.run_id)
+                if current is None or current.last_seq != plan.base_seq:
+                    raise ActivationConflict(f"run {plan.env.run_id!r} changed meanwhile")
             return
         if plan.create and not self.store.create_run(tx, dataclasses.replace(run, last_seq=0)):
             raise ActivationConflict(f"run {run.run_id!r} was created meanwhile")

@@ -291,3 +291,32 @@ def test_replies_ready_together_are_checkpointed_in_one_transaction() -> None:
     env.run_until_idle()
     assert env.result(run_id) == [1, 4, 9]
     assert env.store.queue_depths() == {}
+
+
+def test_a_stale_cache_never_discards_a_result_as_late() -> None:
+    """A result that the engine's cached state would ignore (its step is not there yet: another
+    engine dispatched it since) must not be dropped as late: a plan from the cache that writes
+    nothing still checks that the run did not move, and is prepared again if it did."""
+    from sagaloop.engine.activation import Engine
+    from sagaloop.engine.messages import engine_queue
+    from sagaloop.engine.runtime import EngineConsumer
+
+    app = App("stale")
+
+    @app.step(queue="q")
+    def inc(ctx: StepContext, x: int) -> int:
+        return x + 1
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> int:
+        return await ctx.call(inc, await ctx.call(inc, 0))
+
+    env = Harness(app, cache=True)
+    other = EngineConsumer(Engine(app, env.store, clock=env.clock), env.store)
+    run_id = env.start(s)
+    assert env.step_once() == 1  # this engine: the start, the first inc dispatched (cached)
+    assert env.step_once() == 1  # a worker: the first inc's result
+    (result,) = env.broker.receive([engine_queue("stale")], 1, 0)
+    other.process(result)  # another engine: the second inc dispatched
+    env.run_until_idle()  # its result reaches this engine, whose cache has no second inc
+    assert env.result(run_id) == 2
