@@ -45,11 +45,17 @@ class Saga:
     names: tuple[str, ...]
     status: str
     fails: bool = False  # itapp's then-fail: the names' effects, then `refuse` fails for good
+    step: str = "effect"  # the step each name calls (ledger label: the name)
+    refuser: str = "refuse"  # the step that fails for good (ledger label: "refuse")
 
     @property
     def calls(self) -> tuple[str, ...]:
         """The ledger labels of the steps it calls, in position order."""
         return (*self.names, "refuse") if self.fails else self.names
+
+    def step_of(self, call: str) -> str:
+        """The name of the step a ledger label of ``calls`` is a body of."""
+        return self.refuser if call == "refuse" else self.step
 
     @property
     def undone(self) -> tuple[str, ...]:
@@ -68,6 +74,18 @@ SAGAS = {
         Saga("sequence", "itapp", ("a", "b", "c"), "completed"),
         Saga("then-fail", "itapp", ("x", "y", "z"), "compensated", fails=True),
         Saga("naps", "matrix_app", ("a", "b", "c"), "completed"),
+        # In-process steps (local=True), run by the engine's process (``sagaloop dev``'s on the
+        # embedded default): the same sagas as itapp's sequence and then-fail.
+        Saga("local-sequence", "matrix_app", ("a", "b", "c"), "completed", step="local_effect"),
+        Saga(
+            "local-then-fail",
+            "matrix_app",
+            ("x", "y", "z"),
+            "compensated",
+            fails=True,
+            step="local_effect",
+            refuser="local_refuse",
+        ),
     )
 }
 
@@ -80,6 +98,9 @@ class Cell:
     or processes may have gone one step further before the kill landed. The step in
     ``reconciled`` was in doubt after the crash and must be reconciled, not run again; the
     compensation in ``rerun`` may run twice (it has no reconcile; its key makes it idempotent).
+    ``racing``: the body the killed commit handed to another thread of the same process, which
+    may have run it before the kill landed: then it is in doubt (a step is reconciled, a
+    compensation may run twice), else it runs once after the restart.
     ``reached=False``: the point does not exist on that backend; the process must survive."""
 
     backend: str
@@ -90,6 +111,7 @@ class Cell:
     progress: int | None = None
     reconciled: str | None = None
     rerun: str | None = None
+    racing: str | None = None
     reached: bool = True
 
     @property
@@ -114,7 +136,11 @@ class Cell:
 # in the middle of the saga. Passes per point: sequence has 4 engine messages (start and 3
 # results) and 3 steps; then-fail (x, y, z, refuse, then ~z, ~y, ~x) has 8 engine messages
 # (start, 4 step results, 3 compensation results), 4 steps and 3 compensations; naps fires 2
-# timers. The relays race for outbox rows, so where their nth pass falls is not fixed.
+# timers. The relays race for outbox rows, so where their nth pass falls is not fixed. The
+# local.* points fire in the process running in-process steps (the engine; dev embedded), once
+# per in-process body whose reply is committed with the run's next activation:
+# local-sequence passes local.before_commit 3 times (a, b, c); local-then-fail 4 times (x, y, z,
+# refuse), local.undo_before_commit 3 times (~z, ~y, ~x) and local.after_commit 7 times.
 _CRASHES: list[tuple[str, int, str, str, int | None, str | None, str | None]] = [
     ("engine.before_commit", 3, "sequence", "engine", 2, None, None),  # b's result
     ("engine.before_commit", 5, "then-fail", "engine", 4, None, None),  # refuse's: compensate
@@ -130,7 +156,18 @@ _CRASHES: list[tuple[str, int, str, str, int | None, str | None, str | None]] = 
     ("relay.after_publish", 2, "sequence", "engine", None, None, None),
     ("relay.after_publish", 4, "then-fail", "worker", None, None, None),
     ("timers.before_commit", 2, "naps", "engine", 2, None, None),  # before c
+    ("local.before_commit", 2, "local-sequence", "engine", 2, "b", None),
+    ("local.before_commit", 3, "local-then-fail", "engine", 3, "z", None),
+    ("local.after_commit", 2, "local-sequence", "engine", 2, None, None),
+    ("local.after_commit", 6, "local-then-fail", "engine", 6, None, None),  # ~y
+    ("local.undo_before_commit", 2, "local-then-fail", "engine", 6, None, "y"),
 ]
+# After an in-process commit the process's other local-N threads take the next step or
+# compensation at once (handed over in memory): it may run before the kill lands.
+_RACING = {
+    ("local.after_commit", "local-sequence"): "c",
+    ("local.after_commit", "local-then-fail"): "x",
+}
 
 
 def _cells() -> list[Cell]:
@@ -140,9 +177,9 @@ def _cells() -> list[Cell]:
             if backend == EMBEDDED and point in RELAY_POINTS:
                 cells.append(Cell(backend, point, nth, saga, "dev", reached=False))
             else:
-                cells.append(
-                    Cell(backend, point, nth, saga, role if backend == RABBIT else "dev", *expect)
-                )
+                racing = _RACING.get((point, saga))
+                killed = role if backend == RABBIT else "dev"
+                cells.append(Cell(backend, point, nth, saga, killed, *expect, racing=racing))
     return cells
 
 
@@ -361,16 +398,17 @@ def check(cell: Cell, system: System, run_id: str) -> None:
     saga = SAGAS[cell.saga]
     timeline = system.client.status(run_id)
     lines = timeline.steps
-    assert [line.step for line in lines] == [
-        "refuse" if c == "refuse" else "effect" for c in saga.calls
-    ]
+    assert [line.step for line in lines] == [saga.step_of(c) for c in saga.calls]
     key = {c: line.idempotency_key for c, line in zip(saga.calls, lines, strict=True)}
     for c, line in zip(saga.calls, lines, strict=True):
         assert line.idempotency_key == f"{run_id}/{line.position}/do"
         expected = "failed" if c == "refuse" else "completed"
+        allowed = {expected}
         if c == cell.reconciled:
-            expected = "reconciled"  # in doubt after the crash: reconciled, not run again
-        assert (line.state, line.attempts) == (expected, 1), (c, line)
+            allowed = {"reconciled"}  # in doubt after the crash: reconciled, not run again
+        elif c == cell.racing and c != "refuse":
+            allowed.add("reconciled")  # if it ran before the kill landed
+        assert (line.state, line.attempts) in {(a, 1) for a in allowed}, (c, line)
         undo = "compensated" if saga.fails and c != "refuse" else None
         assert line.compensation == undo, (c, line)
 
@@ -387,7 +425,7 @@ def check(cell: Cell, system: System, run_id: str) -> None:
     bodies = Counter((str(s), str(k)) for s, k in system.ledger("select step, key from bodies"))
     assert set(bodies) == {(c, key[c]) for c in saga.calls} | set(undo_key.items())
     for (step, k), n in bodies.items():
-        rerun = step == cell.rerun and k == undo_key.get(step)
+        rerun = step in (cell.rerun, cell.racing) and k == undo_key.get(step)
         assert n == 1 or (rerun and n == 2), f"the body of {step} ({k}) ran {n} times"
     assert progression(system) == list(saga.progression), "bodies ran out of order"
 

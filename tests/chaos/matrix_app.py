@@ -1,9 +1,11 @@
 """The sagas the crash matrix needs that tests/integration/itapp.py lacks: effects with durable
-sleeps between them, so that the timer scheduler has timers to fire; and the primitives of issue
-11 (child runs, runs started and messaged by a run, continue-as-new, a long step cancelled
-through its heartbeats), driven by matrix_primitives.py. Their steps write to itapp's ledger
-(same file, same tables) with itapp's helpers, so effects are counted from outside; what the
-long step saw goes to the ledger's ``marks`` table."""
+sleeps between them, so that the timer scheduler has timers to fire; in-process versions
+(``local=True``: run by the engine's ``local-N`` threads) of itapp's ``effect`` and ``refuse``
+and of its "sequence" and "then-fail" sagas, for the ``local.*`` crash points; and the
+primitives of issue 11 (child runs, runs started and messaged by a run, continue-as-new, a long
+step cancelled through its heartbeats), driven by matrix_primitives.py. Their steps write to
+itapp's ledger (same file, same tables) with itapp's helpers, so effects are counted from
+outside; what the long step saw goes to the ledger's ``marks`` table."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from datetime import timedelta
 
 from itapp import FAST, _record, ledger
 
-from sagaloop import App, RetryPolicy, SagaContext, StepCancelled, StepContext
+from sagaloop import App, ApplicationError, RetryPolicy, SagaContext, StepCancelled, StepContext
 
 app = App("matrix_app")
 NAP = timedelta(seconds=0.5)
@@ -39,6 +41,45 @@ async def naps(ctx: SagaContext, names: list[str]) -> list[str]:
         await ctx.sleep(NAP)
         done.append(await ctx.call(effect, name))
     return done
+
+
+# --- in-process steps (the local.* crash points): itapp's effect, refuse and sagas, local=True --
+
+
+@app.step(local=True, retry=FAST)
+def local_effect(ctx: StepContext, name: str) -> str:
+    _record(ctx, name)
+    return f"{name}:done"
+
+
+@local_effect.compensation
+def undo_local_effect(ctx: StepContext, name: str, result: str) -> None:
+    _record(ctx, name, undo=True)
+
+
+@local_effect.reconcile
+def find_local_effect(ctx: StepContext, name: str) -> str | None:
+    with ledger() as conn:
+        row = conn.execute("select 1 from effects where key = ?", (ctx.idempotency_key,)).fetchone()
+    return f"{name}:done" if row else None
+
+
+@app.step(local=True, retry=FAST)
+def local_refuse(ctx: StepContext, name: str) -> str:
+    _record(ctx, name)
+    raise ApplicationError(f"{name} refused", non_retryable=True)
+
+
+@app.saga(name="local-sequence")
+async def local_sequence(ctx: SagaContext, names: list[str]) -> list[str]:
+    return [await ctx.call(local_effect, n) for n in names]
+
+
+@app.saga(name="local-then-fail")
+async def local_then_fail(ctx: SagaContext, names: list[str]) -> None:
+    for n in names:
+        await ctx.call(local_effect, n)
+    await ctx.call(local_refuse, "refuse")
 
 
 # --- the primitives of issue 11 (tests/chaos/matrix_primitives.py) ------------------------------

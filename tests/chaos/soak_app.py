@@ -4,7 +4,9 @@
 Every run's input says which effects it makes: ``{"seq": [names], "par": [names]}``. The four
 sagas of the mix are sequential effects (``seq``), a gather of concurrent effects (``fan``),
 effects around a ``wait_for_event`` that the soak answers (``wait``), and effects followed by a
-step that refuses, so that the run compensates every effect (``fail``).
+step that refuses, so that the run compensates every effect (``fail``). One effect of ``seq``
+(its last) and of ``fail`` (its first, so its compensation too) is an in-process step
+(``local_effect``: the same effect, run by the engines), which the soak kills like the others.
 
 Effects go to a provider outside the engine: a SQLite ledger named by ``$LEDGER_PATH``. Like a
 payment provider it honours idempotency keys (a key already applied is not applied again), and
@@ -122,6 +124,23 @@ def find_effect(ctx: StepContext, name: str) -> str | None:
     return f"{name}:done" if applied(ctx.idempotency_key) else None
 
 
+@app.step(local=True, retry=RETRY)
+def local_effect(ctx: StepContext, name: str) -> str:
+    """``effect`` as an in-process step, run by the engines (``local-N`` threads)."""
+    apply(ctx, name, "do")
+    return f"{name}:done"
+
+
+@local_effect.compensation
+def undo_local_effect(ctx: StepContext, name: str, result: str) -> None:
+    apply(ctx, name, "undo")
+
+
+@local_effect.reconcile
+def find_local_effect(ctx: StepContext, name: str) -> str | None:
+    return f"{name}:done" if applied(ctx.idempotency_key) else None
+
+
 @app.step(queue="other", retry=RETRY)
 def refuse(ctx: StepContext, reason: str) -> str:
     raise ApplicationError(f"refused: {reason}", non_retryable=True)
@@ -129,7 +148,8 @@ def refuse(ctx: StepContext, reason: str) -> str:
 
 @app.saga(name="seq")
 async def seq(ctx: SagaContext, plan: dict[str, Any]) -> list[str]:
-    return [await ctx.call(effect, n) for n in plan["seq"]]
+    *first, last = plan["seq"]  # the last effect in-process
+    return [*[await ctx.call(effect, n) for n in first], await ctx.call(local_effect, last)]
 
 
 @app.saga(name="fan")
@@ -147,7 +167,7 @@ async def wait(ctx: SagaContext, plan: dict[str, Any]) -> list[str]:
 
 @app.saga(name="fail")
 async def fail(ctx: SagaContext, plan: dict[str, Any]) -> None:
-    for n in plan["seq"]:
-        await ctx.call(effect, n)
+    for i, n in enumerate(plan["seq"]):
+        await ctx.call(local_effect if i == 0 else effect, n)  # the first in-process: undone too
     await asyncio.gather(*(ctx.call(effect, n) for n in plan["par"]))
     await ctx.call(refuse, "the mix says so")

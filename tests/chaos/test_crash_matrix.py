@@ -8,6 +8,9 @@ bodies re-run only where the guarantees allow it, sound histories, no dead lette
 The relay points do not exist on the embedded default (the outbox is the queue, no relay): there
 the cell checks that the armed process is never killed. The cells are listed in matrix.py.
 
+The points of in-process steps (``local.*``) kill the process that runs them (the engine on
+RabbitMQ, dev on the embedded default) in sagas of ``local=True`` steps (matrix_app.py).
+
 The primitives of issue 11 (child start, runs started and sent events by a run, continue-as-new,
 a running step cancelled through its heartbeats) are crashed at the engine's and the worker's
 commit points on both backends, with the same checks extended to every run the saga started;
@@ -47,8 +50,26 @@ def system(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[System]:
         s.close()
 
 
+LOCAL_IN_MAKE_TEST = {
+    (RABBIT, "local.before_commit", "local-sequence"),
+    (EMBEDDED, "local.undo_before_commit", "local-then-fail"),
+}
+"""The cells of the in-process steps' points (``local.*``) that `make test` runs: one per
+backend, the engine's on RabbitMQ and dev's on the embedded default; `make chaos` runs them all
+(marker ``long``: the suite's time budget)."""
+
+
+def _marks(cell: Cell) -> tuple[pytest.MarkDecorator, ...]:
+    local = cell.point.startswith("local.")
+    if local and (cell.backend, cell.point, cell.saga) not in LOCAL_IN_MAKE_TEST:
+        return (pytest.mark.long,)
+    return ()
+
+
 @pytest.mark.parametrize(
-    ("cell", "system"), [(c, c) for c in CELLS], ids=[c.id for c in CELLS], indirect=["system"]
+    ("cell", "system"),
+    [pytest.param(c, c, marks=_marks(c), id=c.id) for c in CELLS],
+    indirect=["system"],
 )
 def test_crash_point(cell: Cell, system: System) -> None:
     run_id = drive(cell, system)
@@ -84,6 +105,10 @@ def test_the_matrix_covers_every_crash_point_on_both_backends() -> None:
         assert {c.point for c in cells if not c.reached} == absent, backend
     assert "worker.undo_before_commit" in {c.point for c in CELLS if c.saga == "then-fail"}
     assert {c.saga for c in CELLS if c.point == "timers.before_commit"} == {"naps"}
+    for backend, role in ((EMBEDDED, "dev"), (RABBIT, "engine")):  # runs in-process steps
+        local = [c for c in CELLS if c.backend == backend and c.point.startswith("local.")]
+        assert {c.role for c in local} == {role}, backend
+        assert all(c.reached and c.saga.startswith("local-") for c in local), backend
     points = {"engine.before_commit", "engine.after_commit"}
     points |= {"worker.before_commit", "worker.after_commit"}
     for backend in (EMBEDDED, RABBIT):
