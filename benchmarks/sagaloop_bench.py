@@ -39,7 +39,8 @@ from benchmarks.common import (
     rss_mb,
     wait_until,
 )
-from sagaloop.engine.messages import Envelope, engine_queue
+from sagaloop.engine.messages import Envelope, derived_id, engine_queue
+from sagaloop.engine.steps import task_message_id
 from sagaloop.store import tables as t
 from sagaloop.store.sql import SqlStore
 
@@ -310,7 +311,7 @@ def segments(s: System, ids: Sequence[str]) -> dict[str, float]:
             m: at.timestamp()
             for m, at in conn.execute(
                 sa.select(i.message_id, i.at).where(
-                    sa.or_(*[i.message_id.like(f"%:{run_id}:%") for run_id in ids])
+                    sa.or_(*[i.message_id.like(f"%{run_id}%") for run_id in ids])
                 )
             )
         }
@@ -322,8 +323,10 @@ def segments(s: System, ids: Sequence[str]) -> dict[str, float]:
         scheduled = {(r, p): at.timestamp() for r, p, at in rows}
     parts: dict[str, list[float]] = {"to_worker": [], "to_engine": [], "activation": []}
     for (run_id, pos), t1 in scheduled.items():
-        task = f"step:{run_id}:{pos}:do:1"
-        t2, t3 = inbox.get(task), inbox.get(f"result:{task}")
+        task = task_message_id(run_id, pos, "do", 1)  # the inboxes' keys (inbox_key)
+        result = derived_id("result", task)
+        t2 = inbox.get(derived_id(APP_NAME, "step", run_id, task))
+        t3 = inbox.get(derived_id(APP_NAME, "step_result", run_id, result))
         t4 = scheduled.get((run_id, pos + 1))
         if t2 is None or t3 is None or t4 is None:
             continue

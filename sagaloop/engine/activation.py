@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -153,6 +154,8 @@ class Engine:
         self._staged_runs: dict[str, RunRecord] = {}
         self._restarted: set[str] = set()
         """Runs whose history a staged plan restarts: not activated again before it commits."""
+        self._distrust_until = 0.0
+        """``time.monotonic()`` until which :meth:`prepare` does not trust the cache."""
         self._logs: list[runlog.Line] = []
         """The log lines of the plans applied in the open transaction (see ``runlog``)."""
         self.queue = engine_queue(app.name)
@@ -174,11 +177,23 @@ class Engine:
         triggers = _TRIGGERS.get(env.type)
         if triggers is None:
             raise MessageError(f"message type {env.type!r} is not for the engine")
-        cached = self._cached_record(env.run_id) if trust_cache else None
+        cached = self._cached_record(env.run_id) if trust_cache and self.trusts_cache else None
         run = cached or self._read_run(env.run_id)
         plan = self._activate(env, run, triggers(self, env, run))
         plan.cached = cached is not None
         return plan
+
+    @property
+    def trusts_cache(self) -> bool:
+        """Whether ``prepare(trust_cache=True)`` uses the cache now: not for ``DISTRUST``
+        seconds after a plan from the cache met a run another engine had moved (several
+        engines share this app's runs: reading costs less than preparing twice)."""
+        return time.monotonic() >= self._distrust_until
+
+    def _distrust(self) -> None:
+        if self.trusts_cache:
+            logger.debug("another engine moved a cached run: reading runs for %.0f s", DISTRUST)
+        self._distrust_until = time.monotonic() + DISTRUST
 
     def _cached_record(self, run_id: str) -> RunRecord | None:
         live = self._cache.get(run_id)
@@ -205,11 +220,14 @@ class Engine:
             if plan.cached:
                 current = self.store.lock_run(tx, plan.env.run_id)
                 if current is None or current.last_seq != plan.base_seq:
+                    self._distrust()
                     raise ActivationConflict(f"run {plan.env.run_id!r} changed meanwhile")
             return
         if plan.create and not self.store.create_run(tx, dataclasses.replace(run, last_seq=0)):
             raise ActivationConflict(f"run {run.run_id!r} was created meanwhile")
         if not self.store.save_run(tx, run, if_last_seq=plan.base_seq):
+            if plan.cached:
+                self._distrust()
             raise ActivationConflict(f"run {run.run_id!r} changed meanwhile")
         if effects.restart is not None:
             self.store.delete_history(tx, run.run_id)
@@ -982,3 +1000,6 @@ _TRIGGERS: dict[str, Callable[[Engine, Envelope, RunRecord], list[Triggers]]] = 
 }
 
 DEFAULT_LEASE = timedelta(seconds=60)
+DISTRUST = 30.0
+"""Seconds an engine reads every run after a plan from its cache met a run moved by another
+engine (see :attr:`Engine.trusts_cache`)."""

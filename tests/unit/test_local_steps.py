@@ -249,6 +249,7 @@ def test_an_engine_that_trusts_its_cache_still_sees_what_another_engine_did(
         env.run_until_idle()  # the cached run is stale: found by the update, then read again
     assert env.result(run_id) == ["first", "second"]
     assert f"run {run_id!r} changed meanwhile; preparing again" in caplog.text
+    assert not env.engine.trusts_cache, "runs are shared with another engine: read them"
 
 
 def test_replies_ready_together_are_checkpointed_in_one_transaction() -> None:
