@@ -8,8 +8,9 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -181,13 +182,16 @@ def _host() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-_concurrency = click.option(
-    "--concurrency",
-    default=4,
-    type=click.IntRange(1, 256),
-    show_default=True,
-    help="Steps run at once by this process.",
-)
+FC = TypeVar("FC", bound=Callable[..., Any])
+
+
+def _concurrency_option(help: str) -> Callable[[FC], FC]:
+    return click.option(
+        "--concurrency", default=4, type=click.IntRange(1, 256), show_default=True, help=help
+    )
+
+
+_concurrency = _concurrency_option("Steps run at once by this process.")
 _metrics_port = click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
@@ -234,13 +238,7 @@ def dev(
 
 @click.command()
 @app_option
-@click.option(
-    "--concurrency",
-    default=4,
-    type=click.IntRange(1, 256),
-    show_default=True,
-    help="In-process steps (local=True) run at once by this process.",
-)
+@_concurrency_option("In-process steps (local=True) run at once by this process.")
 @_poll
 @_metrics_port
 @_metrics_host
