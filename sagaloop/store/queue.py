@@ -264,5 +264,8 @@ def depths(conn: Connection) -> dict[str, int]:
 
 
 def oldest_available(conn: Connection) -> datetime | None:
-    value: datetime | None = conn.execute(sa.select(sa.func.min(c.available_at))).scalar()
+    """Since when the longest-waiting row to publish has been available: not counting the
+    in-process lanes, whose rows are never published (one stays while its step runs)."""
+    q = sa.select(sa.func.min(c.available_at)).where(c.queue.not_like(f"%{LOCAL_SUFFIX}"))
+    value: datetime | None = conn.execute(q).scalar()
     return value
