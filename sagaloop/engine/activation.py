@@ -68,11 +68,11 @@ class _Live:
     state: RunState
     code: Replayer | None
     divergence: dict[str, Any] | None = None
+    """A reason to park found while catching up (non-determinism, the deadline), not yet
+    recorded as ``run_parked``."""
     record: RunRecord | None = None
     """The run's row as this engine last committed it (see :meth:`Engine.prepare`'s
     ``trust_cache``)."""
-    """A reason to park found while catching up (non-determinism, the deadline), not yet
-    recorded as ``run_parked``."""
 
     def drop_code(self) -> None:
         """Forget the saga code, closing what it left suspended (see ``Replayer.close``)."""
@@ -133,7 +133,8 @@ class Plan:
 
 class Engine:
     """Processes the messages of the engine queue. Thread-compatible, not thread-safe: give each
-    thread its own Engine (they may share the store)."""
+    thread its own Engine (they may share the store), or share one under a lock (as
+    ``EngineConsumer.lock`` does for the engine's and the in-process steps' threads)."""
 
     def __init__(
         self,
