@@ -324,3 +324,28 @@ def test_a_stale_cache_never_discards_a_result_as_late() -> None:
     other.process(result)  # another engine: the second inc dispatched
     env.run_until_idle()  # its result reaches this engine, whose cache has no second inc
     assert env.result(run_id) == 2
+
+
+def test_a_stopping_engine_gives_back_the_in_process_steps_it_did_not_start() -> None:
+    """Rows handed over to an engine's lane but not taken when it stops (SIGTERM:
+    ``Runtime.stop``) are released at once, not held until their claim runs out: another
+    engine's lane takes them on its next look."""
+    from datetime import UTC, datetime
+
+    from sagaloop.brokers.local import Handoffs, LocalLane
+    from sagaloop.engine.messages import Envelope
+    from sagaloop.engine.ports import Outgoing
+
+    store = SqlStore("sqlite://")
+    store.upgrade()
+    stopping, other = LocalLane(store, "a"), LocalLane(store, "a")
+    store.hand_over_to(Handoffs(stopping, None))
+    now = datetime.now(UTC)
+    task = Envelope(type="step", message_id="step:x", run_id="r", payload={}, created_at=now)
+    with store.transaction() as tx:
+        store.enqueue(tx, [Outgoing(local_queue("a"), task)], now)
+    store.hand_over_to(None)
+    assert other.receive([other.queue], 10, 0) == [], "claimed by the engine it was handed to"
+    stopping.release_handed()
+    other._next_look = 0.0  # its next look at the database
+    assert [d.queue for d in other.receive([other.queue], 10, 0)] == [local_queue("a")]
