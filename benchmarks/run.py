@@ -583,9 +583,8 @@ def bounds(results: dict[str, Any]) -> str:
         floor_cpu = fl["sequential"]["cpu_ms_per_step"]
         out.append(
             "Sequential step, p50 by segment: engine decision -> worker's reply transaction "
-            f"{fmt_ms(seg.get('to_worker', math.nan))}; -> engine inbox "
-            f"{fmt_ms(seg.get('to_engine', math.nan))}; activation "
-            f"{fmt_ms(seg.get('activation', math.nan))}. CPU per step: engine "
+            f"{fmt_ms(seg.get('to_worker', math.nan))}; -> the next decision "
+            f"{fmt_ms(seg.get('to_engine', math.nan))}. CPU per step: engine "
             f"{cpu_s[0]:.1f} ms + worker {cpu_s[1]:.1f} ms (floor: {floor_cpu[0]:.1f} + "
             f"{floor_cpu[1]:.1f} ms)."
         )

@@ -301,10 +301,12 @@ def run_waves(
 
 
 def segments(s: System, ids: Sequence[str]) -> dict[str, float]:
-    """Where a step's time goes, from the inbox rows' timestamps (p50 in ms): from the engine's
-    decision to the worker's reply transaction (engine commit, relay, RabbitMQ, worker receive,
-    inbox check, the step itself), from there to the engine's inbox insert (worker commit,
-    relay, RabbitMQ, engine receive) and from there to the next decision (the activation)."""
+    """Where a step's time goes (p50 in ms): from the engine's decision to the worker's reply
+    transaction (engine commit, relay, RabbitMQ, worker receive, inbox check, the step itself:
+    the worker's inbox row's timestamp), and from there to the next decision (worker commit,
+    relay, RabbitMQ, engine receive, the activation's saga code). The engine's inbox row is
+    stamped when the activation writes, after its saga code and decision, so it splits
+    nothing."""
     h, i = t.history.c, t.inbox.c
     with s.read() as conn:
         inbox = {
@@ -321,18 +323,15 @@ def segments(s: System, ids: Sequence[str]) -> dict[str, float]:
             )
         )
         scheduled = {(r, p): at.timestamp() for r, p, at in rows}
-    parts: dict[str, list[float]] = {"to_worker": [], "to_engine": [], "activation": []}
+    parts: dict[str, list[float]] = {"to_worker": [], "to_engine": []}
     for (run_id, pos), t1 in scheduled.items():
-        task = task_message_id(run_id, pos, "do", 1)  # the inboxes' keys (inbox_key)
-        result = derived_id("result", task)
+        task = task_message_id(run_id, pos, "do", 1)  # the worker inbox's key (inbox_key)
         t2 = inbox.get(derived_id(APP_NAME, "step", run_id, task))
-        t3 = inbox.get(derived_id(APP_NAME, "step_result", run_id, result))
-        t4 = scheduled.get((run_id, pos + 1))
-        if t2 is None or t3 is None or t4 is None:
+        t3 = scheduled.get((run_id, pos + 1))
+        if t2 is None or t3 is None:
             continue
         parts["to_worker"].append(t2 - t1)
         parts["to_engine"].append(t3 - t2)
-        parts["activation"].append(t4 - t3)
     return {k: latency(v)["p50_ms"] for k, v in parts.items()}
 
 

@@ -141,23 +141,24 @@ class EngineConsumer:
         ``local.py``) share one :class:`Engine`, which is not thread-safe."""
 
     def process_batch(self, deliveries: Sequence[Delivery]) -> None:
-        with self.lock:
-            self._process_batch(deliveries)
-
-    def process(self, delivery: Delivery) -> None:
-        with self.lock:
-            env = decode(delivery, self.store)
-            if env is not None:
-                self._process(delivery, env)
-
-    def _process_batch(self, deliveries: Sequence[Delivery]) -> None:
         """Process the messages in one transaction (one commit for the batch), then ack them.
 
         They are activated in order of run id (stable, so a run's messages keep their order),
         so that two engines lock the runs of their batches in the same order and never
         deadlock. If any of them fails, the whole transaction is rolled back and they are
-        processed one at a time, so that a bad message costs only itself."""
+        processed one at a time, so that a bad message costs only itself. Decoding (which may
+        read large payloads back) happens before the engine's lock is taken."""
         batch = [(d, env) for d in deliveries if (env := decode(d, self.store)) is not None]
+        with self.lock:
+            self._activate_batch(batch)
+
+    def process(self, delivery: Delivery) -> None:
+        env = decode(delivery, self.store)
+        if env is not None:
+            with self.lock:
+                self._process(delivery, env)
+
+    def _activate_batch(self, batch: list[tuple[Delivery, Envelope]]) -> None:
         if len(batch) > 1:
             batch.sort(key=lambda pair: pair[1].run_id)
             try:
