@@ -17,7 +17,7 @@ from sagaloop.cli.dead_letters import dead_letters
 from sagaloop.cli.demo import demo
 from sagaloop.cli.deploys import export, fork, replay
 from sagaloop.cli.mcp import mcp
-from sagaloop.cli.render import runs_text, stream_line, timeline_text
+from sagaloop.cli.render import printable, runs_text, stream_line, timeline_text
 from sagaloop.cli.serve import dev, engine, health, schema, worker
 from sagaloop.cli.ui import ui
 from sagaloop.engine.client import Client
@@ -38,7 +38,8 @@ without passwords: silent by default, its warnings and errors with ``-v``, every
 class _Cli(click.Group):
     """The ``sagaloop`` group: its global options are taken after the command too, and every
     error a command reports leaves through ``Obj.scrub``, so it holds no configured password nor
-    any piece of one, whichever driver phrased it."""
+    any piece of one, whichever driver phrased it, and through ``printable``, so no control
+    character of the run data it may quote reaches the terminal."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, self._global_first(ctx, args))
@@ -89,6 +90,7 @@ class _Cli(click.Group):
         except click.ClickException as e:
             text = e.format_message()
             scrubbed = ctx.obj.scrub(text) if isinstance(ctx.obj, Obj) else text
+            scrubbed = printable(scrubbed, newlines=True)  # it may quote run data
             if scrubbed == text:
                 raise
             kind = click.UsageError if isinstance(e, click.UsageError) else click.ClickException
@@ -249,7 +251,7 @@ def start(
     with errors():
         app = obj.app(app_spec)
         run = _client(obj, app).start(saga, value, run_id=run_id, event=event, event_id=event_id)
-        click.echo(run)
+        click.echo(printable(run))
 
 
 @cli.command("send-event")

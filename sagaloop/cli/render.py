@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Sequence
@@ -25,6 +26,30 @@ STYLES = {
     "cancelled": "magenta",
 }
 """The colour of a table cell that holds one of these words: statuses, states, answers."""
+
+
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""What a terminal acts on instead of showing: C0 controls (ESC starts CSI and OSC sequences),
+DEL, C1 controls (U+009B is a CSI of its own), and the marks, embeddings, overrides and
+isolates of bidirectional text, which reorder what is shown around them."""
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: str, *, newlines: bool = False) -> str:
+    """``text`` (run data: an error, a model's reason, an id, streamed text) fit for a
+    terminal: every control character and bidi control shown as its escape (``\\x1b``,
+    ``\\u202e``, ``\\n``), so no run can move the cursor, rewrite a line, set the window title
+    or reorder what an operator reads. ``newlines`` keeps line breaks (a traceback's). The one
+    function for it: every human-readable output of the CLI goes through it."""
+
+    def escape(found: re.Match[str]) -> str:
+        char = found.group()
+        if char == "\n" and newlines:
+            return char
+        code = ord(char)
+        return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+    return _UNPRINTABLE.sub(escape, text)
 
 
 def in_colour() -> bool:
@@ -55,7 +80,9 @@ def _rich(table: Any) -> str:
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Columns under their headers: plain, or drawn by rich where :func:`in_colour`."""
+    """Columns under their headers: plain, or drawn by rich where :func:`in_colour`. Each cell
+    is shown :func:`printable`."""
+    rows = [[printable(cell) for cell in row] for row in rows]
     if in_colour():
         from rich import box
         from rich.table import Table
@@ -78,7 +105,8 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def pairs_text(rows: Sequence[tuple[str, str | None]]) -> str:
     """Names and values in two columns (``health``); a row without a value is a line of its
-    own, under the row before it."""
+    own, under the row before it. Names and values are shown :func:`printable`."""
+    rows = [(printable(name), None if value is None else printable(value)) for name, value in rows]
     if in_colour():
         from rich.table import Table
         from rich.text import Text
@@ -102,15 +130,15 @@ def _t(value: datetime | None) -> str:
 
 def timeline_text(tl: Timeline) -> str:
     head = [
-        f"run       {tl.run_id}",
-        f"saga      {tl.saga}",
-        f"status    {tl.status}",
+        f"run       {printable(tl.run_id)}",
+        f"saga      {printable(tl.saga)}",
+        f"status    {printable(tl.status)}",
         f"started   {_t(tl.created_at)} UTC    updated {_t(tl.updated_at)} UTC",
     ]
     if tl.reason:
-        head.append(f"reason    {tl.reason}")
+        head.append(f"reason    {printable(tl.reason)}")
     if tl.cancel_reason is not None:
-        head.append(f"cancel    requested: {tl.cancel_reason}")
+        head.append(f"cancel    requested: {printable(str(tl.cancel_reason))}")
     rows = [
         [
             str(s.position),
@@ -129,7 +157,7 @@ def timeline_text(tl: Timeline) -> str:
         headers = ["#", "step", "state", "tries", "took", "worker", "undo", "idempotency key"]
         parts.append(_table(headers, rows))
     errors = [
-        f"  #{s.position} {s.step}: {s.error}"
+        f"  #{s.position} {printable(s.step)}: {printable(s.error)}"
         + (f"\n{_indent(s.traceback)}" if s.traceback else "")
         for s in tl.steps
         if s.error
@@ -137,7 +165,8 @@ def timeline_text(tl: Timeline) -> str:
     if errors:
         parts.append("last errors:\n" + "\n".join(errors))
     if tl.waiting_for:
-        parts.append("why it waits:\n" + "\n".join(f"  - {_why(w)}" for w in tl.waiting_for))
+        why = "\n".join(f"  - {printable(_why(w))}" for w in tl.waiting_for)
+        parts.append(f"why it waits:\n{why}")
     asked = [w for w in tl.waits if w.kind == "approval" and isinstance(w.prompt, dict)]
     if asked:
         parts.append(
@@ -145,12 +174,15 @@ def timeline_text(tl: Timeline) -> str:
         )
     shown = {k: v for k, v in tl.published.items() if k not in {w.events[0] for w in asked}}
     if shown:
-        values = [f"  {key} = {short_json(value, 120)}" for key, value in sorted(shown.items())]
+        values = [
+            f"  {printable(key)} = {printable(short_json(value, 120))}"
+            for key, value in sorted(shown.items())
+        ]
         parts.append("published:\n" + "\n".join(values))
     if tl.status == "completed":
-        parts.append("output: " + json.dumps(tl.output))
+        parts.append("output: " + printable(json.dumps(tl.output)))
     elif tl.error:
-        error = f"error: {tl.error.get('type')}: {tl.error.get('message')}"
+        error = printable(f"error: {tl.error.get('type')}: {tl.error.get('message')}")
         trace = tl.error.get("traceback")
         parts.append(error + (f"\n{_indent(str(trace))}" if trace else ""))
     return "\n\n".join(parts)
@@ -165,34 +197,37 @@ def _why(line: str) -> str:
 
 def _approval(event: str, request: dict[str, Any]) -> str:
     """What an approval asks, and how to answer it."""
-    call_id = event.removeprefix(KEY_PREFIX)
-    args = short_json(request.get("args"), 100)
-    why = f": {request['reason']}" if request.get("reason") else ""
-    status = request.get("status") or "pending"
+    call_id = printable(event.removeprefix(KEY_PREFIX))
+    args = printable(short_json(request.get("args"), 100))
+    why = f": {printable(str(request['reason']))}" if request.get("reason") else ""
+    status = printable(str(request.get("status") or "pending"))
     return (
-        f"  {call_id}: {request.get('approve')} {args} ({status}){why}\n"
-        f"    answer: {request.get('answer')}"
+        f"  {call_id}: {printable(str(request.get('approve')))} {args} ({status}){why}\n"
+        f"    answer: {printable(str(request.get('answer')))}"
     )
 
 
 def _indent(text: str, by: str = "      ") -> str:
-    """A stored traceback, indented under the error it belongs to."""
-    return "\n".join(by + line for line in text.splitlines())
+    """A stored traceback, indented under the error it belongs to (:func:`printable`)."""
+    return "\n".join(by + printable(line) for line in text.splitlines())
 
 
 def runs_text(runs: Sequence[RunRecord], counts: dict[str, int]) -> str:
     rows = [[r.run_id, r.app, r.saga, r.status, _t(r.created_at), _t(r.updated_at)] for r in runs]
     table = _table(["run", "app", "saga", "status", "started (UTC)", "updated (UTC)"], rows)
     summary = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no runs"
+    summary = printable(summary)
     return f"{table}\n\n{summary} (total {sum(counts.values())})"
 
 
 def stream_line(item: dict[str, Any]) -> str:
-    """One line of ``sagaloop tail``: a history event, or an item a step streamed live."""
+    """One line of ``sagaloop tail``: a history event, or an item a step streamed live (its
+    line breaks escaped too, :func:`printable`: one item, one line)."""
     if item.get("source") == "history":
         name = f" {item['name']}" if item.get("name") else ""
-        return f"#{item.get('seq')} {item.get('kind')}{name} {short_json(item.get('data'))}"
+        line = f"#{item.get('seq')} {item.get('kind')}{name} {short_json(item.get('data'))}"
+        return printable(line)
     data = item.get("data")
     text = data.get("text") if isinstance(data, dict) else None
     shown = text if isinstance(text, str) else short_json(data)
-    return f"~ {item.get('step')}: {shown}"
+    return printable(f"~ {item.get('step')}: {shown}")
