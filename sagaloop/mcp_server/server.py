@@ -27,7 +27,7 @@ from sagaloop.engine import state as s
 from sagaloop.engine.client import Client
 from sagaloop.engine.messages import derived_id
 from sagaloop.errors import ErrorInfo, RunNotFoundError, SagaloopError, ValidationError
-from sagaloop.mcp_server.http import BearerToken, check_bind
+from sagaloop.mcp_server.http import BearerToken, HostCheck, check_bind
 from sagaloop.mcp_server.tools import (
     FIXED,
     FIXED_NAMES,
@@ -62,7 +62,7 @@ class SagaMCPServer:
     ) -> None:
         if client.app_name != app.name:
             raise ValidationError("SagaMCPServer(client, app) needs Client(store, app)")
-        self.client = client
+        self.client = client.scoped()  # another app's runs are not found
         self.app = app
         self.scrub = scrub or (lambda text: text)
         self.sagas = {t.name: t for t in saga_tools(app, FIXED_NAMES)}
@@ -91,14 +91,23 @@ class SagaMCPServer:
         anyio.run(serve)
 
     def http_app(
-        self, *, path: str = "/mcp", host: str = "127.0.0.1", token: str | None = None
+        self,
+        *,
+        path: str = "/mcp",
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        token: str | None = None,
     ) -> ASGIApp:
-        """The streamable HTTP endpoint at ``path`` as an ASGI app; with ``token``, every
-        request must carry ``Authorization: Bearer <token>``."""
+        """The streamable HTTP endpoint at ``path`` as an ASGI app, served on ``host:port``;
+        with ``token``, every request must carry ``Authorization: Bearer <token>``; without,
+        every request must name ``host:port`` in its ``Host`` (and ``Origin``, if any): see
+        :class:`~sagaloop.mcp_server.http.HostCheck`."""
         if not path.startswith("/"):
             raise ValidationError(f"the MCP endpoint's path must start with '/', not {path!r}")
         app = self.server.streamable_http_app(streamable_http_path=path, host=host)
-        return app if token is None else BearerToken(app, token)
+        if token is None:
+            return HostCheck(app, host=host, port=port)
+        return BearerToken(app, token)
 
     def run_http(
         self, *, host: str = "127.0.0.1", port: int = 8000, path: str = "/mcp", token: str | None
@@ -108,7 +117,7 @@ class SagaMCPServer:
         import uvicorn
 
         check_bind(host, token)
-        app = self.http_app(path=path, host=host, token=token)
+        app = self.http_app(path=path, host=host, port=port, token=token)
         shown = f"[{host}]" if ":" in host else host
         logger.info(
             "serving the sagas of app %s over MCP at http://%s:%d%s%s",
