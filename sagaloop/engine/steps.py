@@ -18,7 +18,6 @@ that cannot be stored or sent (a lone surrogate, an integer over Python's digit 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import copy
 import logging
 import threading
@@ -32,10 +31,13 @@ from sagaloop.engine import tracing
 from sagaloop.engine.crashpoints import CrashPointRaised
 from sagaloop.engine.history import Event
 from sagaloop.engine.messages import Envelope, derived_id
+from sagaloop.engine.slots import Job, Slots
 from sagaloop.engine.streams import Streams
 from sagaloop.errors import (
     ErrorInfo,
+    NotAppliedError,
     SagaloopError,
+    StepCancelled,
     UnencodableError,
     UnknownStepError,
     ValidationError,
@@ -65,6 +67,11 @@ class StepTimeoutError(SagaloopError):
     """An attempt ran past the step's timeout; it may still take effect (in doubt)."""
 
 
+class AttemptNotStarted(SagaloopError):
+    """The runner stopped (its process stops) before the attempt's body started: nothing ran,
+    so its message is given back, not answered."""
+
+
 Beat = Callable[["_StepContext"], None]
 """What a heartbeat does besides recording the time (the worker's: renew the lease, look at
 the run); raises StepCancelled to stop the step."""
@@ -90,6 +97,9 @@ class _StepContext(StepContext):
         self.load_history = history
         self.last_beat = time.monotonic()
         self.details: Any = None
+        self.abandoned = False
+        """Set when the attempt ran past its timeout: its outcome is dropped, and
+        ``heartbeat()`` tells it to stop."""
         deadline = task.payload.get("schedule_deadline")
         self.deadline: float | None = None
         """When all attempts must be over (monotonic), from the step's ``schedule_to_close``."""
@@ -109,7 +119,7 @@ class _StepContext(StepContext):
         )
 
     def stream(self, data: Any) -> None:
-        if self._streams is None:
+        if self._streams is None or self.abandoned:
             return
         item = {"step": self.step, "position": self.position, "attempt": self.attempt}
         try:
@@ -122,6 +132,11 @@ class _StepContext(StepContext):
     def heartbeat(self, details: Any = None) -> None:
         self.last_beat = time.monotonic()
         self.details = details
+        if self.abandoned:
+            raise StepCancelled(
+                f"step {self.step!r} ran past its timeout: the attempt was failed in doubt and "
+                "its outcome will be dropped, so it should stop"
+            )
         if self._beat is not None:
             self._beat(self)
 
@@ -191,16 +206,23 @@ def _run_coroutine(coro: Any) -> Any:
 
 
 class StepRunner:
-    """Runs the attempts of a step with a timeout on a thread pool, so that the timeout can be
-    enforced and a stuck step never blocks its consumer: a timed-out attempt is reported as
-    failed *in doubt*; its thread is left to finish and its late result is discarded. Attempts
-    of a step without a timeout run on the caller's thread (nothing to enforce)."""
+    """Runs the attempts of a step with a timeout on a pool of threads (:mod:`slots`), so that
+    the timeout can be enforced and a stuck step never blocks its consumer. The timeout starts
+    when the body starts (not while it waits for a thread). A timed-out attempt is failed *in
+    doubt*: an async one is cancelled; a sync one is abandoned (its late outcome is dropped,
+    its thread is replaced and reported by :meth:`abandoned` until it ends). Attempts of a
+    step without a timeout run on the caller's thread (nothing to enforce).
+
+    ``threads``: the pool's size; ``spare_threads`` (default: as many) more may replace the
+    threads of abandoned attempts. When all are held by abandoned attempts, attempts wait for
+    one and :meth:`problems` says so."""
 
     def __init__(
         self,
         app: App,
         *,
         threads: int = 8,
+        spare_threads: int | None = None,
         worker: str = "worker",
         inline: bool = False,
         history: History | None = None,
@@ -211,10 +233,42 @@ class StepRunner:
         self.streams = streams
         self.worker = worker
         self.inline = inline
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="step")
+        self._slots = Slots(threads, spare=spare_threads)
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    def stop_starting(self) -> None:
+        """Start no more attempts: those waiting for a thread raise :class:`AttemptNotStarted`
+        (their messages are given back); running ones go on."""
+        self._slots.close()
+
+    close = stop_starting
+
+    def waiting(self) -> int:
+        """Attempts waiting for a thread."""
+        return self._slots.waiting()
+
+    def running(self) -> list[str]:
+        """The attempts running on the pool and waited for (not abandoned), one line each."""
+        return [job.describe() for job in self._slots.running()]
+
+    def abandoned(self) -> list[str]:
+        """``["N abandoned threads (step X, run Y, since T; ...)"]``, or ``[]``."""
+        jobs = self._slots.abandoned()
+        if not jobs:
+            return []
+        what = "thread" if len(jobs) == 1 else "threads"
+        return [f"{len(jobs)} abandoned {what} ({'; '.join(j.describe() for j in jobs)})"]
+
+    def problems(self) -> list[str]:
+        """What is wrong: every thread of the pool held by an attempt past its timeout."""
+        if not self._slots.saturated():
+            return []
+        jobs = self._slots.abandoned()
+        return [
+            f"all {self._slots.cap} step threads are held by attempts past their timeouts "
+            f"({'; '.join(j.describe() for j in jobs)}); {self._slots.waiting()} attempt(s) "
+            "wait for a thread. Fix the steps that ignore their timeout (see docs/steps.md, "
+            "'Timeouts'), then restart this process"
+        ]
 
     def run(
         self,
@@ -265,8 +319,8 @@ class StepRunner:
             info.non_retryable = True
             _log_failure(ctx, step, direction, info, e)
             reply.update(outcome="failed", error=info.to_json())
-        except CrashPointRaised:
-            raise  # a simulated death of the process (tests): not the step's doing
+        except (CrashPointRaised, AttemptNotStarted):
+            raise  # a simulated death of the process (tests), or nothing ran: no reply
         except BaseException as e:  # step code's, whatever it raises: see the module's doc
             info = ErrorInfo.from_exception(e, with_traceback=True, called=_code_of(step))
             if not info.message:
@@ -381,20 +435,41 @@ class StepRunner:
         limits = step.timeout is not None or step.heartbeat_timeout is not None or deadline
         if inline or not limits:
             return _invoke(fn, *a, **kw)
-        future = self._pool.submit(tracing.carried(_invoke), fn, *a, **kw)
-        started = time.monotonic()
+        label = f"step {step.name!r}" + (f", run {ctx.run_id}" if ctx is not None else "")
+        job = self._slots.submit(fn, *a, label=label, **kw)
+        if not self._slots.wait_started(job, deadline):
+            if self._slots.closed:
+                raise AttemptNotStarted(f"{label}: the process stops; not started")
+            raise NotAppliedError(
+                f"step {step.name!r} did not start before its schedule_to_close: every step "
+                "thread of the process was busy",
+                type="StepTimeoutError",
+            )
+        return self._wait(step, ctx, deadline, job)
+
+    def _wait(
+        self, step: StepDef[Any, Any], ctx: _StepContext | None, deadline: float | None, job: Job
+    ) -> Any:
+        """The outcome of ``job``, which started; at its first limit it is abandoned (async:
+        cancelled) and the attempt fails in doubt."""
+        assert job.started is not None
+        started = job.started
         while True:
             ends = []  # (when, why) for each limit; the attempt fails in doubt at the first
             if step.timeout is not None:
                 ends.append((started + step.timeout.total_seconds(), f"within {step.timeout}"))
             if step.heartbeat_timeout is not None and ctx is not None:
                 silent = step.heartbeat_timeout
-                ends.append((ctx.last_beat + silent.total_seconds(), f"a heartbeat in {silent}"))
+                last = max(ctx.last_beat, started)
+                ends.append((last + silent.total_seconds(), f"a heartbeat in {silent}"))
             if deadline is not None:
                 ends.append((deadline, "before its schedule_to_close"))
             end, why = min(ends)
-            try:
-                return future.result(max(end - time.monotonic(), 0.0))
-            except concurrent.futures.TimeoutError:
-                if time.monotonic() >= end:
-                    raise StepTimeoutError(f"step {step.name!r} did not finish {why}") from None
+            if self._slots.wait_done(job, end - time.monotonic()):
+                return job.outcome()
+            if time.monotonic() >= end:
+                if ctx is not None:
+                    ctx.abandoned = True
+                if not self._slots.abandon(job):  # it ended just now
+                    return job.outcome()
+                raise StepTimeoutError(f"step {step.name!r} did not finish {why}")
