@@ -67,34 +67,49 @@ def ui(
 def with_ui_port(command: F) -> F:
     """Give ``sagaloop dev`` ``--ui-port PORT``: the console on 127.0.0.1:PORT, on a thread of
     its process, for as long as it runs (put it just above the ``def``). Like ``dev``, it
-    applies pending schema migrations first."""
+    applies pending schema migrations first. It honours the token as ``sagaloop ui`` does
+    (``--ui-token``, ``$SAGALOOP_UI_TOKEN``): with one set, every request must carry it."""
 
     @functools.wraps(command)
-    def wrapper(*args: Any, ui_port: int | None = None, **kwargs: Any) -> Any:
+    def wrapper(
+        *args: Any, ui_port: int | None = None, ui_token: str | None = None, **kwargs: Any
+    ) -> Any:
         if ui_port is None:
             return command(*args, **kwargs)
         obj: Obj = click.get_current_context().obj
         server = _console()
         with errors():
+            from sagaloop.ui.security import check_bind
+
+            check_bind("127.0.0.1", ui_token)
             app_spec = kwargs.get("app_spec")
             app = obj.app(app_spec) if app_spec or obj.settings.app else None
             client = Client(obj.store(upgrade=True), app)
             try:
                 stop = server.serve_in_thread(
-                    client, app, host="127.0.0.1", port=ui_port, token=None
+                    client, app, host="127.0.0.1", port=ui_port, token=ui_token
                 )
             except OSError as e:
                 raise ValidationError(f"{e}: is port {ui_port} taken?") from e
-        click.echo(f"sagaloop ui: http://127.0.0.1:{ui_port}/", err=True)
+        login = "?token=<your token>" if ui_token else ""
+        click.echo(f"sagaloop ui: http://127.0.0.1:{ui_port}/{login}", err=True)
         try:
             return command(*args, **kwargs)
         finally:
             stop()
 
-    option = click.option(
+    port_option = click.option(
         "--ui-port",
         type=click.IntRange(1, 65535),
         default=None,
         help="Also serve the web console on 127.0.0.1:PORT (needs sagaloop[ui]).",
     )
-    return option(wrapper)  # type: ignore[return-value]
+    token_option = click.option(
+        "--ui-token",
+        envvar="SAGALOOP_UI_TOKEN",
+        default=None,
+        show_envvar=True,
+        help="With --ui-port: the token every request to the console must carry, as for "
+        "`sagaloop ui` (prefer $SAGALOOP_UI_TOKEN, which no process listing shows).",
+    )
+    return port_option(token_option(wrapper))  # type: ignore[return-value]
