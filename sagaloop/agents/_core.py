@@ -84,6 +84,18 @@ class _RunUsage:
 
     usage: Usage
     started: datetime
+    allowance: Budget | None = None
+    """The run tree's limits for this run (:class:`~sagaloop.agents.BudgetTree`): a root's
+    own, or the share its parent gave it."""
+    reserved: dict[str, Usage] = dataclasses.field(default_factory=dict)
+    """Shares given to child runs and not settled yet, by share id: counted as spent."""
+
+    def committed(self) -> Usage:
+        """What this run used plus what it reserved for its child runs."""
+        total = self.usage.model_copy()
+        for share in self.reserved.values():
+            total = total.plus(share)
+        return total
 
 
 _usage: weakref.WeakKeyDictionary[SagaContext, _RunUsage] = weakref.WeakKeyDictionary()
@@ -96,28 +108,92 @@ def _usage_of(saga: SagaContext) -> _RunUsage:
     return found
 
 
-async def check_budget(saga: SagaContext, budget: Budget | None) -> Budget | None:
-    """Before a model request: raise :class:`BudgetExceeded`, or wait for the event ``budget``
-    (``on_exceed="wait"``) until the limits are raised; returns the budget in force."""
-    while budget is not None:
-        state = _usage_of(saga)
-        reached = state.usage.over(budget, started=state.started, now=saga.now())
+def _limits(state: _RunUsage, budget: Budget | None) -> list[tuple[Budget, Usage]]:
+    """Each budget in force with the usage it is checked against: an agent run's budget
+    against what the saga run used, the run tree's share against that plus its reservations."""
+    out = [] if budget is None else [(budget, state.usage)]
+    if state.allowance is not None:
+        out.append((state.allowance, state.committed()))
+    return out
+
+
+async def _gate(
+    saga: SagaContext, budget: Budget | None, calls: int | None
+) -> tuple[Budget | None, str | None]:
+    """Before a model request (``calls`` None), or before a batch of ``calls`` tool calls:
+    the budget in force once it may go on (after waiting for the event ``budget`` under
+    ``on_exceed="wait"``, as long as needed), and for a batch refused under ``"tell_model"``
+    the answer to each of its calls; raises :class:`BudgetExceeded` (``"fail"``, and
+    ``"tell_model"`` for a model request)."""
+    state = _usage_of(saga)
+    while True:
+        reached: list[str] = []
+        mode = "fail"
+        left: int | None = None
+        for limits, used in _limits(state, budget):
+            if calls is None:
+                found = used.over(limits, started=state.started, now=saga.now())
+            elif limits.tool_calls is not None and used.tool_calls + calls > limits.tool_calls:
+                found = [f"tool_calls {used.tool_calls}+{calls} of {limits.tool_calls}"]
+                rest = max(limits.tool_calls - used.tool_calls, 0)
+                left = rest if left is None else min(left, rest)
+            else:
+                found = []
+            if found and not reached:
+                mode = limits.on_exceed
+            reached += found
         if not reached:
-            return budget
-        if budget.on_exceed == "fail":
+            return budget, None
+        if mode == "tell_model" and calls is not None:
+            return budget, (
+                f"Not run: the budget of this run allows {left} more tool call"
+                f"{'' if left == 1 else 's'}, and this response asked for {calls} at once "
+                "(none of them ran). Ask for fewer at a time, or answer without tools."
+            )
+        if mode != "wait":
             raise BudgetExceeded(saga.run_id, reached, state.usage.model_copy())
         publish_usage(saga, budget)
         prompt = {"budget": "exceeded", "reached": reached, "usage": state.usage.model_dump()}
         data = await saga.wait_for_event("budget", prompt=prompt)
-        budget = budget.raised(data)
-    return budget
+        budget = None if budget is None else budget.raised(data)
+        if state.allowance is not None:
+            state.allowance = state.allowance.raised(data)
+
+
+async def check_budget(saga: SagaContext, budget: Budget | None) -> Budget | None:
+    """Before a model request: raise :class:`BudgetExceeded`, or wait for the event ``budget``
+    (``on_exceed="wait"``) until the limits are raised; returns the budget in force."""
+    return (await _gate(saga, budget, None))[0]
+
+
+async def check_batch(
+    saga: SagaContext, budget: Budget | None, calls: int
+) -> tuple[Budget | None, str | None]:
+    """Before any of the ``calls`` tool calls a model response asked for runs: all of them fit
+    in what ``tool_calls`` has left, or none runs. Returns the budget in force and, when the
+    batch is refused under ``on_exceed="tell_model"``, the answer to give each of its calls;
+    ``"fail"`` raises :class:`BudgetExceeded`, ``"wait"`` waits for a raise."""
+    if calls <= 0:
+        return budget, None
+    return await _gate(saga, budget, calls)
+
+
+def charge_tool_calls(saga: SagaContext, calls: int = 1) -> None:
+    """Count tool calls that run (their steps are about to be called)."""
+    _usage_of(saga).usage.tool_calls += calls
 
 
 def publish_usage(saga: SagaContext, budget: Budget | None) -> None:
-    """Usage against the budget, for `sagaloop status` and the console."""
-    shown: dict[str, Any] = _usage_of(saga).usage.model_dump()
+    """Usage against the budget, for `sagaloop status` and the console (``tree``: with what
+    the run reserved for its child runs, what a parent counts when it settles a share)."""
+    state = _usage_of(saga)
+    shown: dict[str, Any] = state.usage.model_dump()
     if budget is not None:
         shown["budget"] = budget.model_dump(mode="json", exclude_none=True)
+    if state.allowance is not None or state.reserved:
+        shown["tree"] = state.committed().model_dump()
+    if state.allowance is not None:
+        shown["share"] = state.allowance.model_dump(mode="json", exclude_none=True)
     saga.publish(USAGE_KEY, shown)
 
 

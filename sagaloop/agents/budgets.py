@@ -20,10 +20,16 @@ USAGE_KEY = "agent usage"
 
 class Budget(BaseModel):
     """Limits of one run (all agent runs of a saga run together). ``None``: no limit.
-    ``on_exceed="fail"`` raises :class:`BudgetExceeded` in saga code at the next model request
-    (the run fails and compensates unless the saga catches it); ``"wait"`` makes the run wait
-    for the event ``budget`` (``sagaloop send-event RUN budget --data '{"requests": 40}'``),
-    whose data raises the limits it names, then goes on."""
+
+    Checked before each model request, and before each batch of tool calls a model response
+    asks for (all the calls of one response together, before any of them runs: a response
+    that asks for more calls than ``tool_calls`` has left runs none of them).
+    ``on_exceed="fail"`` raises :class:`BudgetExceeded` in saga code (the run fails and
+    compensates unless the saga catches it); ``"wait"`` makes the run wait for the event
+    ``budget`` (``sagaloop send-event RUN budget --data '{"requests": 40}'``), whose data
+    raises the limits it names, then goes on; ``"tell_model"`` answers each call of a refused
+    batch with the refusal (none runs) and lets the model go on (a model request past a limit
+    still fails, as with ``"fail"``: there is no model to tell)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -35,7 +41,7 @@ class Budget(BaseModel):
     """In the currency of the prices (genai-prices: US dollars)."""
     wall_clock: timedelta | None = None
     """From the start of the run, in the run's recorded time."""
-    on_exceed: Literal["fail", "wait"] = "fail"
+    on_exceed: Literal["fail", "wait", "tell_model"] = "fail"
 
     def raised(self, data: Any) -> Budget:
         """This budget with the limits in ``data`` (a ``budget`` event's) replaced."""
@@ -54,6 +60,16 @@ class Usage(BaseModel):
     tool_calls: int = 0
     cost: float = 0.0
 
+    def plus(self, other: Usage) -> Usage:
+        """The sum of two usages."""
+        return Usage(
+            requests=self.requests + other.requests,
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            tool_calls=self.tool_calls + other.tool_calls,
+            cost=self.cost + other.cost,
+        )
+
     def over(self, budget: Budget, *, started: datetime, now: datetime) -> list[str]:
         """The limits of ``budget`` this usage reached (a request is refused once a limit is
         reached, since the next one would pass it)."""
@@ -69,7 +85,8 @@ class Usage(BaseModel):
 
 
 class BudgetExceeded(SagaloopError):
-    """A run reached a limit of its budget; raised in saga code at the next model request."""
+    """A run reached a limit of its budget; raised in saga code at the next model request, or
+    before a batch of tool calls that would pass ``tool_calls``."""
 
     def __init__(self, run_id: str, reached: list[str], usage: Usage) -> None:
         super().__init__(

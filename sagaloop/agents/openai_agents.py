@@ -68,7 +68,7 @@ from agents.tool import (
     set_function_tool_failure_error_function,
 )
 from agents.tool_context import ToolContext
-from mcp.types import CallToolResult
+from mcp.types import CallToolResult, TextContent
 from mcp.types import Tool as MCPTool
 
 from sagaloop.agents import transcript
@@ -81,6 +81,8 @@ from sagaloop.agents._core import (
     _tool_step,
     _usage_of,
     ask,
+    charge_tool_calls,
+    check_batch,
     check_budget,
     publish_usage,
 )
@@ -129,6 +131,9 @@ class _Run:
     last_text: str | None = None
     edits: dict[str, str] = dataclasses.field(default_factory=dict)
     """Arguments an approver edited, by tool call id."""
+    refusal: str | None = None
+    """The answer to each tool call of the last response, when the budget refused its batch
+    (``on_exceed="tell_model"``); None: the calls run."""
 
 
 _current: ContextVar[_Run | None] = ContextVar("sagaloop_openai_agents_run", default=None)
@@ -247,6 +252,13 @@ class _StepModel(Model):
         used.cost += float(reply.get("cost") or 0.0)
         run.last_text = _text_of(response)
         publish_usage(run.saga, run.budget)
+        # the response's tool calls are one batch: checked together, before any of them runs
+        names = {t.name for t in tools if isinstance(t, FunctionTool)}  # MCP tools included
+        calls = sum(
+            getattr(i, "type", None) == "function_call" and getattr(i, "name", None) in names
+            for i in response.output
+        )
+        run.budget, run.refusal = await check_batch(run.saga, run.budget, calls)
         return response
 
     def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[TResponseStreamEvent]:
@@ -290,7 +302,11 @@ class _StepMCPServer(MCPServer):
         self, tool_name: str, arguments: dict[str, Any] | None, meta: dict[str, Any] | None = None
     ) -> CallToolResult:
         run = _in_run("an MCP server")
-        _usage_of(run.saga).usage.tool_calls += 1
+        if run.refusal is not None:
+            return CallToolResult(
+                content=[TextContent(type="text", text=run.refusal)], isError=True
+            )
+        charge_tool_calls(run.saga)
         call = {"tool": tool_name, "args": arguments or {}, "meta": meta}
         reply = await run.saga.call(self._runner.mcp_steps[self._key][1], call)
         return CallToolResult.model_validate(reply)
@@ -320,12 +336,16 @@ def step_as_function_tool(
     async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
         run = _current.get()
         if run is not None:  # an approver may have edited the arguments
+            if run.refusal is not None:
+                return run.refusal
             arguments = run.edits.pop(ctx.tool_call_id, arguments)
         try:
             kwargs = tools.validate(tool_name, arguments)
         except ToolCallError as e:
             return f"Error: {e}"
         saga = current_saga()
+        if saga is not None:
+            charge_tool_calls(saga)
         value = await (saga.call(step, **kwargs) if saga else _run_plain(step, kwargs))
         value = _jsonable(value, f"the result of step {step.name!r}")
         return value if isinstance(value, str) else json.dumps(value)
@@ -547,6 +567,8 @@ class SagaRunner:
 
         async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
             run = _in_run(f"tool {tool.name!r}")
+            if run.refusal is not None:
+                return run.refusal
             arguments = run.edits.pop(ctx.tool_call_id, arguments)
             call: dict[str, Any] = {"call_id": ctx.tool_call_id, "context": run.context}
             try:
@@ -557,7 +579,7 @@ class SagaRunner:
                 call["args"] = args
             else:
                 call["arguments"] = arguments
-            _usage_of(run.saga).usage.tool_calls += 1
+            charge_tool_calls(run.saga)
             try:
                 reply = await run.saga.call(step, call)
             except StepFailedError as e:  # its last attempt: as the SDK would tell the model

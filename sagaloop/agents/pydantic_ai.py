@@ -23,8 +23,8 @@ import dataclasses
 import inspect
 import logging
 import typing
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any, Generic, Literal, TypeVar
@@ -35,7 +35,13 @@ from pydantic_ai import messages as _messages
 from pydantic_ai.agent import AbstractAgent, WrapperAgent
 from pydantic_ai.durable_exec import DurableRunContext
 from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry, UserError
-from pydantic_ai.models import Model, ModelRequestParameters, infer_model
+from pydantic_ai.models import (
+    CompletedStreamedResponse,
+    Model,
+    ModelRequestParameters,
+    StreamedResponse,
+    infer_model,
+)
 from pydantic_ai.models.fallback import FallbackModel
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
@@ -53,6 +59,8 @@ from sagaloop.agents._core import (
     _tool_step,
     _usage_of,
     ask,
+    charge_tool_calls,
+    check_batch,
     check_budget,
     publish_usage,
 )
@@ -155,9 +163,26 @@ class _Run:
     encoder: transcript.Encoder
     requests: int = 0
     last_response: _messages.ModelResponse | None = None
+    refusal: str | None = None
+    """The answer to each tool call of the last response, when the budget refused its batch
+    (``on_exceed="tell_model"``); None: the calls run."""
 
 
 _current: ContextVar[_Run | None] = ContextVar("sagaloop_agent_run", default=None)
+_given_budget: ContextVar[Budget | None] = ContextVar("sagaloop_agent_budget", default=None)
+"""The ``budget=`` given to ``run``/``run_stream``/``run_sync``, for the ``iter`` they enter
+(Pydantic AI's entry points pass ``iter`` only the arguments they know)."""
+
+
+@contextmanager
+def _giving(budget: Budget | None) -> Iterator[None]:
+    token = _given_budget.set(budget)
+    try:
+        yield
+    finally:
+        _given_budget.reset(token)
+
+
 _decoder = transcript.Decoder(parse=_messages.ModelMessagesTypeAdapter.validate_python)
 
 
@@ -232,7 +257,49 @@ class _SagaModel(WrapperModel):
         used.cost += float(reply.get("cost") or 0.0)
         run.last_response = response
         self._agent._publish_usage(run)
+        # the response's tool calls are one batch: checked together, before any of them runs
+        names = {t.name for t in model_request_parameters.function_tools}
+        calls = sum(
+            isinstance(p, _messages.ToolCallPart) and p.tool_name in names for p in response.parts
+        )
+        run.budget, run.refusal = await check_batch(run.saga, run.budget, calls)
         return response
+
+    @asynccontextmanager
+    async def request_stream(
+        self,
+        messages: list[_messages.ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+        run_context: RunContext[Any] | None = None,
+    ) -> AsyncIterator[StreamedResponse]:
+        """``run_stream`` in a saga: the request is the same step as :meth:`request` (streamed
+        on the worker with ``SagaAgent(stream=True)``); saga code gets the recorded response,
+        replayed as events."""
+        if _current.get() is None:
+            async with self.wrapped.request_stream(
+                messages, model_settings, model_request_parameters, run_context
+            ) as streamed:
+                yield streamed
+            return
+        response = await self.request(messages, model_settings, model_request_parameters)
+        yield CompletedStreamedResponse(
+            response, model_request_parameters=model_request_parameters, replay_events=True
+        )
+
+
+@dataclasses.dataclass
+class _BudgetGate(WrapperToolset[Any]):
+    """Answers each call of a batch the budget refused with the refusal (none of them runs);
+    every tool kind passes here, function, step and MCP tools alike."""
+
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
+    ) -> Any:
+        run = _current.get()
+        if run is not None and run.refusal is not None:
+            return run.refusal
+        return await super().call_tool(name, tool_args, ctx, tool)
 
 
 @dataclasses.dataclass
@@ -277,7 +344,7 @@ class _SagaToolset(WrapperToolset[Any]):
             if not decision.approved:
                 return _denial(decision.reason)
             args, approved = decision.args, True
-        _usage_of(run.saga).usage.tool_calls += 1
+        charge_tool_calls(run.saga)
         if name in agent.step_tools:
             try:
                 return await run.saga.call(step, **args)
@@ -464,10 +531,36 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
             self._saga_model = _SagaModel(self, _profile_model(model))
         return self._saga_model
 
+    async def run(
+        self, user_prompt: Any = None, *, budget: Budget | None = None, **kwargs: Any
+    ) -> Any:
+        """``Agent.run``; ``budget`` (else the agent's) bounds this agent run in a saga."""
+        with _giving(budget):
+            return await super().run(user_prompt, **kwargs)
+
+    def run_sync(
+        self, user_prompt: Any = None, *, budget: Budget | None = None, **kwargs: Any
+    ) -> Any:
+        """``Agent.run_sync`` (outside saga code only: a saga awaits ``run``)."""
+        with _giving(budget):
+            return super().run_sync(user_prompt, **kwargs)
+
+    @asynccontextmanager
+    async def run_stream(
+        self, user_prompt: Any = None, *, budget: Budget | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        """``Agent.run_stream``; ``budget`` as for :meth:`run`."""
+        with _giving(budget):
+            async with super().run_stream(user_prompt, **kwargs) as streamed:
+                yield streamed
+
     @asynccontextmanager
     async def iter(
         self, user_prompt: Any = None, *, budget: Budget | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
+        if budget is None:
+            budget = _given_budget.get()
+        _given_budget.set(None)  # not for the agent runs started inside this one
         saga = current_saga()
         if saga is None:
             async with super().iter(user_prompt, **kwargs) as agent_run:
@@ -497,7 +590,7 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
         _usage_of(saga)
         from sagaloop.agents import _mcp
 
-        toolset = _mcp.saga_toolset(self, CombinedToolset(list(self.wrapped.toolsets)))
+        toolset = _BudgetGate(_mcp.saga_toolset(self, CombinedToolset(list(self.wrapped.toolsets))))
         token = _current.set(run)
         try:
             with self.wrapped.override(model=self._saga_side_model(), tools=[], toolsets=[toolset]):

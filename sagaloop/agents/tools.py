@@ -45,6 +45,8 @@ from typing import Any, Literal, NotRequired, Required
 import pydantic
 import typing_extensions
 
+from sagaloop.agents import _core
+from sagaloop.agents.budgets import Budget
 from sagaloop.agents.conversation import Conversation
 from sagaloop.errors import ApprovalDenied, DeclarationError, StepFailedError, ValidationError
 from sagaloop.sagas.app import StepDef
@@ -259,6 +261,7 @@ class StepTools:
         tool_calls: Sequence[Any],
         *,
         step_failures: Literal["raise", "return"] = "raise",
+        budget: Budget | None = None,
     ) -> list[ToolResult]:
         """Run a model's tool calls concurrently (in one ``ctx.gather``, started in the order
         given) and return their results in that order, each in the format of its call.
@@ -270,18 +273,37 @@ class StepTools:
         become error results for the model, and its step does not run. A step that failed for
         good raises ``StepFailedError`` (the run fails and compensates), or with
         ``step_failures="return"`` becomes an error result too. Idempotency keys: as
-        :meth:`call`."""
+        :meth:`call`.
+
+        The calls that run count as tool calls of the saga run (with those of its agents:
+        :class:`~sagaloop.agents.Budget`). With ``budget``, the calls that would run are
+        checked together against what its ``tool_calls`` has left before any of them runs:
+        over it, none runs, and as ``budget.on_exceed`` says the run fails with
+        ``BudgetExceeded``, waits for the event ``budget``, or (``"tell_model"``) every call
+        gets the refusal as its error result."""
         parsed = [c for c in (_parse_call(item) for item in tool_calls) if c is not None]
         results: list[ToolResult | None] = []
-        pending: list[tuple[int, Awaitable[JSON]]] = []
+        valid: list[tuple[int, str, dict[str, Any]]] = []
         for fmt, call_id, name, arguments in parsed:
             try:
                 args = self.validate(name, arguments)
             except ToolCallError as e:
                 results.append(ToolResult(call_id, name, error=str(e), format=fmt))
                 continue
-            pending.append((len(results), self._run(ctx, name, args)))
+            valid.append((len(results), name, args))
             results.append(None)
+        _, refused = await _core.check_batch(ctx, budget, len(valid))
+        if refused is not None:
+            for index, name, _ in valid:
+                fmt, call_id, _, _ = parsed[index]
+                results[index] = ToolResult(call_id, name, error=refused, format=fmt)
+            return [r for r in results if r is not None]
+        _core.charge_tool_calls(ctx, len(valid))
+        if budget is not None:
+            _core.publish_usage(ctx, budget)
+        pending: list[tuple[int, Awaitable[JSON]]] = [
+            (index, self._run(ctx, name, args)) for index, name, args in valid
+        ]
         outcomes = await ctx.gather(*(aw for _, aw in pending), return_exceptions=True)
         for (index, _), outcome in zip(pending, outcomes, strict=True):
             fmt, call_id, name, _ = parsed[index]
