@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -19,6 +22,7 @@ from sagaloop.engine.client import Client
 from sagaloop.engine.history import Event
 from sagaloop.engine.state import ALL_STATUSES, FINAL_STATUSES
 from sagaloop.errors import ActivationDeadlineError, NonDeterminismError
+from sagaloop.sagas.convert import MAX_VALUE_DEPTH
 from sagaloop.testing.histories import history_document, read_history
 from sagaloop.testing.histories import replay as replay_history
 
@@ -26,6 +30,10 @@ IN_FLIGHT = tuple(x for x in ALL_STATUSES if x not in FINAL_STATUSES)
 """The statuses ``export --all`` takes by default: the runs a deploy replays."""
 MAX_RUNS = 1_000_000
 PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,150}")
+KINDS = frozenset(v for k, v in vars(h).items() if k.isupper() and isinstance(v, str))
+"""The kinds of event a history may hold: those of :mod:`sagaloop.engine.history`."""
+MAX_INDEX = 2**63 - 1
+"""The largest seq or position a store holds (a BIGINT)."""
 
 
 class InputError(click.ClickException):
@@ -184,14 +192,95 @@ def _read(path: Path) -> tuple[list[Event], str | None]:
     except OSError as e:
         raise InputError(f"{path}: cannot read it: {e.strerror or e}") from None
     try:
-        events, run_id = read_history(text)
+        events, run_id = read_history(_checked(text))
     except (ValueError, RecursionError) as e:
-        raise InputError(f"{path}: {' '.join(str(e).split())}") from None
+        raise InputError(f"{path}: {' '.join(str(e).split())[:300]}") from None
     if not any(e.kind == h.RUN_STARTED for e in events):
         raise InputError(
             f"{path}: the history has no run_started event: export the whole history of a run"
         )
     return events, run_id
+
+
+def _checked(text: bytes) -> Any:
+    """The JSON of an export (or a bare list of events), parsed as the engine parses messages
+    and checked before anything reads it: ValueError, saying what is wrong, for a file that is
+    not a history, so that a hand-edited or hostile file is one line and exit status 2, and
+    never a traceback or a divergence. Refused: NaN, Infinity and numbers too large for a
+    float; values nested deeper than sagaloop stores; strings that are not text; events that
+    are not ``{seq, kind, at, pos, name, data}`` with these types, an unknown kind, seqs that
+    are not 1, 2, 3... in order, and a run id or version of the wrong type."""
+
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON: JSON has no NaN or Infinity")
+
+    def number(written: str) -> float:
+        parsed = float(written)
+        if math.isinf(parsed):
+            raise ValueError(f"the number {written[:40]} is too large for a float")
+        return parsed
+
+    try:
+        document = json.loads(text, parse_constant=constant, parse_float=number)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON: {e}") from None
+    except RecursionError:
+        raise ValueError(f"not a history: nested deeper than {MAX_VALUE_DEPTH} levels") from None
+    except ValueError as e:  # bytes that are not UTF-8, an integer of over 4300 digits
+        raise ValueError(f"not JSON sagaloop reads: {e}") from None
+    events = document.get("events") if isinstance(document, dict) else document
+    if isinstance(document, dict):
+        version = document.get("version", 1)
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise ValueError(f"the history format version must be an integer, not {version!r:.40}")
+        run_id = document.get("run_id")
+        if run_id is not None and not isinstance(run_id, str):
+            raise ValueError(f"the run_id must be a string, not {type(run_id).__name__}")
+    if isinstance(events, list):
+        for index, event in enumerate(events):
+            _check_event(index, event)
+    return document
+
+
+def _check_event(index: int, event: Any) -> None:
+    """ValueError unless ``event`` is the ``index``-th event of an export, with these types."""
+    where = f"event {index} of the history"
+    if not isinstance(event, dict):
+        raise ValueError(f"{where} is not an object but {type(event).__name__}")
+    for key, types in (("seq", int), ("kind", str), ("at", str), ("data", dict)):
+        if not isinstance(event.get(key), types) or isinstance(event.get(key), bool):
+            found = type(event.get(key)).__name__ if key in event else "missing"
+            raise ValueError(f"{where}: {key} must be {types.__name__}, not {found}")
+    for key, types in (("pos", int), ("name", str)):
+        value = event.get(key)
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+            raise ValueError(
+                f"{where}: {key} must be {types.__name__} or null, not {type(value).__name__}"
+            )
+    if event["seq"] != index + 1:
+        seq = str(event["seq"])[:40]
+        raise ValueError(f"{where}: its seq is {seq}, not {index + 1} (1, 2, 3...)")
+    if not 0 <= (event.get("pos") or 0) <= MAX_INDEX:
+        raise ValueError(f"{where}: pos {str(event['pos'])[:40]} is out of range")
+    if event["kind"] not in KINDS:
+        raise ValueError(f"{where}: unknown kind {event['kind'][:40]!r}")
+    try:
+        datetime.fromisoformat(event["at"])
+    except ValueError:
+        raise ValueError(f"{where}: at {event['at'][:40]!r} is not an ISO 8601 time") from None
+    stack: list[tuple[Any, int]] = [(event, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                raise ValueError(f"{where}: a string holds a lone surrogate") from None
+        elif isinstance(value, dict | list):
+            if depth > MAX_VALUE_DEPTH:
+                raise ValueError(f"{where}: nested deeper than {MAX_VALUE_DEPTH} levels")
+            items = [*value, *value.values()] if isinstance(value, dict) else value
+            stack.extend((item, depth + 1) for item in items)
 
 
 # --- fork ------------------------------------------------------------------------------------
