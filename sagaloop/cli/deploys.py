@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from sagaloop.cli.common import Obj, app_option, errors
+from sagaloop.cli.render import printable
 from sagaloop.engine import history as h
 from sagaloop.engine.client import Client
 from sagaloop.engine.history import Event
@@ -160,17 +161,22 @@ def replay(obj: Obj, files: Sequence[Path], app_spec: str | None) -> None:
     histories = [(path, *_read(path)) for path in _files(files)]
     with errors():
         app = obj.app(app_spec)
-    diverged = 0
+    diverged = broken = 0
     for path, events, run_id in histories:
         try:
             replay_history(app, events, run_id=run_id)
         except (NonDeterminismError, ActivationDeadlineError, ValueError) as e:
             diverged += 1
-            click.echo(f"{path}: diverged: {' '.join(str(e).split())}")
+            click.echo(printable(f"{path}: diverged: {' '.join(str(e).split())}"))
+        except Exception as e:  # the last net: what the checks of _checked did not foresee
+            broken += 1
+            reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+            click.echo(printable(f"{path}: not a history sagaloop can replay: {reason}"))
         else:
-            click.echo(f"{path}: ok (run {run_id or 'replay'!r}, {len(events)} events)")
-    if diverged:
-        raise click.exceptions.Exit(1)
+            shown = f"{path}: ok (run {run_id or 'replay'!r}, {len(events)} events)"
+            click.echo(printable(shown))
+    if broken or diverged:
+        raise click.exceptions.Exit(InputError.exit_code if broken else 1)
 
 
 def _files(paths: Sequence[Path]) -> list[Path]:

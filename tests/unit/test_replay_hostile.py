@@ -151,3 +151,19 @@ def test_a_hostile_export_is_one_line_and_exit_2(
     assert len(lines[0]) < 400, lines[0]
     # the export as written still replays
     assert run("replay", str(tmp_path / "good.json"), "--app", "deploys_cli").exit_code == 0
+
+
+def test_what_the_checks_miss_is_still_one_line_and_exit_2(
+    env: Harness,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sagaloop.cli import deploys
+
+    def explode(*args: Any, **kwargs: Any) -> None:
+        raise KeyError("input")
+
+    monkeypatch.setattr(deploys, "replay_history", explode)
+    path, result = replayed(env, tmp_path, "unforeseen", lambda doc: doc)
+    assert result.exit_code == 2, result.output
+    assert result.output == f"{path}: not a history sagaloop can replay: KeyError: 'input'\n"
