@@ -75,6 +75,16 @@ class RunStateError(SagaloopError):
 # --- storage ---------------------------------------------------------------------------------
 
 
+class ApprovalTakenError(RunStateError):
+    """Another answer won the approval first (one answer per request): this one was not
+    sent."""
+
+    def __init__(self, message: str, *, run_id: str, call_id: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.call_id = call_id
+
+
 class StoreError(SagaloopError):
     """The database failed; the original driver error is the ``__cause__``.
 

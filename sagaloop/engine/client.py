@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,9 +16,9 @@ import pydantic
 import pydantic_core
 from pydantic import BaseModel
 
+from sagaloop.engine import answers, tracing
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
-from sagaloop.engine import tracing
 from sagaloop.engine.fork import fork_history
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import (
@@ -45,9 +46,6 @@ from sagaloop.errors import (
 from sagaloop.errors import ErrorInfo as _ErrorInfo
 from sagaloop.sagas.app import App, SagaDef
 from sagaloop.sagas.approvals import (
-    OPEN_STATUSES,
-    ApprovalAnswer,
-    ApprovalRequest,
     PendingApproval,
     approval_key,
     call_id_of,
@@ -131,6 +129,8 @@ class Client:
         self.app = app if isinstance(app, App) else None
         self.app_name = app.name if isinstance(app, App) else app
         self.clock = clock or SystemClock()
+        self.own_app_only = False
+        """Set by :meth:`scoped`: the runs of other apps are not found."""
 
     def start(
         self,
@@ -191,6 +191,12 @@ class Client:
                         raise RunStateError(
                             f"run {run_id!r} already exists as a run of saga {existing.saga!r}"
                         )
+                    if existing is not None and not _same_json(existing.input, input_json):
+                        raise RunStateError(
+                            f"run id {run_id!r} is taken by a run of saga {name!r} with another "
+                            "input: choose another run id (a start is idempotent only for the "
+                            "same input)"
+                        )
                     if first and existing is not None and existing.status in s.FINAL_STATUSES:
                         raise RunFinishedError(run_id, existing.status)
                     self.store.enqueue(tx, [Outgoing(queue, e) for e in first], now)
@@ -241,7 +247,10 @@ class Client:
     ) -> None:
         """Deliver an event to a run; kept until the run waits for it if it arrives early.
         Sends with the same ``event_id`` are delivered once (safe to retry)."""
-        _check_text(run_id, "run_id")
+        self.get(run_id)  # RunNotFoundError
+        call_id = call_id_of(name) if isinstance(name, str) else None
+        if call_id and self.store.approval(None, run_id, call_id) is not None:
+            return self._answer(run_id, call_id, data, event_id=event_id)
         env = self._event(run_id, name, data, event_id=event_id)
         self._check_fits_wait(run_id, name, env.payload["data"])
         self._send(env, live=True)
@@ -363,80 +372,91 @@ class Client:
                 self.store.enqueue(tx, [Outgoing(engine_queue(self.app.name), env)], now)
         return new_id
 
-    # --- approvals (``ctx.approval``) ----------------------------------------------------------
+    # --- approvals (``ctx.approval``; the rules are in ``answers``) ------------------------------
 
-    def approvals(self, run_id: str | None = None) -> list[PendingApproval]:
-        """The approvals that runs wait for (pending or escalated), oldest request first: of
-        ``run_id``, or of every unfinished run (of this client's app, if it has one). Reads
-        the history of each unfinished run: name the run where there are many."""
+    def approvals(
+        self, run_id: str | None = None, *, after: str | None = None, limit: int = 50
+    ) -> list[PendingApproval]:
+        """The approvals that runs wait for (pending or escalated), oldest request first, a
+        page of at most ``limit``: of ``run_id``, or of every unfinished run (of this
+        client's app, if it has one). ``after``: the ``cursor`` of the last approval of the
+        page before. Read from the approvals index, page by page."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= 1000:
+            raise ValidationError(f"a page holds 1 to 1000 approvals, not {limit!r:.20}")
         if run_id is not None:
-            runs = [self.get(run_id)]
-        else:
-            open_statuses = [x for x in s.ALL_STATUSES if x not in s.FINAL_STATUSES]
-            runs = [
-                run
-                for status in open_statuses
-                for run in self.store.list_runs(status=status, limit=1_000_000)
-                if self.app_name is None or run.app == self.app_name
-            ]
-        found: list[PendingApproval] = []
-        for run in runs:
-            if run.status in s.FINAL_STATUSES:
-                continue
-            for key, value in self._published(run.run_id).items():
-                call_id = call_id_of(key)
-                request = None if call_id is None else _request(value)
-                if call_id is None or request is None or request.status not in OPEN_STATUSES:
-                    continue
-                fields = request.model_dump()
-                found.append(
-                    PendingApproval(**fields, run_id=run.run_id, saga=run.saga, call_id=call_id)
-                )
-        return sorted(found, key=lambda p: (p.requested_at, p.run_id, p.call_id))
+            self.get(run_id)  # RunNotFoundError
+        rows = self.store.open_approvals(
+            app=self.app_name,
+            run_id=run_id,
+            after=None if after is None else answers.read_cursor(after),
+            limit=limit,
+        )
+        return [p for p in map(answers.pending, rows) if p is not None]
 
     def approve(
         self, run_id: str, call_id: str, *, args: Any = None, by: str | None = None
     ) -> None:
         """Approve the approval ``call_id`` that run ``run_id`` waits for; with ``args``,
-        approve these arguments in place of those asked about. Refused (ValidationError)
-        unless the approval is pending or escalated."""
-        request = self._open_approval(run_id, call_id)
-        answer = _answer(request, True, None, by)
+        approve these arguments in place of those asked about (checked against the action's
+        schema, when the run published one). Refused (ValidationError) unless the approval
+        is pending or escalated; ApprovalTakenError if another answer won it first."""
+        data: dict[str, Any] = {"approved": True, "by": by}
         if args is not None:
-            answer["args"] = args
-        self.send_event(run_id, approval_key(call_id), answer)
+            data["args"] = args
+        self._answer(run_id, call_id, data, hashed=False)
 
     def deny(self, run_id: str, call_id: str, *, reason: str, by: str | None = None) -> None:
         """Deny the approval ``call_id`` that run ``run_id`` waits for, saying why. Refused
-        (ValidationError) unless the approval is pending or escalated."""
+        (ValidationError) unless the approval is pending or escalated; ApprovalTakenError if
+        another answer won it first."""
         if not isinstance(reason, str) or not reason.strip():
             raise ValidationError("a denial needs a reason: say why (--reason TEXT)")
-        request = self._open_approval(run_id, call_id)
-        self.send_event(run_id, approval_key(call_id), _answer(request, False, reason, by))
+        self._answer(run_id, call_id, {"approved": False, "reason": reason, "by": by}, hashed=False)
 
-    def _open_approval(self, run_id: str, call_id: str) -> ApprovalRequest:
-        """The request of the approval ``call_id`` if run ``run_id`` waits for it, else a
-        ValidationError saying what to do."""
+    def _answer(
+        self,
+        run_id: str,
+        call_id: str,
+        data: Any,
+        *,
+        event_id: str | None = None,
+        hashed: bool = True,
+    ) -> None:
+        """Send ``data`` as the answer to approval ``call_id`` if it wins the request: the
+        claim and the queued event commit together, or neither does. ``hashed=False``: the
+        answer is to the arguments as asked (the request's hash is filled in)."""
         check_call_id(call_id)
+        if isinstance(data, dict) and data.get("by") is not None:
+            if not isinstance(data["by"], str):
+                raise ValidationError(f"who answers (by) is text, not {data['by']!r:.60}")
+        elif isinstance(data, dict) and "by" in data:
+            data = {k: v for k, v in data.items() if k != "by"}
         run = self.get(run_id)
-        value = self._published(run_id).get(approval_key(call_id))
-        request = _request(value)
-        listing = f"`sagaloop approvals --run {run_id}` lists those it waits for"
-        if request is None:
-            raise ValidationError(
-                f"run {run_id!r} asked no approval {call_id!r}, so nothing was sent: {listing}"
+        row = self.store.approval(None, run_id, call_id)
+        sent = None if event_id is None else derived_id("event", run_id, event_id)
+        if row is not None and sent is not None and row.answer_id == sent:
+            return  # this very answer, sent already
+        request = answers.open_request(run, call_id, row)
+        assert row is not None
+        if not hashed:
+            data = {**data, "args_hash": request.args_hash}
+        answer = answers.checked_answer(request, row.request_id, data)
+        env = self._event(run_id, approval_key(call_id), answer, event_id=event_id)
+        with self.store.transaction() as tx:
+            won = self.store.claim_approval(
+                tx,
+                run_id,
+                call_id,
+                request_id=row.request_id,
+                message_id=env.message_id,
+                answer=answers.claim_answer(row, env, answer),
             )
-        if run.status in s.FINAL_STATUSES:
-            raise ValidationError(
-                f"run {run_id!r} is {run.status}: nothing waits for approval {call_id!r} any "
-                "more, so nothing was sent"
-            )
-        if request.status not in OPEN_STATUSES:
-            raise ValidationError(
-                f"approval {call_id!r} of run {run_id!r} is already {request.status} (an "
-                f"approval is answered once), so nothing was sent: {listing}"
-            )
-        return request
+            if won:
+                self.store.enqueue(tx, [Outgoing(engine_queue(run.app), env)], self.clock.now())
+        if not won:  # answered or settled since it was read: say which
+            now = self.store.approval(None, run_id, call_id)
+            answers.open_request(self.get(run_id), call_id, now)
+            raise answers.taken(now or row)
 
     def _published(self, run_id: str) -> dict[str, Any]:
         """The latest value of each key the run published, from its history."""
@@ -449,9 +469,20 @@ class Client:
 
     def get(self, run_id: str) -> RunRecord:
         run = self.store.get_run(_check_text(run_id, "run_id"))
-        if run is None:
+        if run is None or (self.own_app_only and run.app != self.app_name):
             raise RunNotFoundError(run_id)
         return run
+
+    def scoped(self) -> Client:
+        """This client, knowing only the runs of its app: another app's run is not found,
+        whatever is asked of it (the console and the MCP server are scoped so, on a database
+        that apps share)."""
+        if not self.app_name:
+            raise ValidationError("a scoped client needs its app: Client(store, app)")
+        client = Client(self.store, self.app or self.app_name, clock=self.clock)
+        client.streams = self.streams
+        client.own_app_only = True
+        return client
 
     def history(self, run_id: str) -> list[Event]:
         self.get(run_id)
@@ -472,7 +503,13 @@ class Client:
     ) -> list[RunRecord]:
         if saga is not None:
             _check_text(saga, "saga name")
-        return self.store.list_runs(status=status, saga=saga, limit=limit)
+        app = self.app_name if self.own_app_only else None
+        return self.store.list_runs(status=status, saga=saga, app=app, limit=limit)
+
+    def count(self, *, saga: str | None = None) -> dict[str, int]:
+        """How many runs (of ``saga``, if given) there are in each status."""
+        app = self.app_name if self.own_app_only else None
+        return self.store.count_runs(saga=saga, app=app)
 
     def stream(
         self, run_id: str, *, follow: bool = True, poll: float = 0.2, timeout: float | None = None
@@ -541,22 +578,9 @@ class Client:
             time.sleep(poll)
 
 
-def _answer(
-    request: ApprovalRequest, approved: bool, reason: str | None, by: str | None
-) -> dict[str, Any]:
-    """The data of an answer to ``request`` (an :class:`ApprovalAnswer`)."""
-    if by is not None and not isinstance(by, str):
-        raise ValidationError(f"who answers (by) is text, not {by!r:.60}")
-    answer = ApprovalAnswer(approved=approved, args_hash=request.args_hash, reason=reason, by=by)
-    return answer.model_dump(mode="json", exclude={"args"})  # present: edited arguments
-
-
-def _request(value: Any) -> ApprovalRequest | None:
-    """The approval request published as ``value``, or None if it is not one."""
-    try:
-        return ApprovalRequest.model_validate(value)
-    except pydantic.ValidationError:
-        return None
+def _same_json(a: Any, b: Any) -> bool:
+    """Whether two JSON values are equal as JSON (key order aside)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def _importable(path: str) -> Any:

@@ -91,6 +91,26 @@ class HeldSlot:
     False: an earlier delivery took it, then went away (it may have run the attempt)."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ApprovalRow:
+    """An approval a run asked for, as the approvals index holds it."""
+
+    run_id: str
+    call_id: str
+    app: str
+    saga: str
+    status: str
+    request: dict[str, Any]
+    """The request as the run last published it (``sagas.approvals.ApprovalRequest``)."""
+    request_id: str
+    """Random, made when the request was recorded: the answers name it."""
+    requested_at: datetime
+    answer_id: str | None
+    """The message id of the answer that won, once one did."""
+    answer: dict[str, Any] | None
+    """What the winning answer said (``approved``, ``by``, ``at``)."""
+
+
 class Tx(Protocol):
     """An open transaction of a store (opaque to the engine)."""
 
@@ -123,9 +143,14 @@ class Store(Protocol):
     def get_run(self, run_id: str) -> RunRecord | None: ...
     def save_run(self, tx: Tx, run: RunRecord, *, if_last_seq: int | None = None) -> bool: ...
     def list_runs(
-        self, *, status: str | None = None, saga: str | None = None, limit: int = 100
+        self,
+        *,
+        status: str | None = None,
+        saga: str | None = None,
+        app: str | None = None,
+        limit: int = 100,
     ) -> list[RunRecord]: ...
-    def count_runs(self, *, saga: str | None = None) -> dict[str, int]: ...
+    def count_runs(self, *, saga: str | None = None, app: str | None = None) -> dict[str, int]: ...
 
     # history
     def load_history(self, tx: Tx | None, run_id: str, after_seq: int = 0) -> list[Event]: ...
@@ -222,6 +247,40 @@ class Store(Protocol):
     def take_held_slot(self, message_id: str) -> HeldSlot | None:
         """What :meth:`hold_slot` kept for ``message_id``, marked as taken (None: nothing)."""
         ...
+
+    # approvals (see ``store/approvals.py``)
+    def publish_approval(
+        self,
+        tx: Tx,
+        *,
+        app: str,
+        saga: str,
+        run_id: str,
+        call_id: str,
+        request: dict[str, Any],
+        now: datetime,
+        release: str | None,
+    ) -> None: ...
+    def end_approvals(self, tx: Tx, run_id: str) -> None: ...
+    def approval(self, tx: Tx | None, run_id: str, call_id: str) -> ApprovalRow | None: ...
+    def claim_approval(
+        self,
+        tx: Tx,
+        run_id: str,
+        call_id: str,
+        *,
+        request_id: str,
+        message_id: str,
+        answer: dict[str, Any],
+    ) -> bool: ...
+    def open_approvals(
+        self,
+        *,
+        app: str | None,
+        run_id: str | None = None,
+        after: tuple[datetime, str, str] | None = None,
+        limit: int = 50,
+    ) -> list[ApprovalRow]: ...
 
     def prune(self, *, before: datetime, batch: int = 1000) -> int: ...
     def oldest_outbox_message(self) -> datetime | None: ...

@@ -389,11 +389,22 @@ class _Context(SagaContext):
             )
         args_json = step.signature.args_to_json(args, kwargs, what=f"step {step.name!r}")
         if step.approval:
-            decision = await self.approval(step.name, args_json, timeout=step.approval_timeout)
+            what = f"step {step.name!r} (edited arguments)"
+            decision = await request_approval(
+                self,
+                str(self._r.next_pos),
+                step.name,
+                args_json,
+                timeout=step.approval_timeout,
+                on_timeout="deny",
+                reason=None,
+                taken=self._approvals,
+                args_schema=step.signature.args_schema(),
+                check=lambda edit: step.signature.args_from_json(edit, what=what),
+            )
             if not decision.approved:
                 raise ApprovalDenied(step.name, decision.reason)
             if decision.edited:  # the approver's arguments, checked as the caller's were
-                what = f"step {step.name!r} (edited arguments)"
                 edited = step.signature.args_from_json(decision.args, what=what)
                 args_json = step.signature.args_to_json((), edited, what=what)
         data = {"args": args_json, "queue": step.queue}
@@ -514,7 +525,14 @@ class _Context(SagaContext):
         timeout: timedelta | None = None,
         on_timeout: OnTimeout = "deny",
         reason: str | None = None,
+        args_type: Any = None,
     ) -> Approval:
+        schema, check = None, None
+        if args_type is not None:
+            converter = Converter(args_type)
+            schema = converter.json_schema()
+            what = f"the edited arguments of approval {action!r}"
+            check = lambda edit: converter.from_json(edit, what=what)  # noqa: E731
         return await request_approval(
             self,
             str(self._r.next_pos) if call_id is None else call_id,
@@ -524,6 +542,8 @@ class _Context(SagaContext):
             on_timeout=on_timeout,
             reason=reason,
             taken=self._approvals,
+            args_schema=schema,
+            check=check,
         )
 
     def now(self) -> datetime:

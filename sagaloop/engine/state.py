@@ -109,6 +109,8 @@ class RunState:
     sleeps: dict[int, datetime] = dataclasses.field(default_factory=dict)
     waits: dict[int, Wait] = dataclasses.field(default_factory=dict)
     buffered: list[tuple[str, Any]] = dataclasses.field(default_factory=list)
+    refused: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    """``(name, reason)`` of the events refused as they arrived (never given to the code)."""
     markers: list[str] = dataclasses.field(default_factory=list)
     parent: dict[str, Any] | None = None
     """``{"run_id", "position"}`` of the run that awaits this one as a child, if any."""
@@ -211,10 +213,12 @@ class RunState:
             else:
                 self.buffered.append((ev.name, d.get("data")))
         elif kind == h.EVENT_REJECTED:
-            wait = self.waits.get(ev.pos) if ev.pos is not None else None
-            if wait is not None:
+            reason = str(d.get("reason", ""))
+            if ev.pos is None:  # refused as it arrived (an answer to no open request, say)
+                self.refused.append((str(ev.name), reason))
+            elif (wait := self.waits.get(ev.pos)) is not None:
                 wait.resolved = False
-                wait.rejected.append(str(d.get("reason", "")))
+                wait.rejected.append(reason)
         elif kind == h.MARKER:
             self.markers.append(str(ev.name))
         elif kind == h.CHILD_STARTED:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -109,10 +110,12 @@ class ApprovalRequest(BaseModel):
     edited_args: Any = None
     """The arguments approved in place of ``args``, when ``edited``."""
     edited_args_hash: str | None = None
+    args_schema: dict[str, Any] | None = None
+    """The JSON Schema that edited arguments must fit (the tool's or step's), when known."""
 
     def to_json(self) -> dict[str, Any]:
         data = self.model_dump(mode="json")
-        for name in ("last_refused", "answered_at", "by", "answer_reason"):
+        for name in ("last_refused", "answered_at", "by", "answer_reason", "args_schema"):
             if data[name] is None:
                 del data[name]
         if not self.edited:
@@ -141,6 +144,10 @@ class PendingApproval(ApprovalRequest):
     run_id: str
     saga: str
     call_id: str
+    request_id: str
+    """What an answer names (``ApprovalAnswer.request_id``)."""
+    cursor: str
+    """Pass it as ``after`` to list the approvals after this one."""
 
 
 class ApprovalAnswer(BaseModel):
@@ -152,6 +159,10 @@ class ApprovalAnswer(BaseModel):
     approved: StrictBool
     args_hash: StrictStr
     """The hash of the arguments asked about, as the request published it."""
+    request_id: StrictStr | None = None
+    """The id the engine gave the request when it recorded it (``sagaloop approvals
+    --json``): the engine refuses an answer that does not name it, so no answer can be
+    written before its request exists. ``Client.approve`` and ``deny`` fill it in."""
     args: Any = None
     reason: StrictStr | None = None
     by: StrictStr | None = None
@@ -178,6 +189,42 @@ def read_answer(data: Any, request: ApprovalRequest) -> ApprovalAnswer | str:
     return answer
 
 
+def answer_refusal(
+    request: ApprovalRequest | None,
+    request_id: str | None,
+    winner: str | None,
+    message_id: str,
+    data: Any,
+) -> str | None:
+    """Why the engine refuses, as it records it, an answer (message ``message_id``, event
+    ``data``) to an approval whose latest published ``request`` and indexed ``request_id``
+    and winning answer ``winner`` are these (None: none); None when the answer counts.
+
+    An answer counts only if its request is recorded, open and named by its ``request_id``
+    (which nobody can know before the request exists), if it fits the request, and if no
+    other answer won the request before it."""
+    if request is None or request_id is None:
+        return (
+            "no such approval was asked when this answer was recorded (an answer given before "
+            "its request is never used)"
+        )
+    if request.status not in OPEN_STATUSES:
+        return f"the approval is already {request.status} (an approval is answered once)"
+    answer = read_answer(data, request)
+    if isinstance(answer, str):
+        return answer
+    if answer.request_id is None:
+        return (
+            "it names no request_id: an answer written before its request, or without reading "
+            "it, is never used (the request_id is in `sagaloop approvals --json`)"
+        )
+    if answer.request_id != request_id:
+        return "it names another request_id than the request recorded"
+    if winner is not None and winner != message_id:
+        return "another answer won this approval first (one answer per request)"
+    return None
+
+
 def check_call_id(call_id: Any) -> str:
     """``call_id`` if it can name an approval, else a ValidationError saying why."""
     if not isinstance(call_id, str) or not 0 < len(call_id) <= MAX_CALL_ID or "\x00" in call_id:
@@ -202,9 +249,14 @@ async def request_approval(
     on_timeout: OnTimeout,
     reason: str | None,
     taken: set[str],
+    args_schema: dict[str, Any] | None = None,
+    check: Callable[[Any], Any] | None = None,
 ) -> Approval:
     """The saga side of ``ctx.approval``, on ``ctx``'s recorded primitives. ``taken``: the
-    call ids this history already used (the context keeps them), refused again."""
+    call ids this history already used (the context keeps them), refused again.
+    ``args_schema``: published with the request, so that those who answer check edited
+    arguments before they send them; ``check``: validates edited arguments here (raising
+    ValidationError), an edit it refuses is refused as an answer and the wait goes on."""
     check_call_id(call_id)
     if call_id in taken:
         raise ValidationError(
@@ -232,6 +284,7 @@ async def request_approval(
         reason=reason,
         deadline=None if timeout is None else now + timeout,
         requested_at=now,
+        args_schema=args_schema,
     )
     ctx.publish(key, record.to_json())
     while True:
@@ -261,6 +314,11 @@ async def request_approval(
                 args_hash=digest,
             )
         answer = read_answer(data, record)
+        if not isinstance(answer, str) and answer.edited and check is not None:
+            try:
+                check(answer.args)
+            except ValidationError as e:
+                answer = f"the edited arguments do not fit the action: {str(e)[:300]}"
         if isinstance(answer, str):
             ctx.logger.warning("approval %r: answer refused: %s", call_id, answer)
             record = record.model_copy(update={"last_refused": answer})

@@ -172,6 +172,7 @@ class SagaContext(abc.ABC):
         timeout: timedelta | None = None,
         on_timeout: Literal["deny", "escalate"] = "deny",
         reason: str | None = None,
+        args_type: Any = None,
     ) -> Approval:
         """Ask a person to approve ``action`` with ``args`` (JSON) and wait for the answer
         (``Client.approve``/``deny``, ``sagaloop approve``/``deny``). The request is published
@@ -181,7 +182,11 @@ class SagaContext(abc.ABC):
         to the approver. When ``timeout`` passes, ``on_timeout="deny"`` returns a denial
         (reason ``"deadline passed"``); ``"escalate"`` marks the request escalated and waits
         on without a deadline. Returns the decision and the arguments to use (the approver
-        may have edited them)."""
+        may have edited them). ``args_type`` (a pydantic model, dataclass, TypedDict...):
+        edited arguments must validate as it; its JSON Schema is published with the request,
+        so that ``approve --args`` refuses a bad edit before sending it, and an edit that
+        does not fit is refused as an answer (the approval keeps waiting), never a failure
+        of the run. The answer rules are in docs/concepts/approvals.md."""
 
     @abc.abstractmethod
     def now(self) -> datetime:

@@ -9,6 +9,7 @@ transaction that would fail the same way on every attempt.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import sys
@@ -118,6 +119,13 @@ class Converter:
         encode_value(data, what=what)
         return data
 
+    def json_schema(self) -> dict[str, Any] | None:
+        """The type's JSON Schema, or None if it has none."""
+        try:
+            return self._adapter.json_schema()
+        except (pydantic.PydanticUserError, TypeError, ValueError):
+            return None
+
     def from_json(self, data: JSON, *, what: str) -> Any:
         try:
             return self._adapter.validate_python(data)
@@ -173,6 +181,24 @@ class Signature:
             name: self.converters[name].to_json(value, what=f"{what} argument {name!r}")
             for name, value in bound.arguments.items()
         }
+
+    @functools.cached_property
+    def _schema(self) -> dict[str, Any] | None:
+        fields: dict[str, Any] = {
+            p.name: (self.converters[p.name].annotation, ... if p.default is p.empty else None)
+            for p in self.params
+        }
+        try:
+            model = pydantic.create_model(
+                "arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields
+            )
+            return model.model_json_schema()
+        except (pydantic.PydanticUserError, TypeError, ValueError):
+            return None
+
+    def args_schema(self) -> dict[str, Any] | None:
+        """The JSON Schema of the arguments as an object (None if a type has none)."""
+        return self._schema
 
     def args_from_json(self, data: JSON, *, what: str) -> dict[str, Any]:
         if not isinstance(data, dict):

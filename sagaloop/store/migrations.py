@@ -8,7 +8,11 @@ which describes the latest schema). An empty database gets the latest schema at 
 
 from __future__ import annotations
 
+import json
+import secrets
 from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import (
     Boolean,
@@ -16,6 +20,7 @@ from sqlalchemy import (
     Connection,
     Double,
     Engine,
+    Index,
     Integer,
     LargeBinary,
     MetaData,
@@ -28,6 +33,7 @@ from sqlalchemy import (
 )
 
 from sagaloop.errors import SchemaOutdatedError, SchemaTooNewError
+from sagaloop.store import payloads
 from sagaloop.store import tables as t
 
 
@@ -107,7 +113,67 @@ Table(
 )
 
 
-MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [(1, _v1), (2, _v2), (3, _v3)]
+def _v4(conn: Connection) -> None:
+    """Approvals indexed when asked (``sagaloop_approvals``); the open ones of unfinished runs
+    are copied from their histories."""
+    _V4_TABLES.create_all(conn)
+    rows = conn.execute(
+        text(
+            "SELECT r.run_id, r.app, r.saga, h.name, h.data, h.at FROM sagaloop_runs r "
+            "JOIN sagaloop_history h ON h.run_id = r.run_id WHERE r.status NOT IN "
+            "('completed', 'failed', 'compensated', 'cancelled') AND h.kind = 'published' "
+            "AND h.name LIKE 'approval:%' ORDER BY r.run_id, h.seq"
+        ).columns(at=t.UTCDateTime())
+    ).all()
+    latest: dict[tuple[str, str], tuple[str, str, Any, datetime]] = {}
+    for run_id, app, saga, name, data, at in rows:
+        if str(name).startswith("approval:"):  # SQLite's LIKE ignores ASCII case
+            value = payloads.resolve_datas(conn, run_id, [json.loads(data or "{}")])[0]
+            latest[(run_id, name[len("approval:") :])] = (app, saga, value.get("value"), at)
+    approvals = Table("sagaloop_approvals", _V4_TABLES)
+    for (run_id, call_id), (app, saga, request, at) in latest.items():
+        if not isinstance(request, dict):
+            continue
+        conn.execute(
+            approvals.insert().values(
+                run_id=run_id,
+                call_id=call_id,
+                app=app,
+                saga=saga,
+                status=str(request.get("status", "")),
+                request=json.dumps(request, separators=(",", ":")),
+                request_id=secrets.token_hex(16),
+                requested_at=at,
+                updated_at=datetime.now(UTC),
+            )
+        )
+
+
+_V4_TABLES = MetaData()  # the tables version 4 added, frozen as it added them
+Table(
+    "sagaloop_approvals",
+    _V4_TABLES,
+    Column("run_id", String(200), primary_key=True),
+    Column("call_id", String(200), primary_key=True),
+    Column("app", String(200), nullable=False),
+    Column("saga", String(200), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("request", Text, nullable=False),
+    Column("request_id", String(64), nullable=False),
+    Column("requested_at", t.UTCDateTime, nullable=False),
+    Column("answer_id", String(200)),
+    Column("answer", Text),
+    Column("updated_at", t.UTCDateTime, nullable=False),
+    Index("sagaloop_approvals_open", "app", "status", "requested_at"),
+)
+
+
+MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
+    (1, _v1),
+    (2, _v2),
+    (3, _v3),
+    (4, _v4),
+]
 LATEST = MIGRATIONS[-1][0]
 
 

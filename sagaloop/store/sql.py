@@ -30,6 +30,7 @@ from sagaloop.engine import history as h
 from sagaloop.engine.history import Event, NewEvent, number
 from sagaloop.engine.messages import Envelope
 from sagaloop.engine.ports import (
+    ApprovalRow,
     Handoff,
     HeldSlot,
     Outgoing,
@@ -39,7 +40,7 @@ from sagaloop.engine.ports import (
     batched,
 )
 from sagaloop.engine.state import ALL_STATUSES, NEEDS_ATTENTION
-from sagaloop.store import limits, migrations, payloads, queue
+from sagaloop.store import approvals, limits, migrations, payloads, queue
 from sagaloop.store import processes as registry
 from sagaloop.store import tables as t
 from sagaloop.store.connect import create_sa_engine, mask_url, translate
@@ -324,9 +325,16 @@ class SqlStore:
         return _conn(tx).execute(self._sql.save_run_if, values).rowcount == 1
 
     def list_runs(
-        self, *, status: str | None = None, saga: str | None = None, limit: int = 100
+        self,
+        *,
+        status: str | None = None,
+        saga: str | None = None,
+        app: str | None = None,
+        limit: int = 100,
     ) -> list[RunRecord]:
         q = sa.select(t.runs).order_by(t.runs.c.updated_at.desc()).limit(limit)
+        if app is not None:
+            q = q.where(t.runs.c.app == app)
         if status:
             q = q.where(t.runs.c.status == status)
         if saga:
@@ -334,8 +342,10 @@ class SqlStore:
         with self._read() as conn:
             return payloads.resolve_runs(conn, [_run(r) for r in conn.execute(q).mappings()])
 
-    def count_runs(self, *, saga: str | None = None) -> dict[str, int]:
+    def count_runs(self, *, saga: str | None = None, app: str | None = None) -> dict[str, int]:
         q = sa.select(t.runs.c.status, sa.func.count()).group_by(t.runs.c.status)
+        if app is not None:
+            q = q.where(t.runs.c.app == app)
         if saga:
             q = q.where(t.runs.c.saga == saga)
         with self._read() as conn:
@@ -625,6 +635,70 @@ class SqlStore:
         with self._one_write() as conn:
             return limits.take(conn, self.dialect, message_id)
 
+    # --- approvals (SQL in approvals.py) -------------------------------------------------------
+
+    def publish_approval(
+        self,
+        tx: Any,
+        *,
+        app: str,
+        saga: str,
+        run_id: str,
+        call_id: str,
+        request: dict[str, Any],
+        now: datetime,
+        release: str | None,
+    ) -> None:
+        approvals.publish(
+            _conn(tx),
+            app=app,
+            saga=saga,
+            run_id=run_id,
+            call_id=call_id,
+            request=request,
+            now=now,
+            release=release,
+        )
+
+    def end_approvals(self, tx: Any, run_id: str) -> None:
+        approvals.end(_conn(tx), [run_id])
+
+    def approval(self, tx: Any, run_id: str, call_id: str) -> ApprovalRow | None:
+        if tx is not None:
+            return approvals.get(_conn(tx), run_id, call_id)
+        with self._read() as conn:
+            return approvals.get(conn, run_id, call_id)
+
+    def claim_approval(
+        self,
+        tx: Any,
+        run_id: str,
+        call_id: str,
+        *,
+        request_id: str,
+        message_id: str,
+        answer: dict[str, Any],
+    ) -> bool:
+        return approvals.claim(
+            _conn(tx),
+            run_id,
+            call_id,
+            request_id=request_id,
+            message_id=message_id,
+            answer=answer,
+        )
+
+    def open_approvals(
+        self,
+        *,
+        app: str | None,
+        run_id: str | None = None,
+        after: tuple[datetime, str, str] | None = None,
+        limit: int = 50,
+    ) -> list[ApprovalRow]:
+        with self._read() as conn:
+            return approvals.open_page(conn, app=app, run_id=run_id, after=after, limit=limit)
+
     # --- retention ---------------------------------------------------------------------------
 
     def prune(self, *, before: datetime, batch: int = 1000) -> int:
@@ -655,6 +729,7 @@ class SqlStore:
                 conn.execute(t.history.delete().where(t.history.c.run_id.in_(ids)))
                 conn.execute(t.timers.delete().where(t.timers.c.run_id.in_(ids)))
                 conn.execute(t.runs.delete().where(t.runs.c.run_id.in_(ids)))
+                approvals.end(conn, ids)
                 payloads.delete(conn, ids)
             holds = limits.prune(conn, before)
         return len(keys) + len(ids) + holds

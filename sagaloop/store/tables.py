@@ -215,3 +215,28 @@ rate_holds = Table(
     Column("at", UTCDateTime, nullable=False),
 )
 """The slots that rate-limited step messages hold while given back to their queue."""
+
+approvals = Table(
+    "sagaloop_approvals",
+    metadata,
+    Column("run_id", ID, primary_key=True),
+    Column("call_id", ID, primary_key=True),
+    Column("app", ID, nullable=False),
+    Column("saga", ID, nullable=False),
+    # pending, escalated, approved, denied or expired: the status the run last published.
+    Column("status", String(16), nullable=False),
+    # The request as the run last published it (sagas.approvals.ApprovalRequest).
+    Column("request", JSONText, nullable=False),
+    # Random, made when the request is first recorded: an answer names it, so no answer can
+    # be written before its request exists.
+    Column("request_id", String(64), nullable=False),
+    Column("requested_at", UTCDateTime, nullable=False),
+    # The message id of the answer that won (one per request), and what it said.
+    Column("answer_id", ID),
+    Column("answer", JSONText),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Index("sagaloop_approvals_open", "app", "status", "requested_at"),
+)
+"""The approvals runs asked for (``ctx.approval``), written in the activation's transaction
+that published them: the pending ones are listed page by page from here, and an answer claims
+its request here, so that one answer wins even while no engine runs."""

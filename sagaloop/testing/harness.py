@@ -3,6 +3,7 @@ from __future__ import annotations
 import copy
 import inspect
 import threading
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -13,8 +14,8 @@ from sagaloop.engine.activation import Engine
 from sagaloop.engine.client import Client
 from sagaloop.engine.history import Event
 from sagaloop.engine.local import LocalWorker
-from sagaloop.engine.messages import engine_queue, local_queue, step_queue
-from sagaloop.engine.ports import Broker, Delivery, RunRecord
+from sagaloop.engine.messages import Envelope, engine_queue, local_queue, step_queue
+from sagaloop.engine.ports import Broker, Delivery, Outgoing, RunRecord
 from sagaloop.engine.runtime import EngineConsumer, TimerScheduler, WorkerConsumer
 from sagaloop.engine.state import NEEDS_ATTENTION
 from sagaloop.engine.steps import StepRunner
@@ -173,6 +174,21 @@ class Harness:
 
     def send_event(self, run_id: str, name: str, data: Any = None) -> None:
         self.client.send_event(run_id, name, data)
+
+    def publish_event(self, run_id: str, name: str, data: Any = None) -> str:
+        """Put an event on the engine's queue as any publisher on the broker may: none of
+        the Client's checks (nor its claim of an approval) first. Returns its message id."""
+        run = self.client.get(run_id)
+        message = Envelope(
+            type="event",
+            message_id=uuid.uuid4().hex,
+            run_id=run_id,
+            payload={"name": name, "data": data},
+            created_at=self.clock.now(),
+        )
+        with self.store.transaction() as tx:
+            self.store.enqueue(tx, [Outgoing(engine_queue(run.app), message)], self.clock.now())
+        return message.message_id
 
     def cancel(self, run_id: str, reason: str | None = None) -> None:
         self.client.cancel(run_id, reason)

@@ -76,6 +76,8 @@ def create_app(
     ``refresh``: how often, in seconds, open pages ask whether what they show moved). Serve it
     with any ASGI server (``sagaloop ui`` uses uvicorn); bind it to 127.0.0.1 unless it has a
     token (:func:`~sagaloop.ui.security.check_bind`)."""
+    if client.app_name:  # another app's runs are not found (apps may share a database)
+        client = client.scoped()
     csrf = new_csrf()
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),

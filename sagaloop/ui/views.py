@@ -59,7 +59,7 @@ def run_list(client: Client, *, saga: str | None, status: str | None, age: str |
     if age in AGES:
         since = client.clock.now() - AGES[age]
         runs = [r for r in runs if r.updated_at >= since]  # the list is newest first
-    counts = client.store.count_runs(saga=saga)
+    counts = client.count(saga=saga)
     ordered = {name: counts.get(name, 0) for name in s.ALL_STATUSES}
     stamp = version([(r.run_id, r.status, r.updated_at) for r in runs], counts)
     return RunList(runs, ordered, sum(counts.values()), stamp)

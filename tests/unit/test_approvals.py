@@ -179,7 +179,14 @@ def test_edited_arguments_are_used_and_both_are_recorded_with_their_hashes() -> 
         "args": edited,
         "reason": None,
         "by": "alice",
+        "request_id": answer["request_id"],  # the request it answers, as the engine named it
     }
+    assert len(answer["request_id"]) == 32
+
+
+def refusals(env: Harness, run_id: str) -> list[str]:
+    """Why the engine refused the answers it recorded as refused."""
+    return [e.data["reason"] for e in env.history(run_id) if e.kind == h.EVENT_REJECTED]
 
 
 def test_an_answer_for_other_arguments_is_refused_and_the_run_keeps_waiting() -> None:
@@ -187,13 +194,21 @@ def test_an_answer_for_other_arguments_is_refused_and_the_run_keeps_waiting() ->
     run_id = env.start(refund, ARGS)
     env.run_until_idle()
     other = args_hash({"order": "A-1", "cents": 129900})
-    env.send_event(run_id, "approval:0", {"approved": True, "args_hash": other})
+    with pytest.raises(ValidationError, match=f"hash '{other[:12]}'"):  # the client checks
+        env.send_event(run_id, "approval:0", {"approved": True, "args_hash": other})
+    [pending] = env.approvals(run_id)
+    rid = pending.request_id
+    # Sent anyway, straight to the engine's queue: the engine refuses it as it records it.
+    env.publish_event(
+        run_id, "approval:0", {"approved": True, "args_hash": other, "request_id": rid}
+    )
     assert waiting(env, run_id) == "waiting"
-    record = published(env, run_id)
-    assert record["status"] == "pending" and other[:12] in record["last_refused"]
-    env.send_event(run_id, "approval:0", {"approved": "yes", "args_hash": args_hash(ARGS)})
+    assert other[:12] in refusals(env, run_id)[-1]
+    answer = {"approved": "yes", "args_hash": args_hash(ARGS), "request_id": rid}
+    env.publish_event(run_id, "approval:0", answer)
     assert waiting(env, run_id) == "waiting"
-    assert "approved" in published(env, run_id)["last_refused"]
+    assert "approved" in refusals(env, run_id)[-1]
+    assert published(env, run_id)["status"] == "pending"
     assert [p.call_id for p in env.approvals(run_id)] == ["0"]
     assert refunds == []
 
@@ -213,9 +228,11 @@ def test_an_approval_is_used_once_a_second_answer_is_refused_or_ignored() -> Non
         env.deny(run_id, "c-1", reason="changed my mind")
     with pytest.raises(ValidationError, match="already approved"):
         env.approve(run_id, "c-1")
-    # Sent anyway, as a raw event: kept by the run, never used.
+    # Sent anyway, as a raw event: refused as it is recorded, never used.
     deny = {"approved": False, "args_hash": args_hash(ARGS), "reason": "changed my mind"}
-    env.send_event(run_id, "approval:c-1", deny)
+    with pytest.raises(ValidationError, match="already approved"):
+        env.send_event(run_id, "approval:c-1", deny)
+    env.publish_event(run_id, "approval:c-1", deny)
     env.send_event(run_id, "go")
     env.run_until_idle()
     assert env.result(run_id)["approved"] is True
@@ -278,7 +295,7 @@ def test_a_refused_answer_keeps_the_original_deadline() -> None:
     run_id = env.start(deadline, "deny")
     env.run_until_idle(skip_time=False)
     env.advance(timedelta(hours=20))
-    env.send_event(run_id, "approval:0", {"approved": True, "args_hash": "0" * 64})
+    env.publish_event(run_id, "approval:0", {"approved": True, "args_hash": "0" * 64})
     env.advance(timedelta(hours=3))
     assert env.get(run_id).status == "waiting"
     assert "until 2026-01-02 00:00:00 UTC" in env.status(run_id).waiting_for[0]
@@ -310,7 +327,7 @@ def test_an_approval_survives_restarts_and_its_history_replays() -> None:
     run_id = env.start(refund, ARGS)
     env.run_until_idle()
     env.restart()
-    env.send_event(run_id, "approval:0", {"approved": True, "args_hash": "f" * 64})
+    env.publish_event(run_id, "approval:0", {"approved": True, "args_hash": "f" * 64})
     env.run_until_idle()
     env.restart()
     assert [p.call_id for p in env.approvals()] == ["0"]
@@ -328,6 +345,7 @@ def test_an_approval_survives_restarts_and_its_history_replays() -> None:
         h.PUBLISHED,
         h.EVENT_WAITING,
         h.EVENT_ARRIVED,
+        h.EVENT_REJECTED,
         h.STEP_SCHEDULED,
         h.STEP_DISPATCHED,
         h.STEP_COMPLETED,
@@ -337,9 +355,7 @@ def test_an_approval_survives_restarts_and_its_history_replays() -> None:
     commands = [(e.kind, e.name) for e in history if e.kind in h.COMMAND_KINDS]
     assert commands == [
         (h.PUBLISHED, "approval:0"),
-        (h.EVENT_WAITING, "approval:0"),
-        (h.PUBLISHED, "approval:0"),  # the refused answer
-        (h.EVENT_WAITING, "approval:0"),
+        (h.EVENT_WAITING, "approval:0"),  # the refused answer never reached it
         (h.PUBLISHED, "approval:0"),  # approved
         (h.STEP_SCHEDULED, "issue_refund"),
     ]

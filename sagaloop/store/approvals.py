@@ -1,0 +1,148 @@
+"""The SQL of the approvals index (``sagaloop_approvals``): one row per approval a run asked
+for, written in the transaction of the activation that published it, claimed by the answer
+that wins, deleted when the run finishes. ``SqlStore`` wraps these functions."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection
+
+from sagaloop.engine.ports import ApprovalRow
+from sagaloop.sagas.approvals import OPEN_STATUSES
+from sagaloop.store import tables as t
+
+_c = t.approvals.c
+_OPEN = sorted(OPEN_STATUSES)
+_COUNTED = {"preserve_rowcount": True}
+
+
+def _key(run_id: str, call_id: str) -> Any:
+    return (_c.run_id == run_id) & (_c.call_id == call_id)
+
+
+def publish(
+    conn: Connection,
+    *,
+    app: str,
+    saga: str,
+    run_id: str,
+    call_id: str,
+    request: dict[str, Any],
+    now: datetime,
+    release: str | None,
+) -> None:
+    """Record the request as the run published it now. A request seen for the first time
+    gets its random ``request_id``. ``release``: the message id of the answer this activation
+    gave the run; if the request is still open after it (the run refused that answer), its
+    claim is released, so that another answer may win."""
+    status = str(request.get("status", ""))
+    values: dict[str, Any] = {"status": status, "request": request, "updated_at": now}
+    if release is not None and status in OPEN_STATUSES:
+        values["answer_id"] = sa.case((_c.answer_id == release, None), else_=_c.answer_id)
+        values["answer"] = sa.case((_c.answer_id == release, None), else_=_c.answer)
+    q = t.approvals.update().where(_key(run_id, call_id)).values(values)
+    if conn.execute(q.execution_options(**_COUNTED)).rowcount == 1:
+        return
+    requested_at = _requested_at(request, now)
+    conn.execute(
+        t.approvals.insert().values(
+            run_id=run_id,
+            call_id=call_id,
+            app=app,
+            saga=saga,
+            status=status,
+            request=request,
+            request_id=secrets.token_hex(16),
+            requested_at=requested_at,
+            updated_at=now,
+        )
+    )
+
+
+def _requested_at(request: dict[str, Any], default: datetime) -> datetime:
+    text = request.get("requested_at")
+    try:
+        return datetime.fromisoformat(text) if isinstance(text, str) else default
+    except ValueError:
+        return default
+
+
+def end(conn: Connection, run_ids: Sequence[str]) -> None:
+    """Forget the approvals of finished (or restarted) runs."""
+    conn.execute(t.approvals.delete().where(_c.run_id.in_(list(run_ids))))
+
+
+def get(conn: Connection, run_id: str, call_id: str) -> ApprovalRow | None:
+    row = conn.execute(sa.select(t.approvals).where(_key(run_id, call_id))).mappings().first()
+    return None if row is None else _row(row)
+
+
+def claim(
+    conn: Connection,
+    run_id: str,
+    call_id: str,
+    *,
+    request_id: str,
+    message_id: str,
+    answer: dict[str, Any],
+) -> bool:
+    """Make ``message_id`` the answer of the open request ``request_id``, unless another
+    answer holds it; True when it does now (also when it already did)."""
+    q = (
+        t.approvals.update()
+        .where(
+            _key(run_id, call_id),
+            _c.request_id == request_id,
+            _c.status.in_(_OPEN),
+            sa.or_(_c.answer_id.is_(None), _c.answer_id == message_id),
+        )
+        .values(answer_id=message_id, answer=answer)
+    )
+    return conn.execute(q.execution_options(**_COUNTED)).rowcount == 1
+
+
+def open_page(
+    conn: Connection,
+    *,
+    app: str | None,
+    run_id: str | None,
+    after: tuple[datetime, str, str] | None,
+    limit: int,
+) -> list[ApprovalRow]:
+    """Open approvals (pending or escalated), oldest request first, after the cursor
+    ``(requested_at, run_id, call_id)``: a page through the index, never a scan of runs."""
+    q = sa.select(t.approvals).where(_c.status.in_(_OPEN))
+    if app is not None:
+        q = q.where(_c.app == app)
+    if run_id is not None:
+        q = q.where(_c.run_id == run_id)
+    if after is not None:
+        at, run, call = after
+        q = q.where(
+            sa.or_(
+                _c.requested_at > at,
+                sa.and_(_c.requested_at == at, sa.tuple_(_c.run_id, _c.call_id) > (run, call)),
+            )
+        )
+    q = q.order_by(_c.requested_at, _c.run_id, _c.call_id).limit(limit)
+    return [_row(r) for r in conn.execute(q).mappings()]
+
+
+def _row(row: Any) -> ApprovalRow:
+    return ApprovalRow(
+        run_id=row["run_id"],
+        call_id=row["call_id"],
+        app=row["app"],
+        saga=row["saga"],
+        status=row["status"],
+        request=row["request"],
+        request_id=row["request_id"],
+        requested_at=row["requested_at"],
+        answer_id=row["answer_id"],
+        answer=row["answer"],
+    )
