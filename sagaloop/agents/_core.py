@@ -3,6 +3,7 @@ counted across its agent runs, budgets, approvals. No agent framework is importe
 
 from __future__ import annotations
 
+import asyncio
 import collections.abc
 import dataclasses
 import re
@@ -61,6 +62,12 @@ async def _run_plain(step: StepDef[Any, Any], kwargs: dict[str, Any]) -> Any:
     if isinstance(result, collections.abc.Awaitable):
         result = await result
     return result
+
+
+def _timeout(limit: timedelta | None) -> asyncio.Timeout:
+    """A step body's own deadline (its step's timeout): a model stream read under it is
+    closed when the attempt times out, where the engine only stops waiting for it."""
+    return asyncio.timeout(None if limit is None else limit.total_seconds())
 
 
 def _jsonable(value: Any, what: str) -> Any:

@@ -39,6 +39,7 @@ import dataclasses
 import json
 import threading
 from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing
 from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any, Literal
@@ -78,6 +79,7 @@ from sagaloop.agents._core import (
     _jsonable,
     _run_plain,
     _step_part,
+    _timeout,
     _tool_step,
     _usage_of,
     ask,
@@ -764,22 +766,29 @@ class SagaRunner:
         model = self._model(agent, request.get("model"))
         if self.stream:
             response = None
-            async for event in model.stream_response(*args, **options):
-                ctx.stream(
-                    {
-                        "agent": agent_name,
-                        "text": getattr(event, "delta", None)
-                        if event.type == "response.output_text.delta"
-                        else None,
-                        "event": _jsonable(event, "a stream event"),
-                    }
-                )
-                if event.type == "response.completed":
-                    response = ModelResponse(
-                        output=list(event.response.output),
-                        usage=_usage_from(event.response.usage),
-                        response_id=event.response.id,
+            # closed (its connection too) when the run ends (the heartbeat raises
+            # StepCancelled) or the step's timeout passes: nothing reads, or pays for, the rest
+            async with (
+                _timeout(self._model_timeout),
+                aclosing(model.stream_response(*args, **options)) as events,
+            ):
+                async for event in events:
+                    ctx.heartbeat()
+                    ctx.stream(
+                        {
+                            "agent": agent_name,
+                            "text": getattr(event, "delta", None)
+                            if event.type == "response.output_text.delta"
+                            else None,
+                            "event": _jsonable(event, "a stream event"),
+                        }
                     )
+                    if event.type == "response.completed":
+                        response = ModelResponse(
+                            output=list(event.response.output),
+                            usage=_usage_from(event.response.usage),
+                            response_id=event.response.id,
+                        )
             if response is None:
                 raise UserError(f"the model of agent {agent_name!r} ended its stream unfinished")
         else:

@@ -56,6 +56,7 @@ from sagaloop.agents._core import (
     _jsonable,
     _run_plain,
     _step_part,
+    _timeout,
     _tool_step,
     _usage_of,
     ask,
@@ -649,8 +650,14 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
         model = self._model()
         settings = request.get("settings")
         if self.stream:
-            async with model.request_stream(messages, settings, params) as streamed:
+            # closed (its connection too) when the run ends (the heartbeat raises
+            # StepCancelled) or the step's timeout passes: nothing reads, or pays for, the rest
+            async with (
+                _timeout(self.model_step.timeout),
+                model.request_stream(messages, settings, params) as streamed,
+            ):
                 async for event in streamed:
+                    ctx.heartbeat()
                     text = _text_of(event)
                     ctx.stream(
                         {
