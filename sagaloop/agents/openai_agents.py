@@ -766,12 +766,10 @@ class SagaRunner:
         model = self._model(agent, request.get("model"))
         if self.stream:
             response = None
+            stream: Any = model.stream_response(*args, **options)  # an async generator
             # closed (its connection too) when the run ends (the heartbeat raises
             # StepCancelled) or the step's timeout passes: nothing reads, or pays for, the rest
-            async with (
-                _timeout(self._model_timeout),
-                aclosing(model.stream_response(*args, **options)) as events,
-            ):
+            async with _timeout(self._model_timeout), aclosing(stream) as events:
                 async for event in events:
                     ctx.heartbeat()
                     ctx.stream(
