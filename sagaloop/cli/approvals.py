@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import click
 
@@ -36,16 +37,23 @@ def approvals_text(pending: list[PendingApproval]) -> str:
 
 @click.command("approvals")
 @click.option("--run", "run_id", help="Only the approvals of this run.")
+@click.option(
+    "--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help="A page's size."
+)
+@click.option("--after", help="The page after this cursor (the last line's, or its `cursor`).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @click.pass_obj
-def approvals(obj: Obj, run_id: str | None, as_json: bool) -> None:
-    """List the approvals that runs wait for (pending or escalated), oldest first."""
+def approvals(obj: Obj, run_id: str | None, limit: int, after: str | None, as_json: bool) -> None:
+    """List the approvals that runs wait for (pending or escalated), oldest first, a page at
+    a time. Each one's request_id is what an answer sent by other means must name."""
     with errors():
-        pending = Client(obj.store()).approvals(run_id)
+        pending = Client(obj.store()).approvals(run_id, after=after, limit=limit)
     if as_json:
         click.echo(json.dumps([p.model_dump(mode="json") for p in pending], indent=2))
-    else:
-        click.echo(approvals_text(pending))
+        return
+    click.echo(approvals_text(pending))
+    if len(pending) == limit:
+        click.echo(f"next page: sagaloop approvals --after {shlex.quote(pending[-1].cursor)}")
 
 
 @click.command()

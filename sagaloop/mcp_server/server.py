@@ -227,8 +227,9 @@ class SagaMCPServer:
             client.send_event(args.run_id, args.name, args.data, event_id=event_id)
             return {"run_id": args.run_id, "event": args.name, "event_id": event_id, "sent": True}
         if isinstance(args, ListApprovalsArgs):
-            pending = [p.model_dump(mode="json") for p in client.approvals(args.run_id)]
-            return {"approvals": pending}
+            page = client.approvals(args.run_id, after=args.after, limit=args.limit)
+            more = page[-1].cursor if len(page) == args.limit else None
+            return {"approvals": [p.model_dump(mode="json") for p in page], "next": more}
         if isinstance(args, ApproveArgs):
             by = args.by or who
             client.approve(args.run_id, args.call_id, args=args.args, by=by)

@@ -158,6 +158,10 @@ class ListApprovalsArgs(Args):
     run_id: str | None = Field(
         default=None, description="Only this run's approvals (default: every unfinished run's)."
     )
+    after: str | None = Field(
+        default=None, description="The page after this one: the `next` of the page before."
+    )
+    limit: int = Field(default=50, ge=1, le=200, description="How many approvals a page holds.")
 
 
 class ApproveArgs(Args):

@@ -205,20 +205,25 @@ def create_app(
 
     # --- approvals and dead letters ------------------------------------------------------------
 
-    def approvals_context() -> dict[str, Any]:
-        pending = client.approvals()
+    def approvals_context(request: Request) -> dict[str, Any]:
+        """A page of the pending approvals (``?after=CURSOR``: the page after that one)."""
+        after = request.query_params.get("after") or None
+        pending = client.approvals(after=after, limit=views.APPROVALS_PAGE)
         stamp = views.version([(p.run_id, p.call_id, p.status, p.args_hash) for p in pending])
-        return {"pending": pending, "stamp": stamp}
+        more = pending[-1].cursor if len(pending) == views.APPROVALS_PAGE else None
+        page_query = urlencode({"after": after}) if after else ""
+        next_query = urlencode({"after": more}) if more else ""
+        return {"pending": pending, "stamp": stamp, "page": page_query, "next": next_query}
 
     def approvals(request: Request) -> Response:
         try:
-            return page(request, "approvals.html", **approvals_context())
+            return page(request, "approvals.html", **approvals_context(request))
         except SagaloopError as e:
             return failed(request, e)
 
     def approvals_live(request: Request) -> Response:
         try:
-            context = approvals_context()
+            context = approvals_context(request)
         except SagaloopError as e:
             return failed(request, e)
         return live(request, context["stamp"], "_approvals_live.html", **context)

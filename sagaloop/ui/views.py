@@ -52,6 +52,10 @@ class RunList:
     version: str
 
 
+APPROVALS_PAGE = 50
+"""How many approvals a page of the console shows."""
+
+
 def run_list(client: Client, *, saga: str | None, status: str | None, age: str | None) -> RunList:
     """The newest runs (by last update) that match the filters, and the counts by status of
     the saga filter's runs (of every run without it)."""

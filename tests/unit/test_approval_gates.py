@@ -318,3 +318,62 @@ def test_a_database_upgraded_to_v4_indexes_the_approvals_runs_already_wait_for(
     env.approve(run_id, "0")
     env.run_until_idle()
     assert env.result(run_id) == {"approved": True, "args": ARGS}
+
+
+def test_the_console_and_the_mcp_server_of_one_app_do_not_touch_another_apps_runs(
+    tmp_path: Any,
+) -> None:
+    """On a shared database: the shop's MCP server and console cannot read, signal or
+    approve the payroll app's 500,000-cent payment."""
+    from starlette.testclient import TestClient
+
+    from sagaloop.engine.client import Client
+    from sagaloop.mcp_server.server import SagaMCPServer
+    from sagaloop.ui import create_app
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    payroll_env = Harness(other, url=url)
+    run_id = payroll_env.start(payroll, 500_000)
+    payroll_env.run_until_idle(skip_time=False)
+    shop = Client(payroll_env.store, app)
+
+    server = SagaMCPServer(shop, app)
+    for tool, args in (
+        ("run_status", {"run_id": run_id}),
+        ("send_event", {"run_id": run_id, "name": "approval:0", "data": {"approved": True}}),
+        ("approve", {"run_id": run_id, "call_id": "0"}),
+        ("deny", {"run_id": run_id, "call_id": "0", "reason": "no"}),
+        ("list_approvals", {"run_id": run_id}),
+    ):
+        with pytest.raises(RunNotFoundError):
+            server.answer(tool, dict(args), "assistant")
+    assert server.answer("list_approvals", {}, "assistant") == {"approvals": [], "next": None}
+
+    console = TestClient(create_app(shop, app), base_url="http://127.0.0.1:8765")
+    assert console.get("/run", params={"id": run_id}).status_code == 404
+    assert run_id not in console.get("/approvals").text
+    assert run_id not in console.get("/runs").text
+    [pending] = payroll_env.approvals()
+    assert pending.status == "pending", "nothing reached the payroll run"
+
+
+def test_the_cli_lists_approvals_a_page_at_a_time(tmp_path: Any, monkeypatch: Any) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from sagaloop.cli.main import cli
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    env = Harness(app, url=url)
+    runs = {env.start(typed, {"customer": f"c{i}", "cents": i}) for i in range(5)}
+    env.run_until_idle(skip_time=False)
+    monkeypatch.setenv("SAGALOOP_DATABASE_URL", url)
+    first = CliRunner().invoke(cli, ["approvals", "--limit", "3", "--json"])
+    assert first.exit_code == 0, first.output
+    page = json.loads(first.output)
+    assert len(page) == 3 and all(len(p["request_id"]) == 32 for p in page)
+    text = CliRunner().invoke(cli, ["approvals", "--limit", "3"]).output
+    assert "next page: sagaloop approvals --after" in text
+    rest = CliRunner().invoke(cli, ["approvals", "--after", page[-1]["cursor"], "--json"])
+    assert {p["run_id"] for p in page + json.loads(rest.output)} == runs
