@@ -27,6 +27,9 @@ _URL_USERINFO = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s'\"]*:)\S
 _URL_LIST = re.compile(r"\s*[,;]\s*(?=[a-zA-Z][a-zA-Z0-9+.-]*://)")
 """Between the URLs of a list (``amqp://...,amqp://...``, the nodes of a cluster): a comma or
 semicolon followed by the next URL's scheme, so a password holding ``,`` or ``;`` is not cut."""
+_QUOTED = re.compile(r"(?P<q>['\"])(?P<piece>[^'\"\s]{1,200})(?P=q)")
+"""A quoted word of a driver's error (``as 'Qz'``): masked whole when it is a piece of a known
+password, however short, since a driver quotes exactly the piece of a URL it could not parse."""
 _QUERY_PASSWORD = re.compile(r"(?P<head>[?&;]password=)[^&#\s'\"]*", re.IGNORECASE)
 _CONNINFO_PASSWORD = re.compile(
     r"(?P<head>(?<![?&;])\bpassword\s*=\s*)(?:'(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE
@@ -80,12 +83,36 @@ def mask_url(url: object) -> str:
 def scrub(text: str, *passwords: str | None) -> str:
     """``text`` fit for logs and errors: the password of every URL in it, every ``password=``
     value, and each known password of ``passwords`` masked, the latter also percent-decoded and
-    cut into the pieces a parser may have quoted (split at ``/ # ? : @ %``)."""
+    cut into the pieces a parser may have quoted (split at ``/ # ? : @ %``), and a quoted word
+    that is any piece of one, however short."""
     for secret in _known(passwords):
         text = text.replace(secret, MASK)
+    wholes = _wholes(passwords)
+    if wholes:  # a driver quotes the piece it choked on, however short ('Qz', '%41')
+
+        def quoted(found: re.Match[str]) -> str:
+            piece = found.group("piece")
+            secret = any(piece in whole for whole in wholes)
+            return f"{found.group('q')}{MASK}{found.group('q')}" if secret else found.group()
+
+        text = _QUOTED.sub(quoted, text)
     text = _URL_USERINFO.sub(rf"\g<head>{MASK}@", text)
     text = _QUERY_PASSWORD.sub(rf"\g<head>{MASK}", text)
     return _CONNINFO_PASSWORD.sub(rf"\g<head>{MASK}", text)
+
+
+def _wholes(passwords: tuple[str | None, ...]) -> list[str]:
+    """Each password as written, percent-decoded and percent-encoded."""
+    return [
+        form
+        for password in passwords
+        if password
+        for form in (
+            password,
+            urllib.parse.unquote(password),
+            urllib.parse.quote(password, safe=""),
+        )
+    ]
 
 
 def _known(passwords: tuple[str | None, ...]) -> list[str]:
