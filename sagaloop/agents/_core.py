@@ -200,7 +200,7 @@ def publish_usage(saga: SagaContext, budget: Budget | None) -> None:
     if state.allowance is not None or state.reserved:
         shown["tree"] = state.committed().model_dump()
     if state.allowance is not None:
-        shown["share"] = state.allowance.model_dump(mode="json", exclude_none=True)
+        shown["tree_budget"] = state.allowance.model_dump(mode="json", exclude_none=True)
     saga.publish(USAGE_KEY, shown)
 
 

@@ -693,6 +693,8 @@ class SagaRunner:
             return result
         finally:
             _current.reset(token)
+            if _usage_of(saga).allowance is not None:  # a run tree's: what its parent reads
+                publish_usage(saga, run.budget)
 
     async def _answer(self, run: _Run, state: Any, item: Any) -> None:
         """Ask a person about the tool call ``item``, and tell the SDK's run state."""

@@ -599,6 +599,8 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
                     yield agent_run
         finally:
             _current.reset(token)
+            if _usage_of(saga).allowance is not None:  # a run tree's: what its parent reads
+                publish_usage(saga, run.budget)
 
     async def _check_budget(self, run: _Run) -> None:
         run.budget = await check_budget(run.saga, run.budget)
