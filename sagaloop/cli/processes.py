@@ -32,6 +32,10 @@ PRUNE_AFTER = timedelta(hours=1)
 """Rows not refreshed for this long are deleted (by any running process)."""
 MAX_PROBLEM = 2000
 """Characters of a problem kept in the registry."""
+NOTES = "\n-- notes: "
+"""Separates a row's problems from its notes in the ``problem`` column: what an operator should
+know that is no problem (threads abandoned past a step's timeout), listed by health, which does
+not fail for it."""
 
 
 class ProcessRegistry(Protocol):
@@ -57,13 +61,28 @@ def describe(exc: BaseException) -> str:
     return line.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _storable(problems: Sequence[str]) -> str | None:
-    """The problems as one text any database stores: no NUL, no lone surrogate, bounded."""
-    if not problems:
+def _storable(problems: Sequence[str], notes: Sequence[str] = ()) -> str | None:
+    """The problems (then ``NOTES`` and the notes, if any) as one text any database stores: no
+    NUL, no lone surrogate, bounded."""
+    if not problems and not notes:
         return None
-    text = "; ".join(problems).replace("\x00", "\\x00")
+    limit = MAX_PROBLEM // 2 if problems and notes else MAX_PROBLEM
+    text = _clip(problems, limit)
+    return text + NOTES + _clip(notes, limit) if notes else text
+
+
+def _clip(lines: Sequence[str], limit: int) -> str:
+    text = "; ".join(lines).replace("\x00", "\\x00").replace("\n", " ")
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= MAX_PROBLEM else text[: MAX_PROBLEM - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def split_notes(stored: str | None) -> tuple[str | None, str | None]:
+    """A ``problem`` column's (problems, notes); each None when there are none."""
+    if not stored:
+        return None, None
+    problem, _, notes = stored.partition(NOTES)
+    return problem or None, notes or None
 
 
 class Registration:
@@ -85,9 +104,10 @@ class Registration:
     def started(self) -> None:
         self._try("register", self._register)
 
-    def beat(self, problems: Sequence[str]) -> None:
-        """Refresh the row with the process's current problems; prune old rows now and then."""
-        self._try("refresh", lambda: self._beat(_storable(problems)))
+    def beat(self, problems: Sequence[str], notes: Sequence[str] = ()) -> None:
+        """Refresh the row with the process's current problems (and notes, which are none);
+        prune old rows now and then."""
+        self._try("refresh", lambda: self._beat(_storable(problems, notes)))
 
     def stopped(self, problems: Sequence[str]) -> None:
         """Close the row, keeping the problems the process exits with."""
@@ -139,26 +159,28 @@ def assess(
             continue
         seen = (now - row.seen_at).total_seconds()
         end = row.stopped_at or now
+        problem, notes = split_notes(row.problem)
         entry: dict[str, Any] = {
             "name": row.name,
             "role": row.role,
             "app": row.app,
             "up_s": round((end - row.started_at).total_seconds(), 1),
             "seen_s_ago": round(seen, 1),
-            "problem": row.problem,
+            "problem": problem,
+            "notes": notes if row.stopped_at is None and seen <= LIVE_WITHIN else None,
         }
         who = f"{row.name} ({row.role} of app {row.app})"
         if row.stopped_at is not None:
             ago = (now - row.stopped_at).total_seconds()
-            if row.problem:
+            if problem:
                 entry["state"] = f"exited {ago:.0f} s ago because of a problem"
                 if ago <= RECENT_PROBLEM:
-                    problems.append(f"{who} exited {ago:.0f} s ago: {row.problem}")
+                    problems.append(f"{who} exited {ago:.0f} s ago: {problem}")
             else:
                 entry["state"] = f"stopped {ago:.0f} s ago"
         else:
             entry["state"] = "running" if seen <= LIVE_WITHIN else f"not seen for {seen:.0f} s"
-            if row.problem and seen <= RECENT_PROBLEM:
-                problems.append(f"{who}: {row.problem}")
+            if problem and seen <= RECENT_PROBLEM:
+                problems.append(f"{who}: {problem}")
         listed.append(entry)
     return listed, problems

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -18,7 +19,7 @@ from sagaloop._secrets import mask_url
 from sagaloop.cli import processes
 from sagaloop.cli.common import Obj, app_option, errors
 from sagaloop.cli.render import pairs_text
-from sagaloop.cli.services import EXIT_ACCESS_REFUSED, EXIT_THREAD_DIED, Runtime
+from sagaloop.cli.services import EXIT_ACCESS_REFUSED, EXIT_THREAD_DIED, GRACE, Runtime
 from sagaloop.cli.ui import with_ui_port
 from sagaloop.engine import crashpoints
 from sagaloop.engine.messages import EventMessage, StartMessage
@@ -101,6 +102,7 @@ def _serve(
     *,
     upgrade: bool,
     metrics: tuple[int | None, str] = (None, "127.0.0.1"),
+    grace: float = GRACE,
     **roles: Any,
 ) -> None:
     stop = threading.Event()
@@ -139,8 +141,10 @@ def _serve(
         " and ".join(work),
     )
     stop.wait()
-    logger.info("%s: stopping (finishing the messages in hand)", role)
-    runtime.stop()
+    logger.info("%s: stopping (finishing the messages in hand, for at most %g s)", role, grace)
+    cut_off = runtime.stop(grace)
+    if cut_off:
+        _exit_cut_off(role, grace, cut_off, EXIT_THREAD_DIED if runtime.deaths else 0)
     broker.close()  # what the process still held goes back to the queue
     if metrics_server is not None:
         metrics_server.stop()
@@ -148,6 +152,23 @@ def _serve(
     if runtime.deaths:
         _exit_dead(role, runtime.deaths)
     logger.info("%s: stopped", role)
+
+
+def _exit_cut_off(role: str, grace: float, cut_off: list[str], status: int) -> NoReturn:
+    """Exit now, although threads still run (a step that ignores its timeout, or has none):
+    Python cannot stop them, and waiting longer would outlast the supervisor's patience. What
+    they ran is in doubt, exactly as after a crash: their messages are not acknowledged, so
+    they are delivered again (in-process steps: once their claim runs out) and reconciled."""
+    logger.warning(
+        "%s: still running after the grace of %g s: %s; exiting now: these attempts are in "
+        "doubt, as after a crash (their messages are delivered again)",
+        role,
+        grace,
+        "; ".join(cut_off),
+    )
+    logging.shutdown()  # flush the handlers: os._exit does not
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _start_metrics(store: SqlStore, broker: Broker, port: int | None, host: str) -> Any:
@@ -205,6 +226,15 @@ _metrics_host = click.option(
     show_default=True,
     help="The address of the metrics endpoint (0.0.0.0: every interface).",
 )
+_grace = click.option(
+    "--grace",
+    default=GRACE,
+    type=click.FloatRange(0, 3600),
+    show_default=True,
+    envvar="SAGALOOP_GRACE",
+    help="Seconds a stopping process (SIGTERM, Ctrl-C) waits for the steps it runs before it "
+    "exits anyway; what still ran is then in doubt, as after a crash (docs/operations.md).",
+)
 _poll = click.option(
     "--poll",
     default=0.1,
@@ -218,6 +248,7 @@ _poll = click.option(
 @app_option
 @_concurrency
 @_poll
+@_grace
 @_metrics_port
 @_metrics_host
 @click.pass_obj
@@ -227,19 +258,30 @@ def dev(
     app_spec: str | None,
     concurrency: int,
     poll: float,
+    grace: float,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
     """Run the engine, the timers and workers for every queue in one process (the embedded
     default). Applies pending schema migrations first. Stops cleanly on SIGTERM or Ctrl-C."""
     metrics = (metrics_port, metrics_host)
-    _serve(obj, app_spec, "dev", upgrade=True, concurrency=concurrency, poll=poll, metrics=metrics)
+    _serve(
+        obj,
+        app_spec,
+        "dev",
+        upgrade=True,
+        concurrency=concurrency,
+        poll=poll,
+        metrics=metrics,
+        grace=grace,
+    )
 
 
 @click.command()
 @app_option
 @_concurrency_option("In-process steps (local=True) run at once by this process.")
 @_poll
+@_grace
 @_metrics_port
 @_metrics_host
 @click.pass_obj
@@ -248,6 +290,7 @@ def engine(
     app_spec: str | None,
     concurrency: int,
     poll: float,
+    grace: float,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
@@ -263,6 +306,7 @@ def engine(
         concurrency=concurrency,
         poll=poll,
         metrics=metrics,
+        grace=grace,
     )
 
 
@@ -276,6 +320,7 @@ def engine(
 )
 @_concurrency
 @_poll
+@_grace
 @_metrics_port
 @_metrics_host
 @click.pass_obj
@@ -285,6 +330,7 @@ def worker(
     queues: str,
     concurrency: int,
     poll: float,
+    grace: float,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
@@ -309,6 +355,7 @@ def worker(
         concurrency=concurrency,
         poll=poll,
         metrics=(metrics_port, metrics_host),
+        grace=grace,
     )
 
 
@@ -395,9 +442,10 @@ def health(obj: Obj, as_json: bool, max_outbox_age: float, local: bool) -> None:
             rows.append((key, text(value)))
             continue
         rows.append((key, f"{len(value)} registered"))
-        rows += [
-            (f"  {p['name']} ({p['role']} of app {p['app']!r}): {p['state']}", None) for p in value
-        ]
+        for p in value:
+            rows.append((f"  {p['name']} ({p['role']} of app {p['app']!r}): {p['state']}", None))
+            if p.get("notes"):
+                rows.append((f"    {p['notes']}", None))
     click.echo(pairs_text(rows))
     sys.exit(0 if ok else 1)
 

@@ -41,6 +41,9 @@ EXIT_THREAD_DIED = 70
 EXIT_ACCESS_REFUSED = 78
 """The exit status of a service that the database or the broker refused at start-up: a wrong
 password, a missing role, database or virtual host (``EX_CONFIG``: fix the URL, not retried)."""
+GRACE = 30.0
+"""How long a stopping service (SIGTERM, Ctrl-C) waits for the step attempts it runs, in all
+(``--grace``): then it exits anyway, and what still ran is in doubt, as after a crash."""
 
 
 class Runtime:
@@ -91,6 +94,7 @@ class Runtime:
             history=lambda run: store.load_history(None, run),
             streams=streams or LOCAL,
         )
+        self.engine_problems.append(self.runner.problems)  # every thread held past its timeout
         step_queues = [step_queue(app.name, q) for q in (app.queues if queues is None else queues)]
         broker.declare([engine_queue(app.name), *[step_queue(app.name, q) for q in app.queues]])
         self.lane: LocalLane | None = None
@@ -178,6 +182,11 @@ class Runtime:
                 out.append(f"could not check {getattr(source, '__qualname__', source)}: {e!r}")
         return out
 
+    def notes(self) -> list[str]:
+        """What an operator should know that is no problem (health does not fail for it): the
+        threads of attempts abandoned past their timeouts, until they end."""
+        return self.runner.abandoned()
+
     def _deaths(self) -> list[str]:
         with self._lock:
             return [f"thread {name!r} died: {why}" for name, why in self.deaths.items()]
@@ -204,27 +213,37 @@ class Runtime:
         )
         self._halt()
         if self._registration is not None:
-            self._registration.beat(self.problems())  # now: stopping may take a while
+            self._registration.beat(self.problems(), self.notes())  # now: stopping takes a while
         if self._on_death is not None:
             self._on_death()
 
     def _halt(self) -> None:
-        """Tell every thread to finish the message in hand and end."""
+        """Tell every thread to finish the message in hand and end; an attempt waiting for a
+        step thread is given back (it never started)."""
         self.stopping.set()
+        self.runner.stop_starting()
         nudge = getattr(self.store, "nudge", None)
         if nudge is not None:
             nudge()
 
     def _beat(self, registration: Registration) -> None:
         while not self.stopping.wait(SEEN_EVERY):
-            registration.beat(self.problems())
+            registration.beat(self.problems(), self.notes())
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Finish the messages in hand, then stop; unstarted messages stay queued. The
-        registry then says that this process exited (with the deaths it exits because of)."""
+    def stop(self, timeout: float = GRACE) -> list[str]:
+        """Finish the messages in hand, waiting at most ``timeout`` seconds in all (the
+        service's grace), then stop; unstarted messages stay queued or are given back. The
+        registry then says that this process exited (with the deaths it exits because of).
+        Returns what still runs after that (one line each; the service exits anyway, see
+        ``sagaloop.cli.serve``)."""
         self._halt()
+        end = time.monotonic() + timeout
         for thread in self.threads:
-            thread.join(timeout)
+            thread.join(max(end - time.monotonic(), 0.0))
+        stuck = [t.name for t in self.threads if t.is_alive()]
+        cut_off = [f"attempt of {job}" for job in self.runner.running()]
+        if stuck:
+            cut_off.append(f"thread(s) {', '.join(stuck)}")
         self.store.hand_over_to(None)
         if self.relay is not None:
             self._flush(self.relay)
@@ -233,6 +252,7 @@ class Runtime:
         self.runner.close()
         if self._registration is not None:
             self._registration.stopped(self._deaths())
+        return cut_off
 
     @staticmethod
     def _flush(relay: Relay) -> None:

@@ -32,7 +32,7 @@ from sagaloop.engine.messages import (
     step_result,
 )
 from sagaloop.engine.ports import Clock, Delivery, HeldSlot, Outgoing, Store
-from sagaloop.engine.steps import DO, UNENCODABLE_RESULT, StepRunner
+from sagaloop.engine.steps import DO, UNENCODABLE_RESULT, AttemptNotStarted, StepRunner
 from sagaloop.errors import (
     BrokerError,
     ErrorInfo,
@@ -331,6 +331,9 @@ class WorkerConsumer:
         except _GiveBack as e:
             logger.debug("%s", e, extra=run_extra(env))
             delivery.retry_later(e.delay)
+        except AttemptNotStarted as e:  # the process stops: back to the queue, unrun
+            logger.info("%s: given back", e, extra=run_extra(env))
+            delivery.retry_later(timedelta(0))
         except BrokerError as e:
             logger.warning("%s", e)
         except TransientStoreError as e:

@@ -220,3 +220,25 @@ def test_a_stopping_runner_gives_back_an_attempt_that_never_started() -> None:
         assert long.result()["outcome"] == "completed", "what runs is waited for"
     finally:
         runner.close()
+
+
+def test_health_lists_abandoned_threads_as_notes_and_fails_only_for_problems() -> None:
+    """The registry keeps a process's notes (abandoned threads) after its problems; health
+    lists them under the process and fails only for the problems."""
+    from datetime import UTC, datetime
+
+    from sagaloop.cli.processes import _storable, assess
+    from sagaloop.store.processes import ProcessRecord
+
+    now = datetime.now(UTC)
+    note = "2 abandoned threads (step 'hang', run r1, since T; step 'hang', run r2, since T)"
+
+    def row(name: str, stored: str | None) -> ProcessRecord:
+        return ProcessRecord(name, "shop", "engine", now, now, stored, None)
+
+    quiet = row("engine@h:1", _storable([], [note]))
+    full = row("engine@h:2", _storable(["all 4 step threads are held"], [note]))
+    listed, problems = assess([quiet, full], now)
+    assert [p["notes"] for p in listed] == [note, note]
+    assert [p["problem"] for p in listed] == [None, "all 4 step threads are held"]
+    assert problems == ["engine@h:2 (engine of app shop): all 4 step threads are held"]
