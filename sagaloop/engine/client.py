@@ -246,11 +246,16 @@ class Client:
         self, run_id: str, name: str, data: Any = None, *, event_id: str | None = None
     ) -> None:
         """Deliver an event to a run; kept until the run waits for it if it arrives early.
-        Sends with the same ``event_id`` are delivered once (safe to retry)."""
+        Sends with the same ``event_id`` are delivered once (safe to retry).
+
+        An answer to an approval (``approval:{call_id}``) that names its ``request_id`` is
+        checked and claims the request as :meth:`approve` does (ApprovalTakenError if another
+        answer won); one that names none is sent as it is, and the engine records it as
+        refused: an answer counts only if it was written knowing the request."""
         self.get(run_id)  # RunNotFoundError
         call_id = call_id_of(name) if isinstance(name, str) else None
-        if call_id and self.store.approval(None, run_id, call_id) is not None:
-            return self._answer(run_id, call_id, data, event_id=event_id)
+        if call_id and isinstance(data, dict) and "request_id" in data:
+            return self._answer(run_id, call_id, data, event_id=event_id)  # checked, claimed
         env = self._event(run_id, name, data, event_id=event_id)
         self._check_fits_wait(run_id, name, env.payload["data"])
         self._send(env, live=True)

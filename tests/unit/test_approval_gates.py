@@ -103,6 +103,18 @@ def test_an_answer_sent_right_after_start_is_recorded_as_refused_and_never_used(
     assert paid == [ARGS]
 
 
+def test_a_blind_answer_sent_once_the_request_exists_is_refused_too() -> None:
+    """send_event fills nothing in: an answer that does not name the request (it was not
+    written from it) is refused, even if the request was already recorded when it was sent."""
+    env = Harness(app)
+    run_id = env.start(typed, ARGS)
+    env.run_until_idle(skip_time=False)
+    env.send_event(run_id, "approval:0", early_answer(999_999))
+    env.run_until_idle(skip_time=False)
+    assert env.get(run_id).status == "waiting" and paid == []
+    assert "names no request_id" in refusals(env, run_id)[0]
+
+
 def test_an_answer_delivered_with_the_start_is_refused_too() -> None:
     env = Harness(app)
     run_id = env.client.start(typed, ARGS, event=("approval:0", early_answer(999_999)))
@@ -131,8 +143,10 @@ def test_approve_and_deny_racing_with_no_engine_running_one_wins_the_other_is_to
     env.deny(run_id, "0", reason="fraud", by="bob")
     with pytest.raises(ApprovalTakenError, match="denied by 'bob'"):
         env.approve(run_id, "0", by="alice")
+    [pending] = env.approvals(run_id)
+    answer = {"approved": True, "args_hash": args_hash(ARGS), "request_id": pending.request_id}
     with pytest.raises(ApprovalTakenError):
-        env.send_event(run_id, "approval:0", {"approved": True, "args_hash": args_hash(ARGS)})
+        env.send_event(run_id, "approval:0", answer)
     env.run_until_idle()
     assert env.result(run_id) == {"approved": False}
     assert paid == []

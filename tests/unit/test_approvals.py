@@ -194,10 +194,12 @@ def test_an_answer_for_other_arguments_is_refused_and_the_run_keeps_waiting() ->
     run_id = env.start(refund, ARGS)
     env.run_until_idle()
     other = args_hash({"order": "A-1", "cents": 129900})
-    with pytest.raises(ValidationError, match=f"hash '{other[:12]}'"):  # the client checks
-        env.send_event(run_id, "approval:0", {"approved": True, "args_hash": other})
     [pending] = env.approvals(run_id)
     rid = pending.request_id
+    with pytest.raises(ValidationError, match=f"hash '{other[:12]}'"):  # the client checks
+        env.send_event(
+            run_id, "approval:0", {"approved": True, "args_hash": other, "request_id": rid}
+        )
     # Sent anyway, straight to the engine's queue: the engine refuses it as it records it.
     env.publish_event(
         run_id, "approval:0", {"approved": True, "args_hash": other, "request_id": rid}
@@ -230,9 +232,10 @@ def test_an_approval_is_used_once_a_second_answer_is_refused_or_ignored() -> Non
         env.approve(run_id, "c-1")
     # Sent anyway, as a raw event: refused as it is recorded, never used.
     deny = {"approved": False, "args_hash": args_hash(ARGS), "reason": "changed my mind"}
+    [rid] = {e.data["data"]["request_id"] for e in env.history(run_id) if e.data.get("claim")}
     with pytest.raises(ValidationError, match="already approved"):
-        env.send_event(run_id, "approval:c-1", deny)
-    env.publish_event(run_id, "approval:c-1", deny)
+        env.send_event(run_id, "approval:c-1", {**deny, "request_id": rid})
+    env.publish_event(run_id, "approval:c-1", {**deny, "request_id": rid})
     env.send_event(run_id, "go")
     env.run_until_idle()
     assert env.result(run_id)["approved"] is True
