@@ -36,7 +36,7 @@ from sagaloop.errors import (
 )
 from sagaloop.sagas.app import App, SagaDef, StepDef
 from sagaloop.sagas.approvals import Approval, OnTimeout, request_approval
-from sagaloop.sagas.context import Received, SagaContext, _current
+from sagaloop.sagas.context import Early, Received, SagaContext, _current
 from sagaloop.sagas.convert import ANY, Converter
 
 logger = logging.getLogger("sagaloop.saga")
@@ -97,6 +97,21 @@ class _WaitSpec:
     models: dict[str, Any]
     any_of: bool
     """``wait_for_any``: the result is a ``Received(name, data)``, not the data alone."""
+    refuse_early: bool = False
+    """``early="refuse"``: events kept from before the wait began are refused, not taken."""
+
+
+EARLY: dict[str, Any] = {
+    "reason": "it arrived before the wait began, and this wait takes only the events sent "
+    "while it waits (early='refuse')"
+}
+
+
+def _early(early: Any) -> dict[str, Any]:
+    """What a wait records of its ``early`` option (nothing for the default)."""
+    if early not in ("keep", "refuse"):
+        raise ValidationError(f"early is 'keep' or 'refuse', not {early!r:.40}")
+    return {"early": "refuse"} if early == "refuse" else {}
 
 
 class Replayer:
@@ -261,6 +276,11 @@ class Replayer:
 
     def wait(self, spec: _WaitSpec, label: str, data: dict[str, Any]) -> asyncio.Future[Any]:
         """Issue the wait; if events it takes were kept, give it the earliest to arrive."""
+        if spec.refuse_early:
+            for name in spec.names:
+                for _ in self.buffered.pop(name, ()):
+                    if not self.replaying:
+                        self.rejections.append(NewEvent(h.EVENT_REJECTED, None, name, EARLY))
         pos, future = self.command(h.EVENT_WAITING, label, data, spec)
         if pos in self.pending:
             for name in spec.names:
@@ -443,15 +463,17 @@ class _Context(SagaContext):
         timeout: timedelta | None = None,
         model: type[Any] | None = None,
         prompt: Any = None,
+        early: Early = "keep",
     ) -> Any:
-        data: dict[str, Any] = {}
+        data: dict[str, Any] = _early(early)
         if prompt is not None:
             data["prompt"] = ANY.to_json(prompt, what=f"the prompt of wait_for_event({name!r})")
         if timeout is not None:
             data["timeout_at"] = (self.now() + timeout).isoformat()
         if model is not None and _importable(model):  # a client checks events with it
             data["model"] = f"{model.__module__}:{model.__qualname__}"
-        return await self._r.wait(_WaitSpec((name,), {name: model}, False), name, data)
+        spec = _WaitSpec((name,), {name: model}, False, early == "refuse")
+        return await self._r.wait(spec, name, data)
 
     async def wait_for_any(
         self,
@@ -460,6 +482,7 @@ class _Context(SagaContext):
         timeout: timedelta | None = None,
         models: Mapping[str, type[Any]] | None = None,
         prompt: Any = None,
+        early: Early = "keep",
     ) -> Received:
         names = tuple(dict.fromkeys(names))
         label = "|".join(names)
@@ -467,7 +490,7 @@ class _Context(SagaContext):
             raise ValidationError(
                 "wait_for_any takes event names, at most 200 characters joined with '|'"
             )
-        data: dict[str, Any] = {"names": list(names)}
+        data: dict[str, Any] = {"names": list(names), **_early(early)}
         if prompt is not None:
             data["prompt"] = ANY.to_json(prompt, what=f"the prompt of wait_for_any({label!r})")
         if timeout is not None:
@@ -476,7 +499,8 @@ class _Context(SagaContext):
         found = {n: f"{m.__module__}:{m.__qualname__}" for n, m in models.items() if _importable(m)}
         if found:
             data["models"] = found
-        result: Received = await self._r.wait(_WaitSpec(names, models, True), label, data)
+        spec = _WaitSpec(names, models, True, early == "refuse")
+        result: Received = await self._r.wait(spec, label, data)
         return result
 
     def send_event(self, run_id: str, name: str, data: Any = None) -> None:

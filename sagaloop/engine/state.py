@@ -199,6 +199,8 @@ class RunState:
             wait.models = dict(d.get("models") or ({ev.name: model} if model else {}))
             wait.prompt = d.get("prompt")
             self.waits[ev.pos] = wait
+            if d.get("early") == "refuse":  # what came before it was refused, not taken
+                self.buffered = [(n, x) for n, x in self.buffered if n not in wait.names]
             for i, (name, _) in enumerate(self.buffered):
                 if name in wait.names:
                     del self.buffered[i]

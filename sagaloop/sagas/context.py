@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
+Early = Literal["keep", "refuse"]
+"""What a wait does with the events of its names that arrived before it began."""
 
 
 class Received(NamedTuple):
@@ -85,6 +87,7 @@ class SagaContext(abc.ABC):
         timeout: timedelta | None = None,
         model: None = None,
         prompt: Any = None,
+        early: Early = "keep",
     ) -> Any: ...
 
     @overload
@@ -95,6 +98,7 @@ class SagaContext(abc.ABC):
         timeout: timedelta | None = None,
         model: type[T],
         prompt: Any = None,
+        early: Early = "keep",
     ) -> T: ...
 
     @abc.abstractmethod
@@ -105,12 +109,15 @@ class SagaContext(abc.ABC):
         timeout: timedelta | None = None,
         model: type[Any] | None = None,
         prompt: Any = None,
+        early: Early = "keep",
     ) -> Any:
         """Wait for an event addressed to this run; raise ``EventTimeoutError`` on timeout.
-        Events that arrived before the call are kept and returned at once, oldest first.
-        ``prompt`` (JSON: the question asked of a person, say) is shown by ``sagaloop
-        status`` while the run waits. Data that does not fit ``model`` is recorded as
-        rejected, and the wait goes on."""
+        Events that arrived before the call are kept and returned at once, oldest first;
+        with ``early="refuse"`` they are refused instead (recorded as rejected, never
+        returned): for an answer that counts only if it was sent to this very wait, such as
+        the raise of a budget that was reached. ``prompt`` (JSON: the question asked of a
+        person, say) is shown by ``sagaloop status`` while the run waits. Data that does not
+        fit ``model`` is recorded as rejected, and the wait goes on."""
 
     @abc.abstractmethod
     async def wait_for_any(
@@ -120,11 +127,13 @@ class SagaContext(abc.ABC):
         timeout: timedelta | None = None,
         models: Mapping[str, type[Any]] | None = None,
         prompt: Any = None,
+        early: Early = "keep",
     ) -> Received:
         """Wait for the first event, by arrival order, of any of ``names`` (``approve``,
         ``reject``, ``edit``...) and return it as ``Received(name, data)``; raise
-        ``EventTimeoutError`` on timeout. Kept events of these names count, oldest first;
-        events of other names keep their place. ``models`` validates the data per name."""
+        ``EventTimeoutError`` on timeout. Kept events of these names count, oldest first
+        (``early="refuse"``: they are refused, as for ``wait_for_event``); events of other
+        names keep their place. ``models`` validates the data per name."""
 
     @abc.abstractmethod
     def send_event(self, run_id: str, name: str, data: Any = None) -> None:
