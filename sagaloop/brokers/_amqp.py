@@ -6,15 +6,41 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from sagaloop._secrets import mask_url as mask_url  # the one masking function, re-exported
 from sagaloop._secrets import split_urls
+from sagaloop.errors import ValidationError
 
 REASON_HEADER = "x-sagaloop-reason"
 QUEUE_HEADER = "x-sagaloop-queue"
+
+
+NAMESPACE = re.compile(r"[A-Za-z0-9_-]{1,100}")
+"""What a namespace may be: no ``.``, so that a namespace's permission pattern of
+docs/operations.md, ``^<namespace>(\\..*)?$``, matches its own exchanges and queues (``x``,
+``x.<anything>``) and never another namespace's (``x.eu``, ``x.eu.<app>.engine``); nor a
+character a permission pattern reads as a regular expression."""
+
+
+def check_namespace(namespace: str) -> str:
+    """``namespace``, or ValidationError (one line, what to do) when its exchanges and queues
+    could not be fenced by the documented permissions, or RabbitMQ reserves their names."""
+    if not isinstance(namespace, str) or not NAMESPACE.fullmatch(namespace):
+        raise ValidationError(
+            f"the namespace {namespace!r:.120} cannot be used with RabbitMQ: use 1 to 100 "
+            "letters, digits, '-' and '_' (no '.': the permissions of namespace 'x' would match "
+            "the exchanges and queues of 'x.eu'); set SAGALOOP_NAMESPACE"
+        )
+    if namespace.lower() == "amq":
+        raise ValidationError(
+            "the namespace 'amq' cannot be used with RabbitMQ: names that start with 'amq.' "
+            "are reserved; set SAGALOOP_NAMESPACE to another"
+        )
+    return namespace
 
 
 def broker_urls(url: str) -> list[str]:
@@ -49,6 +75,9 @@ class Topology:
     namespace: str
     queue_type: str
     delivery_limit: int
+
+    def __post_init__(self) -> None:
+        check_namespace(self.namespace)
 
     @property
     def exchange(self) -> str:

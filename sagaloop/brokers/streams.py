@@ -1,6 +1,8 @@
 """The per-run live channel on RabbitMQ: a non-durable direct exchange ``<namespace>.stream``
-keyed by run id. A reader binds an exclusive, auto-deleted queue to its run's key; nothing is
-kept for a reader that is not there (the history holds what is durable).
+keyed by run id. A reader binds an exclusive, auto-deleted queue to its run's key, named inside
+the namespace (``<namespace>.stream.<random>``, which the documented permissions of the
+namespace allow; a server-named ``amq.gen-...`` queue they refuse); nothing is kept for a
+reader that is not there (the history holds what is durable).
 
 Anyone allowed to publish to that exchange can put items in front of readers: they are shown,
 never recorded or trusted (docs/operations.md has the permissions).
@@ -16,13 +18,16 @@ import json
 import logging
 import threading
 import time
+import uuid
 from typing import Any
 
 import pika
 import pika.exceptions
 
-from sagaloop.brokers._amqp import broker_urls
+from sagaloop._secrets import mask_url
+from sagaloop.brokers._amqp import broker_urls, check_namespace
 from sagaloop.engine.streams import Subscription
+from sagaloop.errors import BrokerError
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +45,23 @@ def _after(hosts: list[pika.URLParameters], connection: Any) -> list[pika.URLPar
 
 
 class _RabbitSubscription:
-    def __init__(self, hosts: list[pika.URLParameters], exchange: str, run_id: str) -> None:
-        self._connection = pika.BlockingConnection(hosts)  # the first that answers
-        self._channel = self._connection.channel()
-        self._channel.exchange_declare(exchange, "direct", durable=False)
-        declared = self._channel.queue_declare("", exclusive=True, auto_delete=True)
-        self._queue = declared.method.queue
-        self._channel.queue_bind(self._queue, exchange, routing_key=run_id)
+    def __init__(
+        self, hosts: list[pika.URLParameters], exchange: str, run_id: str, where: str
+    ) -> None:
+        self._connection: Any = None
+        try:
+            self._connection = pika.BlockingConnection(hosts)  # the first that answers
+            self._channel = self._connection.channel()
+            self._channel.exchange_declare(exchange, "direct", durable=False)
+            self._queue = f"{exchange}.{uuid.uuid4().hex}"  # inside the namespace
+            self._channel.queue_declare(self._queue, exclusive=True, auto_delete=True)
+            self._channel.queue_bind(self._queue, exchange, routing_key=run_id)
+        except pika.exceptions.AMQPError as e:
+            self.close()
+            raise BrokerError(
+                f"cannot follow the live items of run {run_id!r} on RabbitMQ at {where}: "
+                f"{_reason(e)} (the user needs the permissions of docs/operations.md)"
+            ) from e
 
     def get(self, timeout: float) -> list[Any]:
         out: list[Any] = []
@@ -65,8 +80,15 @@ class _RabbitSubscription:
             self._connection.sleep(min(left, 0.05))
 
     def close(self) -> None:
-        with contextlib.suppress(pika.exceptions.AMQPError):
-            self._connection.close()
+        if self._connection is not None and self._connection.is_open:
+            with contextlib.suppress(pika.exceptions.AMQPError):
+                self._connection.close()
+
+
+def _reason(e: Exception) -> str:
+    """A pika error in one line: its class, and what the server said (if it said anything)."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}"[:300] if text else type(e).__name__
 
 
 class RabbitStreams:
@@ -74,8 +96,9 @@ class RabbitStreams:
     reopened after a loss); an item that cannot be sent is dropped with a warning."""
 
     def __init__(self, url: str, *, namespace: str = "sagaloop") -> None:
+        self._exchange = f"{check_namespace(namespace)}.stream"
         self._hosts = _parameters(url)
-        self._exchange = f"{namespace}.stream"
+        self._where = mask_url(url)
         self._lock = threading.Lock()
         self._connection: Any = None
         self._channel: Any = None
@@ -98,7 +121,7 @@ class RabbitStreams:
                         logger.warning("stream item of run %s dropped: %s", run_id, e)
 
     def subscribe(self, run_id: str) -> Subscription:
-        return _RabbitSubscription(self._hosts, self._exchange, run_id)
+        return _RabbitSubscription(self._hosts, self._exchange, run_id, self._where)
 
     def _drop(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None

@@ -288,8 +288,8 @@ def tail(obj: Obj, run_id: str, no_follow: bool, as_json: bool) -> None:
     """Follow a run: its history, then what happens and what its steps stream live (an agent's
     model tokens), until it finishes. On the embedded default, live items reach only readers in
     the process that runs the steps; the history is followed everywhere."""
-    client = Client(obj.store(), streams=obj.streams())
     with errors():
+        client = Client(obj.store(), streams=obj.streams())
         for item in client.stream(run_id, follow=not no_follow):
             click.echo(json.dumps(item, default=str) if as_json else stream_line(item))
 
