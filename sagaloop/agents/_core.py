@@ -96,10 +96,20 @@ class _RunUsage:
     own, or the share its parent gave it."""
     reserved: dict[str, Usage] = dataclasses.field(default_factory=dict)
     """Shares given to child runs and not settled yet, by share id: counted as spent."""
+    batches: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Tool calls of batches that passed their gate and have not all run yet, by agent run:
+    counted as spent, so that agent runs of one saga run at the same time cannot each be let
+    through with the same calls left."""
+
+    def checked(self) -> Usage:
+        """What this run used, with the calls of batches already let through."""
+        total = self.usage.model_copy()
+        total.tool_calls += sum(self.batches.values())
+        return total
 
     def committed(self) -> Usage:
         """What this run used plus what it reserved for its child runs."""
-        total = self.usage.model_copy()
+        total = self.checked()
         for share in self.reserved.values():
             total = total.plus(share)
         return total
@@ -118,21 +128,23 @@ def _usage_of(saga: SagaContext) -> _RunUsage:
 def _limits(state: _RunUsage, budget: Budget | None) -> list[tuple[Budget, Usage]]:
     """Each budget in force with the usage it is checked against: an agent run's budget
     against what the saga run used, the run tree's share against that plus its reservations."""
-    out = [] if budget is None else [(budget, state.usage)]
+    out = [] if budget is None else [(budget, state.checked())]
     if state.allowance is not None:
         out.append((state.allowance, state.committed()))
     return out
 
 
 async def _gate(
-    saga: SagaContext, budget: Budget | None, calls: int | None
+    saga: SagaContext, budget: Budget | None, calls: int | None, key: str
 ) -> tuple[Budget | None, str | None]:
     """Before a model request (``calls`` None), or before a batch of ``calls`` tool calls:
     the budget in force once it may go on (after waiting for the event ``budget`` under
     ``on_exceed="wait"``, as long as needed), and for a batch refused under ``"tell_model"``
     the answer to each of its calls; raises :class:`BudgetExceeded` (``"fail"``, and
-    ``"tell_model"`` for a model request)."""
+    ``"tell_model"`` for a model request). ``key`` names the agent run (its earlier batch
+    is over once it asks again)."""
     state = _usage_of(saga)
+    state.batches.pop(key, None)
     while True:
         reached: list[str] = []
         mode = "fail"
@@ -150,6 +162,8 @@ async def _gate(
                 mode = limits.on_exceed
             reached += found
         if not reached:
+            if calls:
+                state.batches[key] = calls
             return budget, None
         if mode == "tell_model" and calls is not None:
             return budget, (
@@ -167,27 +181,35 @@ async def _gate(
             state.allowance = state.allowance.raised(data)
 
 
-async def check_budget(saga: SagaContext, budget: Budget | None) -> Budget | None:
-    """Before a model request: raise :class:`BudgetExceeded`, or wait for the event ``budget``
-    (``on_exceed="wait"``) until the limits are raised; returns the budget in force."""
-    return (await _gate(saga, budget, None))[0]
+async def check_budget(saga: SagaContext, budget: Budget | None, key: str = "") -> Budget | None:
+    """Before a model request of the agent run ``key``: raise :class:`BudgetExceeded`, or wait
+    for the event ``budget`` (``on_exceed="wait"``) until the limits are raised; returns the
+    budget in force."""
+    return (await _gate(saga, budget, None, key))[0]
 
 
 async def check_batch(
-    saga: SagaContext, budget: Budget | None, calls: int
+    saga: SagaContext, budget: Budget | None, calls: int, key: str = ""
 ) -> tuple[Budget | None, str | None]:
     """Before any of the ``calls`` tool calls a model response asked for runs: all of them fit
     in what ``tool_calls`` has left, or none runs. Returns the budget in force and, when the
     batch is refused under ``on_exceed="tell_model"``, the answer to give each of its calls;
-    ``"fail"`` raises :class:`BudgetExceeded`, ``"wait"`` waits for a raise."""
+    ``"fail"`` raises :class:`BudgetExceeded`, ``"wait"`` waits for a raise. The calls let
+    through count as spent until they run (:func:`charge_tool_calls` with the same ``key``)
+    or the agent run ``key`` asks the model again."""
     if calls <= 0:
+        _usage_of(saga).batches.pop(key, None)
         return budget, None
-    return await _gate(saga, budget, calls)
+    return await _gate(saga, budget, calls, key)
 
 
-def charge_tool_calls(saga: SagaContext, calls: int = 1) -> None:
-    """Count tool calls that run (their steps are about to be called)."""
-    _usage_of(saga).usage.tool_calls += calls
+def charge_tool_calls(saga: SagaContext, calls: int = 1, key: str = "") -> None:
+    """Count tool calls that run (their steps are about to be called), out of the batch the
+    agent run ``key`` was let through with."""
+    state = _usage_of(saga)
+    state.usage.tool_calls += calls
+    if key in state.batches:
+        state.batches[key] = max(state.batches[key] - calls, 0)
 
 
 def publish_usage(saga: SagaContext, budget: Budget | None) -> None:

@@ -211,7 +211,7 @@ class _StepModel(Model):
         prompt: Any,
     ) -> ModelResponse:
         run = _in_run("the model")
-        run.budget = await check_budget(run.saga, run.budget)
+        run.budget = await check_budget(run.saga, run.budget, run.conversation)
         items: list[Any] = [{"role": "user", "content": input}] if isinstance(input, str) else input
         delta = run.encoder.delta(items)
         delta.update(conversation=run.conversation, n=run.requests)
@@ -260,7 +260,7 @@ class _StepModel(Model):
             getattr(i, "type", None) == "function_call" and getattr(i, "name", None) in names
             for i in response.output
         )
-        run.budget, run.refusal = await check_batch(run.saga, run.budget, calls)
+        run.budget, run.refusal = await check_batch(run.saga, run.budget, calls, run.conversation)
         return response
 
     def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[TResponseStreamEvent]:
@@ -308,7 +308,7 @@ class _StepMCPServer(MCPServer):
             return CallToolResult(
                 content=[TextContent(type="text", text=run.refusal)], isError=True
             )
-        charge_tool_calls(run.saga)
+        charge_tool_calls(run.saga, 1, run.conversation)
         call = {"tool": tool_name, "args": arguments or {}, "meta": meta}
         reply = await run.saga.call(self._runner.mcp_steps[self._key][1], call)
         return CallToolResult.model_validate(reply)
@@ -347,7 +347,7 @@ def step_as_function_tool(
             return f"Error: {e}"
         saga = current_saga()
         if saga is not None:
-            charge_tool_calls(saga)
+            charge_tool_calls(saga, 1, "" if run is None else run.conversation)
         value = await (saga.call(step, **kwargs) if saga else _run_plain(step, kwargs))
         value = _jsonable(value, f"the result of step {step.name!r}")
         return value if isinstance(value, str) else json.dumps(value)
@@ -581,7 +581,7 @@ class SagaRunner:
                 call["args"] = args
             else:
                 call["arguments"] = arguments
-            charge_tool_calls(run.saga)
+            charge_tool_calls(run.saga, 1, run.conversation)
             try:
                 reply = await run.saga.call(step, call)
             except StepFailedError as e:  # its last attempt: as the SDK would tell the model

@@ -263,7 +263,7 @@ class _SagaModel(WrapperModel):
         calls = sum(
             isinstance(p, _messages.ToolCallPart) and p.tool_name in names for p in response.parts
         )
-        run.budget, run.refusal = await check_batch(run.saga, run.budget, calls)
+        run.budget, run.refusal = await check_batch(run.saga, run.budget, calls, run.conversation)
         return response
 
     @asynccontextmanager
@@ -345,7 +345,7 @@ class _SagaToolset(WrapperToolset[Any]):
             if not decision.approved:
                 return _denial(decision.reason)
             args, approved = decision.args, True
-        charge_tool_calls(run.saga)
+        charge_tool_calls(run.saga, 1, run.conversation)
         if name in agent.step_tools:
             try:
                 return await run.saga.call(step, **args)
@@ -603,7 +603,7 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
                 publish_usage(saga, run.budget)
 
     async def _check_budget(self, run: _Run) -> None:
-        run.budget = await check_budget(run.saga, run.budget)
+        run.budget = await check_budget(run.saga, run.budget, run.conversation)
 
     def _publish_usage(self, run: _Run) -> None:
         publish_usage(run.saga, run.budget)

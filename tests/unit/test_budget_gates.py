@@ -316,3 +316,40 @@ def test_dispatch_can_tell_the_model_and_counts_what_runs() -> None:
     env.run_until_idle()
     assert env.result(run_id) == [f"pong {i}" for i in range(BATCH)]
     assert env.client.get_published(run_id, USAGE_KEY)["tool_calls"] == BATCH
+
+
+def test_agent_runs_at_once_in_one_saga_run_are_not_let_through_with_the_same_calls() -> None:
+    """Two agent runs of one saga run, gathered: each response asks for 5 calls under
+    Budget(tool_calls=7), calls that wait for a person's approval before they run (and are
+    counted); the first batch let through counts as spent until it has run."""
+    app = App("gates")
+    effects: Counter[str] = Counter()
+    models_ = [Fanout(), Fanout()]
+    budget = Budget(tool_calls=7, on_exceed="tell_model")
+    agents = []
+    for n, model in enumerate(models_):
+        agent = Agent(FunctionModel(model), name=f"fan{n}")
+
+        @agent.tool_plain(requires_approval=True)
+        def ping(i: int) -> str:
+            effects["ping"] += 1
+            return f"pong {i}"
+
+        agents.append(SagaAgent(agent, app=app, budget=budget))
+
+    @app.saga(name="both")
+    async def both(ctx: SagaContext) -> list[str]:
+        results = await ctx.gather(*(a.run("go") for a in agents))
+        return [str(r.output) for r in results]
+
+    env = Harness(app)
+    run_id = env.start("both")
+    env.run_until_idle()
+    for pending in env.approvals(run_id):
+        env.approve(run_id, pending.call_id, by="ops")
+    env.run_until_idle()
+    assert env.get(run_id).status == "completed", env.get(run_id).error
+    assert effects["ping"] == BATCH, "one batch ran, the other was refused"
+    refused = [m for m in models_ if all("2 more" in t for t in m.seen)]
+    assert len(refused) == 1, [m.seen for m in models_]
+    assert env.client.get_published(run_id, USAGE_KEY)["tool_calls"] == BATCH
