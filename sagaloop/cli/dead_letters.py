@@ -11,7 +11,7 @@ import click
 
 from sagaloop.brokers.dead_letters import DeadLetter, DeadLetters
 from sagaloop.cli.common import Obj, errors
-from sagaloop.cli.render import _table
+from sagaloop.cli.render import _table, printable
 
 REASON_WIDTH = 60
 
@@ -127,12 +127,13 @@ def show(obj: Obj, id: str, as_json: bool) -> None:
         ("content type", letter.content_type or "-"),
     ]
     for name, value in fields:
-        click.echo(f"{name:<14} {value}")
+        click.echo(f"{name:<14} {printable(value)}")
     click.echo("")
     if letter.document is None:
-        click.echo(letter.body.decode("utf-8", "backslashreplace"))
+        click.echo(printable(letter.body.decode("utf-8", "backslashreplace"), newlines=True))
     else:
-        click.echo(json.dumps(letter.document, indent=2, ensure_ascii=False))
+        document = json.dumps(letter.document, indent=2, ensure_ascii=False)
+        click.echo(printable(document, newlines=True))
 
 
 @dead_letters.command()

@@ -136,3 +136,34 @@ def test_an_error_naming_run_data_is_escaped(env: Harness) -> None:
     clean(result.output)
     result = run("send-event", "boom-1", "x", "--data", '"\x1b]0;t\x07"')
     clean(result.output)
+
+
+def test_dead_letters_show_escapes_what_a_publisher_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anyone allowed to publish can make a dead letter: its run id, reason and body are shown
+    escaped (the envelope's JSON escapes C0 controls itself, not C1 nor bidi controls)."""
+    from datetime import timedelta
+
+    from sagaloop.engine.messages import Envelope
+    from sagaloop.store.sql import SqlStore
+
+    cli_database(tmp_path, monkeypatch, "dead_escapes", "")
+    store = SqlStore(f"sqlite:///{tmp_path / 'cli.db'}")
+    now = datetime(2026, 11, 29, tzinfo=UTC)
+    body = Envelope(
+        type="event",
+        run_id=RUN + "\u202e\x9b",
+        message_id="m-1",
+        payload={"name": "go", "data": FAKE},
+        created_at=now,
+    ).to_bytes()
+    store.enqueue_raw([("x.engine", body), ("x.engine", b"\x1b]0;raw\x07 body")], now)
+    for row in store.claim(None, 10, now, timedelta(seconds=60)):
+        store.dead_letter(row.id, row.claim_token, FAKE, now)
+    store.close()
+    for id in ("1", "2"):
+        result = run("dead-letters", "show", id)
+        assert result.exit_code == 0, result.output
+        clean(result.output)
+    clean(run("dead-letters", "list").output)
