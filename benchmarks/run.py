@@ -23,6 +23,7 @@ from typing import Any
 
 from benchmarks import (
     agent_transcript,
+    approvals,
     floor,
     peer_dbos,
     profile,
@@ -45,6 +46,7 @@ FULL: dict[str, Any] = {
     "roundtrip_steps": 50,
     "transcript_turns": agent_transcript.TURNS,
     "scale_waves": 3,
+    "approvals_waiting": 10_000,
 }
 QUICK: dict[str, Any] = {
     "sequential_steps": 100,
@@ -59,6 +61,7 @@ QUICK: dict[str, Any] = {
     "roundtrip_steps": 20,
     "transcript_turns": agent_transcript.QUICK_TURNS,
     "scale_waves": 1,
+    "approvals_waiting": 10_000,
 }
 FLAT = 1.25  # "flat": the per-iteration cost of the longest loop within 25 % of the shortest
 BROKER_SEQUENTIAL = 1.5  # broker steps: sequential p50 <= 1.5x the floor's
@@ -120,6 +123,7 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, Callable[[], Any]]]:
         ("roundtrips", lambda: roundtrips.count_all(plan["roundtrip_steps"])),
         ("scale", lambda: scale.measure(waves=plan["scale_waves"])),
         ("agent_transcript", lambda: agent_transcript.measure(plan["transcript_turns"])),
+        ("approvals", lambda: approvals.measure(plan["approvals_waiting"])),
         (
             "profile",
             lambda: (
@@ -456,6 +460,9 @@ def table(results: dict[str, Any], plan: dict[str, Any]) -> list[Figure]:
 
     # 10. scale-out: more worker and engine processes on the same wave
     figs.extend(scale.figures(results.get("scale")))
+
+    # 12. the pending approvals, listed page by page with many runs waiting
+    figs.extend(approvals.figures(results.get("approvals")))
     return figs
 
 
