@@ -6,7 +6,9 @@ Agents SDK's ScriptedModel; the harness replays every activation."""
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +17,9 @@ from agents import function_tool
 from agents.items import ModelResponse as OAResponse
 from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 from agents.usage import Usage as OAUsage
+from fastmcp.client.transports import StdioTransport
 from pydantic_ai import Agent, models
+from pydantic_ai.mcp import MCPToolset
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -353,3 +357,36 @@ def test_agent_runs_at_once_in_one_saga_run_are_not_let_through_with_the_same_ca
     refused = [m for m in models_ if all("2 more" in t for t in m.seen)]
     assert len(refused) == 1, [m.seen for m in models_]
     assert env.client.get_published(run_id, USAGE_KEY)["tool_calls"] == BATCH
+
+
+def test_pydantic_ai_mcp_tool_calls_are_gated_too(tmp_path: Path) -> None:
+    """An MCP server's tool calls are a batch like any other: refused before any runs."""
+    app = App("gates")
+    ledger = tmp_path / "ledger.txt"
+    transport = StdioTransport(
+        sys.executable,
+        [str(Path(__file__).with_name("mcp_server.py")), str(ledger)],
+        keep_alive=False,
+    )
+    model = Fanout("refund")
+
+    def refunds(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if model.requests == 0:
+            model.requests += 1
+            calls = [ToolCallPart("refund", {"order": f"o{i}", "amount": 5}) for i in range(3)]
+            return ModelResponse(parts=calls)
+        return model(messages, info)
+
+    agent = Agent(FunctionModel(refunds), name="mcp", toolsets=[MCPToolset(transport, id="pay")])
+    saga_agent = SagaAgent(agent, app=app, budget=Budget(tool_calls=2, on_exceed="tell_model"))
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> str:
+        return str((await saga_agent.run("go")).output)
+
+    env = Harness(app)
+    run_id = env.start("s")
+    env.run_until_idle()
+    assert env.get(run_id).status == "completed", env.get(run_id).error
+    assert not ledger.exists(), "no refund of the refused batch ran"
+    assert len(model.seen) == 3 and all("2 more" in t for t in model.seen), model.seen
