@@ -173,6 +173,17 @@ def test_pydantic_ai_budget_is_taken_by_run_run_stream_and_iter() -> None:
     run_id = env.start("free")
     env.run_until_idle()
     assert env.result(run_id) == "hi", "the budget of one run is not the next one's"
+
+    @app.saga(name="stream-free")
+    async def stream_free(ctx: SagaContext) -> str:
+        async with saga_agent.run_stream("x") as streamed:
+            return str(await streamed.get_output())
+
+    run_id = env.start("stream-free")
+    env.run_until_idle()
+    assert env.result(run_id) == "hi"
+    steps = [e.name for e in env.history(run_id) if e.kind == "step_completed"]
+    assert steps == ["agent__a__model_request"], "run_stream's request is the model step"
     assert saga_agent.run_sync("x", budget=spent).output == "hi"  # outside a saga: plain
 
 
