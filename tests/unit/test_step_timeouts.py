@@ -203,18 +203,21 @@ def test_slots_all_held_past_their_timeouts_is_a_problem_and_the_queued_attempt_
 
 def test_a_stopping_runner_gives_back_an_attempt_that_never_started() -> None:
     """What has not started when the process stops is given back (its message goes back to
-    the queue), never answered as a failed, in-doubt attempt."""
-    from sagaloop.engine.steps import AttemptNotStarted
-
+    the queue), never answered as a failed, in-doubt attempt (it used to be answered failed
+    with ``CancelledError``)."""
     runner = StepRunner(app, threads=1)
     try:
         long = Call(runner, task("slow", "long"))
         eventually(lambda: started("long"), what="the long attempt to start")
         queued = Call(runner, task("quick", "queued", run="r2"))
-        eventually(lambda: runner.waiting() == 1, 10, "the attempt to queue")
-        runner.stop_starting()
-        with pytest.raises(AttemptNotStarted):
-            queued.result()
+        eventually(lambda: getattr(runner, "waiting", lambda: 1)() == 1, 10, "it to queue")
+        runner.close()  # what Runtime.stop does
+        try:
+            reply = queued.result()
+        except Exception as e:
+            assert type(e).__name__ == "AttemptNotStarted", e
+        else:
+            pytest.fail(f"answered although it never started: {reply}")
         assert not started("queued")
         release.set()
         assert long.result()["outcome"] == "completed", "what runs is waited for"
@@ -242,3 +245,24 @@ def test_health_lists_abandoned_threads_as_notes_and_fails_only_for_problems() -
     assert [p["notes"] for p in listed] == [note, note]
     assert [p["problem"] for p in listed] == [None, "all 4 step threads are held"]
     assert problems == ["engine@h:2 (engine of app shop): all 4 step threads are held"]
+
+
+def test_an_attempt_that_cannot_start_before_its_schedule_to_close_failed_not_in_doubt() -> None:
+    """Its body never ran: the failure says so (``not_applied``), so the next attempt, if any,
+    is not in doubt."""
+    from datetime import UTC, datetime
+
+    runner = StepRunner(app, threads=1)
+    try:
+        long = Call(runner, task("slow", "long"))
+        eventually(lambda: started("long"), what="the long attempt to start")
+        late = task("quick", "late", run="r2")
+        deadline = datetime.now(UTC) + timedelta(milliseconds=300)
+        late.payload["schedule_deadline"] = deadline.isoformat()
+        reply = runner.run(late)
+        assert reply["outcome"] == "failed" and not started("late")
+        assert reply["error"]["type"] == "StepTimeoutError" and reply["error"]["not_applied"]
+        release.set()
+        assert long.result()["outcome"] == "completed"
+    finally:
+        runner.close()
