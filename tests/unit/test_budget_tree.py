@@ -4,6 +4,8 @@ replays every activation, and the model counts its requests from outside the eng
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel
 from pydantic_ai import Agent, models
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
@@ -128,3 +130,46 @@ def test_the_tree_is_counted_once_across_restarts() -> None:
 def test_the_usage_step_name_is_pinned() -> None:
     _, _, tree = tree_app(Budget(), Budget(), fan_out=False)
     assert tree.usage_step.name == "agent__budget__run_usage"
+
+
+def test_a_tree_covers_openai_agents_runs_too() -> None:
+    from agents import Agent as OAAgent
+    from agents.items import ModelResponse as OAResponse
+    from agents.testing import ModelStep, ScriptedModel, assistant_message
+    from agents.usage import Usage as OAUsage
+
+    from sagaloop.agents.openai_agents import SagaRunner
+
+    said = OAResponse(
+        output=[assistant_message("done")], usage=OAUsage(requests=1), response_id=None
+    )
+    model = ScriptedModel([ModelStep.respond(lambda call: said)] * 5)
+    app = App("oa-tree")
+    agent: OAAgent[Any] = OAAgent(name="helper", model=model)
+    runner = SagaRunner(app, agent)
+    tree = BudgetTree(app)
+
+    @app.saga(name="child")
+    async def child(ctx: SagaContext, task: Task) -> str:
+        tree.limit(ctx, task.budget)
+        return str((await runner.run(agent, task.topic)).final_output)
+
+    @app.saga(name="parent")
+    async def parent(ctx: SagaContext, topics: list[str]) -> list[str]:
+        tree.limit(ctx, Budget(requests=2))
+        shares = [tree.share(ctx, Budget(requests=1)) for _ in topics]
+        out = await ctx.gather(
+            *(
+                tree.call(ctx, child, Task(topic=t, budget=s), s)
+                for t, s in zip(topics, shares, strict=True)
+            ),
+            return_exceptions=True,
+        )
+        return [o if isinstance(o, str) else type(o).__name__ for o in out]
+
+    env = Harness(app)
+    run_id = env.start("parent", ["a", "b", "c"])
+    env.run_until_idle()
+    assert env.result(run_id) == ["done", "done", "StepFailedError"]
+    assert len(model.calls) == 2
+    assert env.client.get_published(run_id, USAGE_KEY)["requests"] == 2
