@@ -120,14 +120,16 @@ def _repeated_short(arg: str, options: dict[str, bool]) -> bool:
 
 class _ScrubbingFormatter(logging.Formatter):
     """Log lines (tracebacks included) without the configured passwords: the last net under the
-    masking that every message quoting a URL or a driver's error already does."""
+    masking that every message quoting a URL or a driver's error already does; and without a
+    control character of the run data they quote (:func:`printable`)."""
 
     def __init__(self, scrub: Callable[[str], str]) -> None:
         super().__init__(LOG_FORMAT)
         self._scrub = scrub
 
     def format(self, record: logging.LogRecord) -> str:
-        return self._scrub(super().format(record))
+        # printable: a log line may quote run data (a step's error, a model's text)
+        return printable(self._scrub(super().format(record)), newlines=True)
 
 
 class _ScrubbingJsonFormatter(JsonFormatter):

@@ -167,3 +167,22 @@ def test_dead_letters_show_escapes_what_a_publisher_sent(
         assert result.exit_code == 0, result.output
         clean(result.output)
     clean(run("dead-letters", "list").output)
+
+
+def test_log_lines_escape_run_data_and_keep_tracebacks_readable() -> None:
+    import logging
+
+    from sagaloop.cli.main import _ScrubbingFormatter
+
+    formatter = _ScrubbingFormatter(lambda text: text)
+    try:
+        raise ValueError(FAKE)
+    except ValueError:
+        import sys
+
+        record = logging.LogRecord(
+            "sagaloop.engine", logging.ERROR, __file__, 1, "step %s failed", (FAKE,), sys.exc_info()
+        )
+    line = formatter.format(record)
+    assert not RAW.search(line), repr(line)
+    assert "Traceback (most recent call last):\n" in line
