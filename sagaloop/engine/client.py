@@ -46,6 +46,7 @@ from sagaloop.errors import (
 from sagaloop.errors import ErrorInfo as _ErrorInfo
 from sagaloop.sagas.app import App, SagaDef
 from sagaloop.sagas.approvals import (
+    OPEN_STATUSES,
     PendingApproval,
     approval_key,
     call_id_of,
@@ -374,8 +375,29 @@ class Client:
                 for when, group in itertools.groupby(events, key=lambda e: e.at):
                     batch = [NewEvent(e.kind, e.pos, e.name, e.data) for e in group]
                     after = self.store.append_events(tx, new_id, after, batch, when)[-1].seq
+                self._index_open_approvals(tx, record, events, now)
                 self.store.enqueue(tx, [Outgoing(engine_queue(self.app.name), env)], now)
         return new_id
+
+    def _index_open_approvals(self, tx: Any, run: RunRecord, events: list[Event], now: Any) -> None:
+        """Index the approvals a fork's copied history leaves open, as the engine indexes
+        those it records: the fork's own requests, answered with its own request ids."""
+        state = RunState(run.run_id)
+        for event in events:
+            state.apply(event)
+        for key, value in state.published.items():
+            call_id = call_id_of(key)
+            if call_id and isinstance(value, dict) and value.get("status") in OPEN_STATUSES:
+                self.store.publish_approval(
+                    tx,
+                    app=run.app,
+                    saga=run.saga,
+                    run_id=run.run_id,
+                    call_id=call_id,
+                    request=value,
+                    now=now,
+                    release=None,
+                )
 
     # --- approvals (``ctx.approval``; the rules are in ``answers``) ------------------------------
 

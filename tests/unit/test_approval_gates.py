@@ -391,3 +391,18 @@ def test_the_cli_lists_approvals_a_page_at_a_time(tmp_path: Any, monkeypatch: An
     assert "next page: sagaloop approvals --after" in text
     rest = CliRunner().invoke(cli, ["approvals", "--after", page[-1]["cursor"], "--json"])
     assert {p["run_id"] for p in page + json.loads(rest.output)} == runs
+
+
+def test_a_fork_that_keeps_an_open_request_can_be_answered() -> None:
+    env = Harness(app)
+    run_id = env.start(typed, ARGS)
+    env.run_until_idle(skip_time=False)
+    [waiting] = [e.pos for e in env.history(run_id) if e.kind == h.EVENT_WAITING]
+    fork = env.client.fork(run_id, at=waiting, run_id="forked")
+    env.run_until_idle(skip_time=False)
+    [pending] = env.approvals("forked")
+    assert pending.request_id != env.approvals(run_id)[0].request_id, "its own request"
+    env.approve(fork, "0", by="alice")
+    env.run_until_idle()
+    assert env.result(fork) == {"approved": True, "args": ARGS}
+    assert env.get(run_id).status == "waiting", "the source still waits for its own answer"
