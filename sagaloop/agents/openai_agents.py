@@ -359,7 +359,7 @@ def step_as_function_tool(
         params_json_schema=schema["parameters"],
         on_invoke_tool=invoke,
         strict_json_schema=True,
-        needs_approval=needs_approval,
+        needs_approval=_unless_refused(needs_approval),
     )
     setattr(tool, _STEP_ATTR, step.name)
     return tool
@@ -598,7 +598,7 @@ class SagaRunner:
             tool,
             on_invoke_tool=invoke,
             timeout_seconds=None,  # the step's timeout, on the worker
-            needs_approval=tool.needs_approval if needs is None else needs,
+            needs_approval=_unless_refused(tool.needs_approval if needs is None else needs),
         )
 
     def _tool_spec(self, agent: str, tool: Tool) -> dict[str, Any]:
@@ -698,6 +698,9 @@ class SagaRunner:
 
     async def _answer(self, run: _Run, state: Any, item: Any) -> None:
         """Ask a person about the tool call ``item``, and tell the SDK's run state."""
+        if run.refusal is not None:  # its batch is over the budget: nobody is asked
+            state.reject(item, rejection_message=run.refusal)
+            return
         name = item.name or "tool"
         raw_arguments = item.arguments
         try:
@@ -835,6 +838,21 @@ class SagaRunner:
                 return await act(server)
             finally:
                 await server.cleanup()  # type: ignore[no-untyped-call]
+
+
+def _unless_refused(needs: Any) -> Any:
+    """A tool's ``needs_approval`` that asks nobody about a call whose batch the budget
+    refused (the call answers with the refusal, and does not run)."""
+    if needs is False:
+        return False
+
+    async def gated(ctx: Any, params: dict[str, Any], call_id: str) -> bool:
+        run = _current.get()
+        if run is not None and run.refusal is not None:
+            return False
+        return bool(needs if isinstance(needs, bool) else await needs(ctx, params, call_id))
+
+    return gated
 
 
 def _handoff_target(handoff: Handoff[Any, Any]) -> Agent[Any] | None:

@@ -401,3 +401,38 @@ def test_pydantic_ai_mcp_tool_calls_are_gated_too(tmp_path: Path) -> None:
     assert env.get(run_id).status == "completed", env.get(run_id).error
     assert not ledger.exists(), "no refund of the refused batch ran"
     assert len(model.seen) == 3 and all("2 more" in t for t in model.seen), model.seen
+
+
+def test_openai_nobody_is_asked_to_approve_a_refused_batch() -> None:
+    app = App("oa-gates")
+    effects: Counter[str] = Counter()
+
+    @function_tool(needs_approval=True)
+    def pay(i: int) -> str:
+        """Pay."""
+        effects["pay"] += 1
+        return f"paid {i}"
+
+    model = ScriptedModel(
+        [
+            oa_reply(*[function_call("pay", {"i": i}, call_id=f"c{i}") for i in range(3)]),
+            ModelStep.respond(
+                lambda call: oa_reply(assistant_message(json.dumps(outputs_of(call))))
+            ),
+        ]
+    )
+    agent: OAAgent[Any] = OAAgent(name="payer", model=model, tools=[pay])
+    runner = SagaRunner(app, agent, budget=Budget(tool_calls=2, on_exceed="tell_model"))
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> str:
+        return str((await runner.run(agent, "go")).final_output)
+
+    env = Harness(app)
+    run_id = env.start("s")
+    env.run_until_idle()
+    assert env.approvals(run_id) == []
+    assert env.get(run_id).status == "completed", env.get(run_id).error
+    told = json.loads(env.result(run_id))
+    assert len(told) == 3 and all("2 more" in t for t in told), told
+    assert not effects
