@@ -246,7 +246,7 @@ class _StepModel(Model):
         reply = await run.saga.call(self._runner.model_steps[self._agent], request)
         run.encoder.sent(run.requests, items)
         run.requests += 1
-        response = _RESPONSE.validate_python(reply["response"])
+        response = _RESPONSE.validate_python(_aliased(reply["response"]))
         used = _usage_of(run.saga).usage
         used.requests += 1
         used.input_tokens += response.usage.input_tokens
@@ -805,7 +805,10 @@ class SagaRunner:
             output_tokens=usage.output_tokens,
         )
         cost = _price(request.get("model") or agent.model, model, response)
-        return {"response": _RESPONSE.dump_python(response, mode="json"), "cost": cost}
+        # by alias: a field named ``async_`` is ``async`` in the API's JSON, and only that
+        # name loads back into the field (else it comes back as an extra too)
+        dumped = _RESPONSE.dump_python(response, mode="json", by_alias=True)
+        return {"response": dumped, "cost": cost}
 
     async def _run_tool(
         self, key: tuple[str, str], ctx: StepContext, call: dict[str, Any]
@@ -838,6 +841,23 @@ class SagaRunner:
                 return await act(server)
             finally:
                 await server.cleanup()  # type: ignore[no-untyped-call]
+
+
+def _aliased(recorded: Any) -> Any:
+    """A response recorded before it was stored by alias: its items' ``async_`` (the field's
+    name) as ``async`` (its alias), which the SDK needs to tell parallel approvals apart."""
+    output = recorded.get("output") if isinstance(recorded, dict) else None
+    if not isinstance(output, list) or not any(
+        isinstance(i, dict) and "async_" in i for i in output
+    ):
+        return recorded
+    items = [
+        {("async" if k == "async_" else k): v for k, v in i.items()}
+        if isinstance(i, dict) and "async" not in i
+        else i
+        for i in output
+    ]
+    return {**recorded, "output": items}
 
 
 def _unless_refused(needs: Any) -> Any:

@@ -436,3 +436,42 @@ def test_openai_nobody_is_asked_to_approve_a_refused_batch() -> None:
     told = json.loads(env.result(run_id))
     assert len(told) == 3 and all("2 more" in t for t in told), told
     assert not effects
+
+
+def test_openai_parallel_calls_that_need_approval_are_each_answered() -> None:
+    """Three calls of one response, each needing approval: recorded responses kept the field
+    ``async_`` under its name, so the SDK could not tell the pending approvals apart."""
+    app = App("oa-gates")
+    effects: Counter[str] = Counter()
+
+    @function_tool(needs_approval=True)
+    def pay(i: int) -> str:
+        """Pay."""
+        effects[f"pay {i}"] += 1
+        return f"paid {i}"
+
+    model = ScriptedModel(
+        [
+            oa_reply(*[function_call("pay", {"i": i}, call_id=f"c{i}") for i in range(3)]),
+            ModelStep.respond(
+                lambda call: oa_reply(assistant_message(json.dumps(outputs_of(call))))
+            ),
+        ]
+    )
+    agent: OAAgent[Any] = OAAgent(name="payer", model=model, tools=[pay])
+    runner = SagaRunner(app, agent, budget=Budget(tool_calls=4))
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> str:
+        return str((await runner.run(agent, "go")).final_output)
+
+    env = Harness(app)
+    run_id = env.start("s")
+    for _ in range(3):
+        env.run_until_idle()
+        [pending] = env.approvals(run_id)
+        env.approve(run_id, pending.call_id, by="ops")
+    env.run_until_idle()
+    assert env.get(run_id).status == "completed", env.get(run_id).error
+    assert json.loads(env.result(run_id)) == ["paid 0", "paid 1", "paid 2"]
+    assert effects == Counter({"pay 0": 1, "pay 1": 1, "pay 2": 1})
