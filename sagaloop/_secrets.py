@@ -30,9 +30,14 @@ semicolon followed by the next URL's scheme, so a password holding ``,`` or ``;`
 _QUOTED = re.compile(r"(?P<q>['\"])(?P<piece>[^'\"\s]{1,200})(?P=q)")
 """A quoted word of a driver's error (``as 'Qz'``): masked whole when it is a piece of a known
 password, however short, since a driver quotes exactly the piece of a URL it could not parse."""
-_QUERY_PASSWORD = re.compile(r"(?P<head>[?&;]password=)[^&#\s'\"]*", re.IGNORECASE)
+_PASSWORD_NAME = r"(?:[a-z_]*password|passwd|pwd)"
+"""The names of a parameter that holds a password: ``password``, libpq's ``sslpassword``,
+``passwd``, ``pwd`` (any case)."""
+_QUERY_PASSWORD = re.compile(
+    rf"(?P<head>[?&;]{_PASSWORD_NAME}=)(?P<value>[^&#\s'\",]*)", re.IGNORECASE
+)
 _CONNINFO_PASSWORD = re.compile(
-    r"(?P<head>(?<![?&;])\bpassword\s*=\s*)(?:'(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE
+    rf"(?P<head>(?<![?&;])\b{_PASSWORD_NAME}\s*=\s*)(?:'(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE
 )
 
 
@@ -56,14 +61,19 @@ def split_urls(text: str) -> list[str]:
 
 
 def passwords_of(url: str | None) -> list[str]:
-    """The password of each URL of ``url`` (a single URL or a list, see :func:`split_urls`)."""
-    found = (password_of(u) for u in split_urls(url or ""))
-    return [p for p in found if p is not None]
+    """The passwords of each URL of ``url`` (a single URL or a list, see :func:`split_urls`):
+    of its ``user:password@`` part and of its password parameters (``?password=``...)."""
+    found: list[str] = []
+    for one in split_urls(url or ""):
+        found += [p for p in (password_of(one),) if p is not None]
+        found += [m.group("value") for m in _QUERY_PASSWORD.finditer(one) if m.group("value")]
+    return found
 
 
 def mask_url(url: object) -> str:
     """``url`` fit for logs and errors: the password of its ``user:password@`` part (however it
-    is written) and a ``password=`` parameter replaced by ``***``. Takes a string or a
+    is written) and of its password parameters (``password=``, ``sslpassword=``...) replaced
+    by ``***``. Takes a string or a
     SQLAlchemy URL (whose ``str`` would hide the password but not a ``password=`` parameter),
     or a list of URLs (:func:`split_urls`), each masked on its own."""
     render = getattr(url, "render_as_string", None)
@@ -71,13 +81,13 @@ def mask_url(url: object) -> str:
     urls = split_urls(text)
     if len(urls) > 1:  # the nodes of a cluster: each masked, the hosts kept
         return ",".join(mask_url(u) for u in urls)
-    password = password_of(text)
+    password, known = password_of(text), passwords_of(text)
     if password is not None:
         scheme, _, rest = text.partition("://")
         at = rest.rfind("@")
         user = rest[:at].partition(":")[0]
         text = f"{scheme}://{user}:{MASK}@{rest[at + 1 :]}"
-    return scrub(text, password)
+    return scrub(text, *known)
 
 
 def scrub(text: str, *passwords: str | None) -> str:
@@ -85,8 +95,6 @@ def scrub(text: str, *passwords: str | None) -> str:
     value, and each known password of ``passwords`` masked, the latter also percent-decoded and
     cut into the pieces a parser may have quoted (split at ``/ # ? : @ %``), and a quoted word
     that is any piece of one, however short."""
-    for secret in _known(passwords):
-        text = text.replace(secret, MASK)
     wholes = _wholes(passwords)
     if wholes:  # a driver quotes the piece it choked on, however short ('Qz', '%41')
 
@@ -96,6 +104,8 @@ def scrub(text: str, *passwords: str | None) -> str:
             return f"{found.group('q')}{MASK}{found.group('q')}" if secret else found.group()
 
         text = _QUOTED.sub(quoted, text)
+    for secret in _known(passwords):
+        text = text.replace(secret, MASK)
     text = _URL_USERINFO.sub(rf"\g<head>{MASK}@", text)
     text = _QUERY_PASSWORD.sub(rf"\g<head>{MASK}", text)
     return _CONNINFO_PASSWORD.sub(rf"\g<head>{MASK}", text)

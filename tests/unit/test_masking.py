@@ -78,3 +78,21 @@ def test_query_string_passwords_in_every_form_are_masked() -> None:
 def test_there_is_one_masking_function() -> None:
     assert _amqp.mask_url is mask_url
     assert connect.mask_url is mask_url
+
+
+def test_every_password_parameter_is_masked_and_known() -> None:
+    for url in (
+        "postgresql://u@h/db?sslpassword=Zq7%41kk",
+        "postgresql://u@h/db?sslmode=require&SSLPASSWORD=Zq7%41kk",
+        "amqp://h/?passwd=Zq7%41kk",
+        "amqp://h/?x=1;pwd=Zq7%41kk",
+    ):
+        masked = mask_url(url)
+        assert "Zq7" not in masked and "kk" not in masked, masked
+    # a driver that quotes a piece of a parameter's password is scrubbed of it too
+    url = "amqp://u@h1/?password=Zq7%41kk,amqp://u:pw@h2/"
+    assert scrub("bad value 'Zq7%41kk' and 'Zq7A'", *passwords_of(url)) == (
+        "bad value '***' and '***'"
+    )
+    text = "host=h sslpassword=Zq7 password = 'a b' user=u"
+    assert scrub(text) == "host=h sslpassword=*** password = *** user=u"
