@@ -13,7 +13,7 @@ from typing import Any
 import click
 import pydantic
 
-from sagaloop._secrets import mask_url, password_of, passwords_of, scrub
+from sagaloop._secrets import mask_url, passwords_of, scrub
 from sagaloop.cli.settings import Settings, load_app
 from sagaloop.engine.ports import Broker
 from sagaloop.engine.streams import LOCAL, Streams
@@ -55,7 +55,7 @@ class Obj:
         """``text`` fit to print: without the configured database and broker passwords, nor any
         piece of them (see sagaloop._secrets)."""
         settings = self.settings
-        return scrub(text, password_of(settings.database_url), *passwords_of(settings.broker_url))
+        return scrub(text, *passwords_of(settings.database_url), *passwords_of(settings.broker_url))
 
     def store(self, *, upgrade: bool = False, verify: bool = True) -> SqlStore:
         missing = sqlite_file(self.settings.database_url)

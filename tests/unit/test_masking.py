@@ -96,3 +96,13 @@ def test_every_password_parameter_is_masked_and_known() -> None:
     )
     text = "host=h sslpassword=Zq7 password = 'a b' user=u"
     assert scrub(text) == "host=h sslpassword=*** password = *** user=u"
+
+
+def test_the_cli_knows_the_database_urls_password_parameters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sagaloop.cli.common import Obj
+
+    monkeypatch.setenv("SAGALOOP_DATABASE_URL", "postgresql://u:p%41ss@h/db?sslpassword=Kx9z")
+    monkeypatch.setenv("SAGALOOP_BROKER_URL", "database")
+    assert Obj().scrub("key 'Kx9' of 'p%41ss' is Kx9z") == "key '***' of '***' is ***"
