@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sagaloop.engine import tracing
+
+logger = logging.getLogger("sagaloop.step")
 
 QUEUED, RUNNING, DONE, WITHDRAWN = "queued", "running", "done", "withdrawn"
 
@@ -213,6 +216,13 @@ class Slots:
                 self._running.append(job)
                 self._cond.notify_all()
             job.run()
+            if job.abandoned:
+                assert job.started is not None
+                logger.info(
+                    "the abandoned attempt of %s ended after %.1f s; its outcome was dropped",
+                    job.label,
+                    time.monotonic() - job.started,
+                )
             with self._cond:
                 job.state = DONE
                 self._running.remove(job)

@@ -266,8 +266,8 @@ class StepRunner:
         return [
             f"all {self._slots.cap} step threads are held by attempts past their timeouts "
             f"({'; '.join(j.describe() for j in jobs)}); {self._slots.waiting()} attempt(s) "
-            "wait for a thread. Fix the steps that ignore their timeout (see docs/steps.md, "
-            "'Timeouts'), then restart this process"
+            "wait for a thread. Fix the steps that ignore their timeout (docs/concepts/steps.md, "
+            "'Timeouts and long steps'), then restart this process"
         ]
 
     def run(
