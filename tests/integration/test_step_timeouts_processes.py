@@ -97,12 +97,16 @@ def test_hung_in_process_steps_do_not_starve_the_others_and_health_tells(
 
     def noted() -> dict[str, Any] | None:
         code, report = health(s)
-        [row] = [p for p in report.get("processes", []) if p["role"] == "engine"]
-        return report if code == 0 and "2 abandoned threads" in (row["notes"] or "") else None
+        notes = [p.get("notes") or "" for p in report.get("processes", [])]
+        return report if code == 0 and any("2 abandoned threads" in n for n in notes) else None
 
     report = eventually(noted, 30, "health to note the abandoned threads")
     [row] = report["processes"]
     assert "step 'hang', run " in row["notes"] and report["healthy"] is True, report
+    table = subprocess.run(
+        [sys.executable, "-m", "sagaloop", "health"], env=s.env, capture_output=True, timeout=60
+    )
+    assert "2 abandoned threads (step 'hang', run " in table.stdout.decode(), table.stdout
 
     # two more: every thread the process may have (2 + 2 spare) is held past its timeout
     hung += [s.client.start("hang", f"h{i}") for i in range(2, 4)]
