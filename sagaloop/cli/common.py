@@ -17,7 +17,7 @@ from sagaloop._secrets import mask_url, passwords_of, scrub
 from sagaloop.cli.settings import Settings, load_app
 from sagaloop.engine.ports import Broker
 from sagaloop.engine.streams import LOCAL, Streams
-from sagaloop.errors import SagaloopError
+from sagaloop.errors import SagaloopError, ValidationError
 from sagaloop.sagas.app import App
 from sagaloop.store.connect import sqlite_file
 from sagaloop.store.sql import SqlStore
@@ -96,6 +96,7 @@ class Obj:
         if url.startswith(("amqp://", "amqps://")):
             from sagaloop.brokers.rabbitmq import RabbitBroker
 
+            self._check_namespace()
             try:
                 return RabbitBroker(
                     url,
@@ -139,8 +140,19 @@ class Obj:
         if url.startswith(("amqp://", "amqps://")):
             from sagaloop.brokers.streams import RabbitStreams
 
+            self._check_namespace()
             return RabbitStreams(url, namespace=self.settings.namespace)
         return LOCAL
+
+    def _check_namespace(self) -> None:
+        """A usage error (one line, not retried like a broker that is down) for a namespace
+        that RabbitMQ's permissions could not fence (see ``sagaloop.brokers._amqp``)."""
+        from sagaloop.brokers._amqp import check_namespace
+
+        try:
+            check_namespace(self.settings.namespace)
+        except ValidationError as e:
+            raise click.ClickException(str(e)) from None
 
 
 def load_settings(given: dict[str, Any]) -> Settings:

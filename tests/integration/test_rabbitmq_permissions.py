@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -192,3 +193,24 @@ def test_a_user_of_one_namespace_cannot_touch_anothers(vhost: Vhost) -> None:
     finally:
         if connection.is_open:
             connection.close()
+
+
+def test_a_service_with_a_dotted_namespace_stops_at_once(vhost: Vhost, tmp_path: Path) -> None:
+    """Not a broker that is down: the service says what to fix and exits, instead of retrying."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGALOOP_")}
+    env.update(
+        SAGALOOP_DATABASE_URL=f"sqlite:///{tmp_path / 'svc.db'}",
+        SAGALOOP_BROKER_URL=vhost.admin_url,
+        SAGALOOP_NAMESPACE="x.eu",
+        PYTHONPATH=str(Path(__file__).resolve().parents[1] / "unit"),
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "sagaloop", "dev", "--app", "mcp_sagas_app"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    [line] = [x for x in done.stderr.splitlines() if x.startswith("Error:")]
+    assert "namespace 'x.eu'" in line and "retrying" not in done.stderr, done.stderr
