@@ -175,7 +175,8 @@ async def _gate(
             raise BudgetExceeded(saga.run_id, reached, state.usage.model_copy())
         publish_usage(saga, budget)
         prompt = {"budget": "exceeded", "reached": reached, "usage": state.usage.model_dump()}
-        data = await saga.wait_for_event("budget", prompt=prompt)
+        # a raise counts only once the budget was reached: one sent before is refused
+        data = await saga.wait_for_event("budget", prompt=prompt, early="refuse")
         budget = None if budget is None else budget.raised(data)
         if state.allowance is not None:
             state.allowance = state.allowance.raised(data)
@@ -235,14 +236,18 @@ async def ask(
     timeout: timedelta | None,
     on_timeout: Literal["deny", "escalate"],
     reasoning: str | None,
+    schema: dict[str, Any] | None = None,
 ) -> Approval:
-    """A person's answer to a tool call (the tool's policy first, then the agent's defaults)."""
+    """A person's answer to a tool call (the tool's policy first, then the agent's defaults).
+    ``schema``: the tool's arguments' JSON Schema, which an edit must fit (checked where the
+    answer is given, and again by the run, which refuses an edit that does not fit)."""
     return await saga.approval(
         tool,
         args,
         timeout=policy.approval_timeout or timeout,
         on_timeout=policy.on_timeout if policy.approval_timeout else on_timeout,
         reason=reasoning[:4000] if reasoning else None,
+        args_schema=schema,
     )
 
 

@@ -339,7 +339,7 @@ class SagaMCPToolset(AbstractToolset[Any]):
         approved = bool(ctx.tool_call_approved)
         policy = self.server.policies.get(name)
         if policy is not None and policy.requires_approval and not approved:
-            decision = await agent._ask(run, name, args)
+            decision = await agent._ask(run, name, args, tool)
             if not decision.approved:
                 return _denial(decision.reason)
             args, approved = decision.args, True
@@ -388,7 +388,7 @@ class _SagaToolsetWithMCP(_SagaToolset):
             if run is None or ctx.tool_call_approved:
                 raise
         args = _jsonable(tool_args, f"the arguments of MCP tool {name!r}")
-        decision = await self.agent._ask(run, name, args)
+        decision = await self.agent._ask(run, name, args, tool)
         if not decision.approved:
             return _denial(decision.reason)
         ctx = dataclasses.replace(ctx, tool_call_approved=True)

@@ -715,6 +715,7 @@ class SagaRunner:
             timeout=self.approval_timeout,
             on_timeout=self.on_approval_timeout,
             reasoning=run.last_text,
+            schema=_schema_of(item, name),
         )
         if not decision.approved:
             state.reject(item, rejection_message=_denial(decision.reason))
@@ -941,3 +942,13 @@ def _price(name: Any, model: Model, response: ModelResponse) -> float | None:
         return float(price.total_price)
     except Exception:  # no price known for this model: counted as 0
         return None
+
+
+def _schema_of(item: Any, name: str) -> dict[str, Any] | None:
+    """The JSON Schema of the arguments of the function tool ``name`` of the item's agent,
+    which an approver's edit must fit (None: not a function tool of that agent)."""
+    for tool in getattr(getattr(item, "agent", None), "tools", None) or []:
+        if getattr(tool, "name", None) == name:
+            schema = getattr(tool, "params_json_schema", None)
+            return schema if isinstance(schema, dict) else None
+    return None

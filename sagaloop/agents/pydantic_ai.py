@@ -341,7 +341,7 @@ class _SagaToolset(WrapperToolset[Any]):
         args = _jsonable(tool_args, f"the arguments of tool {name!r}")
         approved = bool(ctx.tool_call_approved)
         if agent.needs_approval.get(name) and not approved and not step.approval:
-            decision = await agent._ask(run, name, args)
+            decision = await agent._ask(run, name, args, tool)
             if not decision.approved:
                 return _denial(decision.reason)
             args, approved = decision.args, True
@@ -366,7 +366,7 @@ class _SagaToolset(WrapperToolset[Any]):
             if "deferred" in reply:
                 raise CallDeferred(reply["deferred"].get("metadata"))
             if "approval" in reply and not approved:  # the tool asked for it, at run time
-                decision = await agent._ask(run, name, args)
+                decision = await agent._ask(run, name, args, tool)
                 if not decision.approved:
                     return _denial(decision.reason)
                 call = {**call, "args": decision.args}
@@ -608,7 +608,9 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
     def _publish_usage(self, run: _Run) -> None:
         publish_usage(run.saga, run.budget)
 
-    async def _ask(self, run: _Run, tool: str, args: Any) -> Approval:
+    async def _ask(
+        self, run: _Run, tool: str, args: Any, toolset_tool: ToolsetTool[Any] | None = None
+    ) -> Approval:
         reasoning = None
         if run.last_response is not None:
             texts = [
@@ -625,6 +627,7 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
             timeout=self.approval_timeout,
             on_timeout=self.on_approval_timeout,
             reasoning=reasoning,
+            schema=None if toolset_tool is None else toolset_tool.tool_def.parameters_json_schema,
         )
 
     # --- the worker side ---------------------------------------------------------------------

@@ -35,7 +35,7 @@ from sagaloop.errors import (
     ValidationError,
 )
 from sagaloop.sagas.app import App, SagaDef, StepDef
-from sagaloop.sagas.approvals import Approval, OnTimeout, request_approval
+from sagaloop.sagas.approvals import Approval, OnTimeout, request_approval, schema_error
 from sagaloop.sagas.context import Early, Received, SagaContext, _current
 from sagaloop.sagas.convert import ANY, Converter
 
@@ -105,6 +105,12 @@ EARLY: dict[str, Any] = {
     "reason": "it arrived before the wait began, and this wait takes only the events sent "
     "while it waits (early='refuse')"
 }
+
+
+def _fits(edit: Any, *, schema: dict[str, Any], what: str) -> None:
+    error = schema_error(edit, schema)
+    if error is not None:
+        raise ValidationError(f"{what}: {error}")
 
 
 def _early(early: Any) -> dict[str, Any]:
@@ -550,13 +556,16 @@ class _Context(SagaContext):
         on_timeout: OnTimeout = "deny",
         reason: str | None = None,
         args_type: Any = None,
+        args_schema: dict[str, Any] | None = None,
     ) -> Approval:
-        schema, check = None, None
+        what = f"the edited arguments of approval {action!r}"
+        schema, check = args_schema, None
         if args_type is not None:
             converter = Converter(args_type)
-            schema = converter.json_schema()
-            what = f"the edited arguments of approval {action!r}"
+            schema = converter.json_schema() if schema is None else schema
             check = lambda edit: converter.from_json(edit, what=what)  # noqa: E731
+        elif schema is not None:
+            check = functools.partial(_fits, schema=schema, what=what)
         return await request_approval(
             self,
             str(self._r.next_pos) if call_id is None else call_id,

@@ -225,6 +225,22 @@ def answer_refusal(
     return None
 
 
+def schema_error(args: Any, schema: dict[str, Any]) -> str | None:
+    """Why ``args`` does not fit the JSON Schema ``schema`` (the first error, where and what),
+    or None when it fits or the schema is not one this validator reads."""
+    import jsonschema  # type: ignore[import-untyped]
+
+    try:
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(args))
+    except (jsonschema.exceptions.SchemaError, TypeError, ValueError):
+        return None
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or "the arguments"
+    return f"{where}: {str(error.message)[:300]}"
+
+
 def check_call_id(call_id: Any) -> str:
     """``call_id`` if it can name an approval, else a ValidationError saying why."""
     if not isinstance(call_id, str) or not 0 < len(call_id) <= MAX_CALL_ID or "\x00" in call_id:

@@ -182,6 +182,7 @@ class SagaContext(abc.ABC):
         on_timeout: Literal["deny", "escalate"] = "deny",
         reason: str | None = None,
         args_type: Any = None,
+        args_schema: dict[str, Any] | None = None,
     ) -> Approval:
         """Ask a person to approve ``action`` with ``args`` (JSON) and wait for the answer
         (``Client.approve``/``deny``, ``sagaloop approve``/``deny``). The request is published
@@ -195,7 +196,8 @@ class SagaContext(abc.ABC):
         edited arguments must validate as it; its JSON Schema is published with the request,
         so that ``approve --args`` refuses a bad edit before sending it, and an edit that
         does not fit is refused as an answer (the approval keeps waiting), never a failure
-        of the run. The answer rules are in docs/concepts/approvals.md."""
+        of the run. ``args_schema``: the same with a JSON Schema instead of a type (an
+        agent's tool's, say). The answer rules are in docs/concepts/approvals.md."""
 
     @abc.abstractmethod
     def now(self) -> datetime:
