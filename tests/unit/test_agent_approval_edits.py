@@ -20,8 +20,8 @@ from sagaloop.testing import Harness
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from test_agents_openai import answer_saga, call_then_echo  # noqa: E402
-from test_agents_pydantic_ai import approval_app  # noqa: E402
+from test_agents_openai import answer_saga, call_then_echo
+from test_agents_pydantic_ai import approval_app
 
 BAD_EDITS = [
     ({"order": "o1"}, "amount"),  # a required field missing
