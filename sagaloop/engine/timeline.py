@@ -208,7 +208,9 @@ def _why(st: RunState, run: RunRecord, queues: dict[Any, Any], now: datetime) ->
             until = f" until {w.until:%Y-%m-%d %H:%M:%S} UTC" if w.until else ""
             asks = f", asking {short_json(w.prompt)}" if w.prompt is not None else ""
             names = " or ".join(repr(n) for n in (w.names or (w.name,)))
-            why.append(f"waiting for event {names}{until}{asks}")
+            refused = [r for n, r in st.refused if n in (w.names or (w.name,))] + w.rejected
+            told = f"; {len(refused)} refused, the last: {refused[-1][:200]}" if refused else ""
+            why.append(f"waiting for event {names}{until}{asks}{told}")
     for fire_at in st.sleeps.values():
         why.append(f"sleeping until {fire_at:%Y-%m-%d %H:%M:%S} UTC")
     return why

@@ -406,3 +406,12 @@ def test_a_fork_that_keeps_an_open_request_can_be_answered() -> None:
     env.run_until_idle()
     assert env.result(fork) == {"approved": True, "args": ARGS}
     assert env.get(run_id).status == "waiting", "the source still waits for its own answer"
+
+
+def test_status_says_why_an_answer_was_refused() -> None:
+    env = Harness(app)
+    run_id = env.start(typed, ARGS)
+    env.send_event(run_id, "approval:0", early_answer(999_999))
+    env.run_until_idle(skip_time=False)
+    [line] = env.status(run_id).waiting_for
+    assert "'approval:0'" in line and "1 refused, the last: it names no request_id" in line
