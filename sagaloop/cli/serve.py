@@ -144,7 +144,7 @@ def _serve(
     logger.info("%s: stopping (finishing the messages in hand, for at most %g s)", role, grace)
     cut_off = runtime.stop(grace)
     if cut_off:
-        _exit_cut_off(role, grace, cut_off, EXIT_THREAD_DIED if runtime.deaths else 0)
+        _exit_cut_off(role, grace, cut_off, runtime.deaths)
     broker.close()  # what the process still held goes back to the queue
     if metrics_server is not None:
         metrics_server.stop()
@@ -154,7 +154,7 @@ def _serve(
     logger.info("%s: stopped", role)
 
 
-def _exit_cut_off(role: str, grace: float, cut_off: list[str], status: int) -> NoReturn:
+def _exit_cut_off(role: str, grace: float, cut_off: list[str], deaths: dict[str, str]) -> NoReturn:
     """Exit now, although threads still run (a step that ignores its timeout, or has none):
     Python cannot stop them, and waiting longer would outlast the supervisor's patience. What
     they ran is in doubt, exactly as after a crash: their messages are not acknowledged, so
@@ -166,9 +166,12 @@ def _exit_cut_off(role: str, grace: float, cut_off: list[str], status: int) -> N
         grace,
         "; ".join(cut_off),
     )
+    if deaths:
+        _say_dead(role, deaths)
     logging.shutdown()  # flush the handlers: os._exit does not
+    sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(status)
+    os._exit(EXIT_THREAD_DIED if deaths else 0)
 
 
 def _start_metrics(store: SqlStore, broker: Broker, port: int | None, host: str) -> Any:
@@ -186,6 +189,11 @@ def _start_metrics(store: SqlStore, broker: Broker, port: int | None, host: str)
 
 def _exit_dead(role: str, deaths: dict[str, str]) -> None:
     """Say on stderr which threads died and why, and exit with ``EXIT_THREAD_DIED``."""
+    _say_dead(role, deaths)
+    sys.exit(EXIT_THREAD_DIED)
+
+
+def _say_dead(role: str, deaths: dict[str, str]) -> None:
     why = "; ".join(f"thread {name!r} died: {what}" for name, what in deaths.items())
     click.echo(
         f"sagaloop {role}: stopped because a thread died ({why}). Its messages are delivered "
@@ -193,7 +201,6 @@ def _exit_dead(role: str, deaths: dict[str, str]) -> None:
         "docs/troubleshooting.md, 'A service exits with status 70').",
         err=True,
     )
-    sys.exit(EXIT_THREAD_DIED)
 
 
 def _host() -> str:

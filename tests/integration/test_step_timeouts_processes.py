@@ -149,6 +149,7 @@ def test_sigterm_stops_a_process_whose_in_process_step_hangs(
         run = s.client.start("pay", ["a", "b", "c"])
         eventually(lambda: bodies(s, "b") == 1, 60, "b's body to hang")
         sigterm(s, doomed, role)
+        assert f"{role}: still running after the grace of 3 s: thread(s) local-" in s.logs()
         s.engine()  # b was running: in doubt, as after a crash, so it is reconciled
         assert s.wait_final([run]) == {run: "completed"}
         assert s.client.get(run).output == ["a:charged", "b:found", "c:charged"]
@@ -164,6 +165,7 @@ def test_sigterm_stops_a_worker_whose_step_hangs(tmp_path: Path, rabbitmq_url: s
         run = s.client.start("sequence", ["a", "b"])
         eventually(lambda: bodies(s, "a") == 1, 60, "a's body to hang")
         sigterm(s, doomed, "worker")
+        assert "worker: still running after the grace of 3 s: thread(s) worker-" in s.logs()
         s.worker()
         assert s.wait_final([run]) == {run: "completed"}
         steps = json.loads(s.sagaloop("status", run, "--json"))["steps"]
