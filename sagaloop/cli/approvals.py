@@ -9,7 +9,7 @@ import shlex
 import click
 
 from sagaloop.cli.common import Obj, errors, json_arg
-from sagaloop.cli.render import _table
+from sagaloop.cli.render import _table, printable
 from sagaloop.engine.client import Client
 from sagaloop.engine.timeline import short_json
 from sagaloop.sagas.approvals import PendingApproval
@@ -53,7 +53,9 @@ def approvals(obj: Obj, run_id: str | None, limit: int, after: str | None, as_js
         return
     click.echo(approvals_text(pending))
     if len(pending) == limit:
-        click.echo(f"next page: sagaloop approvals --after {shlex.quote(pending[-1].cursor)}")
+        click.echo(
+            printable(f"next page: sagaloop approvals --after {shlex.quote(pending[-1].cursor)}")
+        )
 
 
 @click.command()
@@ -73,7 +75,7 @@ def approve(obj: Obj, run_id: str, call_id: str, args_json: str | None, by: str 
     with errors():
         Client(obj.store()).approve(run_id, call_id, args=args, by=by)
     edited = " with edited arguments" if args is not None else ""
-    click.echo(f"approved{edited}: run {run_id}, call {call_id}")
+    click.echo(printable(f"approved{edited}: run {run_id}, call {call_id}"))
 
 
 @click.command()
@@ -86,4 +88,4 @@ def deny(obj: Obj, run_id: str, call_id: str, reason: str, by: str | None) -> No
     """Deny the approval CALL_ID that the run RUN_ID waits for."""
     with errors():
         Client(obj.store()).deny(run_id, call_id, reason=reason, by=by)
-    click.echo(f"denied: run {run_id}, call {call_id}")
+    click.echo(printable(f"denied: run {run_id}, call {call_id}"))

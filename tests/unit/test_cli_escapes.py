@@ -186,3 +186,11 @@ def test_log_lines_escape_run_data_and_keep_tracebacks_readable() -> None:
     line = formatter.format(record)
     assert not RAW.search(line), repr(line)
     assert "Traceback (most recent call last):\n" in line
+
+
+def test_an_answer_echoes_the_ids_escaped(env: Harness) -> None:
+    result = run("approve", RUN, CALL)
+    assert result.exit_code == 0, result.output
+    assert (
+        clean(result.output) == "approved: run run\\x1b[31m-1, call call\\x1b]8;;http://x\\x07-1\n"
+    )
