@@ -267,7 +267,7 @@ def send_event(obj: Obj, run_id: str, name: str, data: str | None, event_id: str
     value = json_arg(data, "--data")
     with errors():
         _client(obj).send_event(run_id, name, value, event_id=event_id)
-        click.echo(f"event {name!r} sent to {run_id}")
+        click.echo(printable(f"event {name!r} sent to {run_id}"))
 
 
 @cli.command()
@@ -335,7 +335,7 @@ def cancel(obj: Obj, run_id: str, reason: str | None) -> None:
     """Cancel a run: it stops at its next suspension point and compensates."""
     with errors():
         _client(obj).cancel(run_id, reason)
-    click.echo(f"cancellation of {run_id} requested")
+    click.echo(printable(f"cancellation of {run_id} requested"))
 
 
 @cli.command()
@@ -352,10 +352,10 @@ def retry(obj: Obj, run_id: str, budget: str | None) -> None:
     with errors():
         if budget is not None:
             _client(obj).send_event(run_id, "budget", json_arg(budget, "--budget"))
-            click.echo(f"budget of {run_id} raised")
+            click.echo(printable(f"budget of {run_id} raised"))
             return
         _client(obj).retry(run_id)
-    click.echo(f"retry of {run_id} requested")
+    click.echo(printable(f"retry of {run_id} requested"))
 
 
 @cli.group()
