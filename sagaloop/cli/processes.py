@@ -32,10 +32,6 @@ PRUNE_AFTER = timedelta(hours=1)
 """Rows not refreshed for this long are deleted (by any running process)."""
 MAX_PROBLEM = 2000
 """Characters of a problem kept in the registry."""
-NOTES = "\n-- notes: "
-"""Separates a row's problems from its notes in the ``problem`` column: what an operator should
-know that is no problem (threads abandoned past a step's timeout), listed by health, which does
-not fail for it."""
 
 
 class ProcessRegistry(Protocol):
@@ -43,7 +39,13 @@ class ProcessRegistry(Protocol):
 
     def process_started(self, name: str, app: str, role: str, now: datetime) -> None: ...
 
-    def process_seen(self, name: str, now: datetime, problem: str | None) -> bool: ...
+    def process_seen(
+        self,
+        name: str,
+        now: datetime,
+        problem: str | None,
+        abandoned: Sequence[dict[str, Any]] = (),
+    ) -> bool: ...
 
     def process_stopped(self, name: str, now: datetime, problem: str | None) -> None: ...
 
@@ -61,28 +63,28 @@ def describe(exc: BaseException) -> str:
     return line.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _storable(problems: Sequence[str], notes: Sequence[str] = ()) -> str | None:
-    """The problems (then ``NOTES`` and the notes, if any) as one text any database stores: no
-    NUL, no lone surrogate, bounded."""
-    if not problems and not notes:
+def _storable(problems: Sequence[str]) -> str | None:
+    """The problems as one text any database stores: no NUL, no lone surrogate, bounded."""
+    return _clip(problems, MAX_PROBLEM) if problems else None
+
+
+def abandoned_text(abandoned: Sequence[dict[str, Any]]) -> str | None:
+    """``N abandoned threads (step X, run Y, since T; ...)``, or None when there are none."""
+    if not abandoned:
         return None
-    limit = MAX_PROBLEM // 2 if problems and notes else MAX_PROBLEM
-    text = _clip(problems, limit)
-    return text + NOTES + _clip(notes, limit) if notes else text
+    what = "thread" if len(abandoned) == 1 else "threads"
+    each = "; ".join(
+        f"step {a.get('step')!r}, run {a.get('run_id')}, attempt {a.get('attempt')}, "
+        f"since {a.get('since')}"
+        for a in abandoned
+    )
+    return _clip([f"{len(abandoned)} abandoned {what} ({each})"], MAX_PROBLEM)
 
 
 def _clip(lines: Sequence[str], limit: int) -> str:
     text = "; ".join(lines).replace("\x00", "\\x00").replace("\n", " ")
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def split_notes(stored: str | None) -> tuple[str | None, str | None]:
-    """A ``problem`` column's (problems, notes); each None when there are none."""
-    if not stored:
-        return None, None
-    problem, _, notes = stored.partition(NOTES)
-    return problem or None, notes or None
 
 
 class Registration:
@@ -104,10 +106,11 @@ class Registration:
     def started(self) -> None:
         self._try("register", self._register)
 
-    def beat(self, problems: Sequence[str], notes: Sequence[str] = ()) -> None:
-        """Refresh the row with the process's current problems (and notes, which are none);
-        prune old rows now and then."""
-        self._try("refresh", lambda: self._beat(_storable(problems, notes)))
+    def beat(self, problems: Sequence[str], abandoned: Sequence[dict[str, Any]] = ()) -> None:
+        """Refresh the row with the process's current problems and the attempts it abandoned
+        whose threads still run (no problem: health lists them, ``status`` shows them under
+        their run); prune old rows now and then."""
+        self._try("refresh", lambda: self._beat(_storable(problems), abandoned))
 
     def stopped(self, problems: Sequence[str]) -> None:
         """Close the row, keeping the problems the process exits with."""
@@ -121,11 +124,12 @@ class Registration:
         self.registry.process_started(self.name, self.app, self.role, self._now())
         self._registered = True
 
-    def _beat(self, problem: str | None) -> None:
+    def _beat(self, problem: str | None, abandoned: Sequence[dict[str, Any]]) -> None:
         now = self._now()
-        if not self._registered or not self.registry.process_seen(self.name, now, problem):
+        seen = self.registry.process_seen
+        if not self._registered or not seen(self.name, now, problem, abandoned):
             self._register()  # not yet written, or pruned while this process was stuck
-            self.registry.process_seen(self.name, now, problem)
+            seen(self.name, now, problem, abandoned)
         if now.timestamp() >= self._next_prune:
             self.registry.prune_processes(now - PRUNE_AFTER)
             self._next_prune = now.timestamp() + PRUNE_AFTER.total_seconds() / 12
@@ -159,7 +163,7 @@ def assess(
             continue
         seen = (now - row.seen_at).total_seconds()
         end = row.stopped_at or now
-        problem, notes = split_notes(row.problem)
+        problem, notes = row.problem, abandoned_text(row.abandoned or [])
         entry: dict[str, Any] = {
             "name": row.name,
             "role": row.role,

@@ -167,6 +167,16 @@ def timeline_text(tl: Timeline) -> str:
     if tl.waiting_for:
         why = "\n".join(f"  - {printable(_why(w))}" for w in tl.waiting_for)
         parts.append(f"why it waits:\n{why}")
+    if tl.abandoned:
+        lines = [
+            f"  - step {a.get('step')!r} (#{a.get('position')}, attempt {a.get('attempt')}) on "
+            f"{a.get('process')} since {a.get('since')}"
+            for a in tl.abandoned
+        ]
+        parts.append(
+            "still running past its timeout (abandoned: its outcome is dropped when it ends):\n"
+            + printable("\n".join(lines), newlines=True)
+        )
     asked = [w for w in tl.waits if w.kind == "approval" and isinstance(w.prompt, dict)]
     if asked:
         parts.append(

@@ -182,9 +182,9 @@ class Runtime:
                 out.append(f"could not check {getattr(source, '__qualname__', source)}: {e!r}")
         return out
 
-    def notes(self) -> list[str]:
+    def abandoned(self) -> list[dict[str, Any]]:
         """What an operator should know that is no problem (health does not fail for it): the
-        threads of attempts abandoned past their timeouts, until they end."""
+        attempts abandoned past their timeouts whose threads still run, until they end."""
         return self.runner.abandoned()
 
     def _deaths(self) -> list[str]:
@@ -213,7 +213,9 @@ class Runtime:
         )
         self._halt()
         if self._registration is not None:
-            self._registration.beat(self.problems(), self.notes())  # now: stopping takes a while
+            self._registration.beat(
+                self.problems(), self.abandoned()
+            )  # now: stopping takes a while
         if self._on_death is not None:
             self._on_death()
 
@@ -228,7 +230,7 @@ class Runtime:
 
     def _beat(self, registration: Registration) -> None:
         while not self.stopping.wait(SEEN_EVERY):
-            registration.beat(self.problems(), self.notes())
+            registration.beat(self.problems(), self.abandoned())
 
     def stop(self, timeout: float = GRACE) -> list[str]:
         """Finish the messages in hand, waiting at most ``timeout`` seconds in all (the

@@ -10,6 +10,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pydantic
@@ -53,6 +54,9 @@ from sagaloop.sagas.approvals import (
     check_call_id,
 )
 from sagaloop.sagas.convert import ANY, Converter, encode_value
+
+LIVE = timedelta(seconds=15)
+"""A process whose registry row was refreshed this recently runs (it refreshes every 5 s)."""
 
 # The client refuses, before anything is written, what the engine would refuse after: it
 # checks with the engine's own rules (the Envelope's fields, Envelope.from_bytes and the
@@ -523,7 +527,10 @@ class Client:
 
     def status(self, run_id: str) -> Timeline:
         run = self.get(run_id)
-        return timeline(run, self.store.load_history(None, run_id), self.clock.now())
+        now = self.clock.now()
+        found = timeline(run, self.store.load_history(None, run_id), now)
+        found.abandoned = self.store.abandoned_attempts(run_id, seen_after=now - LIVE)
+        return found
 
     def list(
         self, *, status: str | None = None, saga: str | None = None, limit: int = 100

@@ -36,8 +36,18 @@ class Job:
     """One call on the pool: ``fn(*args, **kwargs)``; a coroutine it returns runs on a new
     event loop of the pool's thread (closed after it)."""
 
-    def __init__(self, fn: Callable[..., Any], args: Any, kwargs: Any, label: str) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: Any,
+        kwargs: Any,
+        label: str,
+        about: dict[str, Any] | None = None,
+    ) -> None:
         self.fn, self.args, self.kwargs, self.label = fn, args, kwargs, label
+        self.about = about or {}
+        """What it is an attempt of (``step``, ``run_id``, ``position``, ``attempt``), as
+        the process reports it once abandoned."""
         self.state = QUEUED
         self.started: float | None = None
         """When its body started (monotonic); None while it waits for a thread."""
@@ -106,8 +116,15 @@ class Slots:
 
     # --- the caller's side ---------------------------------------------------------------------
 
-    def submit(self, fn: Callable[..., Any], *args: Any, label: str = "", **kwargs: Any) -> Job:
-        job = Job(fn, args, kwargs, label)
+    def submit(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        label: str = "",
+        about: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Job:
+        job = Job(fn, args, kwargs, label, about)
         with self._cond:
             if self._closed:
                 job.state = WITHDRAWN

@@ -250,13 +250,13 @@ class StepRunner:
         """The attempts running on the pool and waited for (not abandoned), one line each."""
         return [job.describe() for job in self._slots.running()]
 
-    def abandoned(self) -> list[str]:
-        """``["N abandoned threads (step X, run Y, since T; ...)"]``, or ``[]``."""
-        jobs = self._slots.abandoned()
-        if not jobs:
-            return []
-        what = "thread" if len(jobs) == 1 else "threads"
-        return [f"{len(jobs)} abandoned {what} ({'; '.join(j.describe() for j in jobs)})"]
+    def abandoned(self) -> list[dict[str, Any]]:
+        """The attempts abandoned past their timeouts whose threads still run: ``step``,
+        ``run_id``, ``position``, ``attempt`` and ``since`` (ISO time) each."""
+        return [
+            {**job.about, "since": job.started_at.isoformat() if job.started_at else None}
+            for job in self._slots.abandoned()
+        ]
 
     def problems(self) -> list[str]:
         """What is wrong: every thread of the pool held by an attempt past its timeout."""
@@ -436,7 +436,10 @@ class StepRunner:
         if inline or not limits:
             return _invoke(fn, *a, **kw)
         label = f"step {step.name!r}" + (f", run {ctx.run_id}" if ctx is not None else "")
-        job = self._slots.submit(fn, *a, label=label, **kw)
+        about: dict[str, Any] = {"step": step.name}
+        if ctx is not None:
+            about.update(run_id=ctx.run_id, position=ctx.position, attempt=ctx.attempt)
+        job = self._slots.submit(fn, *a, label=label, about=about, **kw)
         if not self._slots.wait_started(job, deadline):
             if self._slots.closed:
                 raise AttemptNotStarted(f"{label}: the process stops; not started")

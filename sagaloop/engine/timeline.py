@@ -70,6 +70,10 @@ class Timeline:
     """The open waits and sleeps of a run that is not finished, in the order they began."""
     cancel_reason: str | None = None
     """Why the run was cancelled, once a cancellation was asked for (``cancel --reason``)."""
+    abandoned: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Attempts of this run abandoned past their timeouts whose threads still run, as live
+    processes report them (``step``, ``position``, ``attempt``, ``since``, ``process``):
+    their outcome is dropped whenever they end."""
 
     def to_json(self) -> dict[str, Any]:
         def conv(v: Any) -> Any:

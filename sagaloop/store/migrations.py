@@ -115,7 +115,8 @@ Table(
 
 def _v4(conn: Connection) -> None:
     """Approvals indexed when asked (``sagaloop_approvals``); the open ones of unfinished runs
-    are copied from their histories."""
+    are copied from their histories. Processes report the attempts they abandoned."""
+    conn.execute(text("ALTER TABLE sagaloop_processes ADD COLUMN abandoned TEXT"))
     _V4_TABLES.create_all(conn)
     rows = conn.execute(
         text(

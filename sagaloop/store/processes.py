@@ -4,8 +4,10 @@ when, when each was last seen, and what is wrong with it. ``SqlStore`` wraps the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import Connection
@@ -25,6 +27,9 @@ class ProcessRecord:
     """Why the process is (or exited) unhealthy, or None."""
     stopped_at: datetime | None
     """When it exited (cleanly or because of ``problem``); None while it runs or if killed."""
+    abandoned: list[dict[str, Any]] | None = None
+    """The attempts it abandoned past their timeouts whose threads still ran when it was last
+    seen (``step``, ``run_id``, ``position``, ``attempt``, ``since``)."""
 
 
 _c = t.processes.c
@@ -40,15 +45,22 @@ def started(conn: Connection, name: str, app: str, role: str, now: datetime) -> 
     )
 
 
-def seen(conn: Connection, name: str, now: datetime, problem: str | None) -> bool:
+def seen(
+    conn: Connection,
+    name: str,
+    now: datetime,
+    problem: str | None,
+    abandoned: Sequence[dict[str, Any]] = (),
+) -> bool:
     """Refresh the row; False when there is none (never written, or pruned)."""
-    q = t.processes.update().where(_c.name == name).values(seen_at=now, problem=problem)
+    values = {"seen_at": now, "problem": problem, "abandoned": list(abandoned) or None}
+    q = t.processes.update().where(_c.name == name).values(values)
     return conn.execute(q.execution_options(preserve_rowcount=True)).rowcount == 1
 
 
 def stopped(conn: Connection, name: str, now: datetime, problem: str | None) -> None:
     q = t.processes.update().where(_c.name == name)
-    conn.execute(q.values(seen_at=now, stopped_at=now, problem=problem))
+    conn.execute(q.values(seen_at=now, stopped_at=now, problem=problem, abandoned=None))
 
 
 def prune(conn: Connection, before: datetime) -> int:
@@ -59,3 +71,17 @@ def prune(conn: Connection, before: datetime) -> int:
 def rows(conn: Connection) -> list[ProcessRecord]:
     q = sa.select(t.processes).order_by(_c.started_at, _c.name)
     return [ProcessRecord(**r) for r in conn.execute(q).mappings()]
+
+
+def abandoned(conn: Connection, run_id: str, seen_after: datetime) -> list[dict[str, Any]]:
+    """The abandoned attempts of run ``run_id`` that processes seen after ``seen_after``
+    report, each with the ``process`` that runs it."""
+    q = sa.select(_c.name, _c.abandoned).where(
+        _c.seen_at > seen_after, _c.stopped_at.is_(None), _c.abandoned.is_not(None)
+    )
+    return [
+        {**item, "process": name}
+        for name, items in conn.execute(q)
+        for item in items or []
+        if isinstance(item, dict) and item.get("run_id") == run_id
+    ]

@@ -741,11 +741,21 @@ class SqlStore:
         with self.transaction() as tx:
             registry.started(tx.conn, name, app, role, now)
 
-    def process_seen(self, name: str, now: datetime, problem: str | None) -> bool:
-        """Refresh the process's row with its current problem (None: healthy); False when it
-        has no row."""
+    def process_seen(
+        self,
+        name: str,
+        now: datetime,
+        problem: str | None,
+        abandoned: Sequence[dict[str, Any]] = (),
+    ) -> bool:
+        """Refresh the process's row with its current problem (None: healthy) and the
+        attempts it abandoned whose threads still run; False when it has no row."""
         with self.transaction() as tx:
-            return registry.seen(tx.conn, name, now, problem)
+            return registry.seen(tx.conn, name, now, problem, abandoned)
+
+    def abandoned_attempts(self, run_id: str, *, seen_after: datetime) -> list[dict[str, Any]]:
+        with self._read() as conn:
+            return registry.abandoned(conn, run_id, seen_after)
 
     def process_stopped(self, name: str, now: datetime, problem: str | None) -> None:
         """Mark the process as exited, with the problem it exits because of (None: cleanly)."""

@@ -185,6 +185,9 @@ processes = Table(
     # Why the process is unhealthy (a dead consumer thread, a stalled activation), or NULL.
     Column("problem", Text),
     Column("stopped_at", UTCDateTime),
+    # The attempts it abandoned past their timeouts whose threads still run (JSON list of
+    # {step, run_id, position, attempt, since}), or NULL: no problem, but worth knowing.
+    Column("abandoned", JSONText),
 )
 """The services that run (or ran recently): what ``sagaloop health`` reports on."""
 

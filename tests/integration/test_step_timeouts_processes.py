@@ -107,6 +107,16 @@ def test_hung_in_process_steps_do_not_starve_the_others_and_health_tells(
         [sys.executable, "-m", "sagaloop", "health"], env=s.env, capture_output=True, timeout=60
     )
     assert "2 abandoned threads (step 'hang', run " in table.stdout.decode(), table.stdout
+    # status shows each run's own, with the process that still runs it
+    [attempt] = s.client.status(hung[0]).abandoned
+    assert attempt["step"] == "hang" and attempt["process"].startswith("engine@"), attempt
+    shown = subprocess.run(
+        [sys.executable, "-m", "sagaloop", "status", hung[0]],
+        env=s.env,
+        capture_output=True,
+        timeout=60,
+    ).stdout.decode()
+    assert "still running past its timeout" in shown and "step 'hang'" in shown, shown
 
     # two more: every thread the process may have (2 + 2 spare) is held past its timeout
     hung += [s.client.start("hang", f"h{i}") for i in range(2, 4)]

@@ -168,8 +168,13 @@ def test_an_abandoned_attempt_is_told_to_stop_reported_until_it_ends_and_its_res
         reply = runner.run(task("hang", "h", run="run-7"))
         assert reply["outcome"] == "failed" and reply["error"]["type"] == "StepTimeoutError"
         assert "within 0:00:00.300000" in reply["error"]["message"]
-        [line] = runner.abandoned()
-        assert line.startswith("1 abandoned thread (step 'hang', run run-7, since "), line
+        [attempt] = runner.abandoned()
+        assert {k: attempt[k] for k in ("step", "run_id", "attempt")} == {
+            "step": "hang",
+            "run_id": "run-7",
+            "attempt": 1,
+        }
+        assert attempt["since"] is not None
         eventually(lambda: "h:told to stop" in seen, 10, "ctx.heartbeat() to raise StepCancelled")
         release.set()
         eventually(lambda: not runner.abandoned(), 10, "the abandoned thread to end")
@@ -226,21 +231,28 @@ def test_a_stopping_runner_gives_back_an_attempt_that_never_started() -> None:
 
 
 def test_health_lists_abandoned_threads_as_notes_and_fails_only_for_problems() -> None:
-    """The registry keeps a process's notes (abandoned threads) after its problems; health
+    """The registry keeps a process's abandoned attempts apart from its problems; health
     lists them under the process and fails only for the problems."""
     from datetime import UTC, datetime
 
-    from sagaloop.cli.processes import _storable, assess
+    from sagaloop.cli.processes import assess
     from sagaloop.store.processes import ProcessRecord
 
     now = datetime.now(UTC)
-    note = "2 abandoned threads (step 'hang', run r1, since T; step 'hang', run r2, since T)"
+    hung = [
+        {"step": "hang", "run_id": r, "position": 0, "attempt": 1, "since": "T"}
+        for r in ("r1", "r2")
+    ]
+    note = (
+        "2 abandoned threads (step 'hang', run r1, attempt 1, since T; "
+        "step 'hang', run r2, attempt 1, since T)"
+    )
 
-    def row(name: str, stored: str | None) -> ProcessRecord:
-        return ProcessRecord(name, "shop", "engine", now, now, stored, None)
+    def row(name: str, problem: str | None) -> ProcessRecord:
+        return ProcessRecord(name, "shop", "engine", now, now, problem, None, hung)
 
-    quiet = row("engine@h:1", _storable([], [note]))
-    full = row("engine@h:2", _storable(["all 4 step threads are held"], [note]))
+    quiet = row("engine@h:1", None)
+    full = row("engine@h:2", "all 4 step threads are held")
     listed, problems = assess([quiet, full], now)
     assert [p["notes"] for p in listed] == [note, note]
     assert [p["problem"] for p in listed] == [None, "all 4 step threads are held"]
