@@ -272,15 +272,9 @@ class Engine:
             elif ev.kind == h.PUBLISHED and call_id is not None:
                 value = ev.data.get("value")
                 if isinstance(value, dict):
+                    release = env.message_id  # if the run refused it, another may win
                     self.store.publish_approval(
-                        tx,
-                        app=run.app,
-                        saga=run.saga,
-                        run_id=run.run_id,
-                        call_id=call_id,
-                        request=value,
-                        now=effects.at,
-                        release=env.message_id,
+                        tx, run, call_id, value, now=effects.at, release=release
                     )
             elif ev.kind == h.RUN_FINISHED and self._asked_approvals(run.run_id):
                 self.store.end_approvals(tx, run.run_id)

@@ -392,16 +392,7 @@ class Client:
         for key, value in state.published.items():
             call_id = call_id_of(key)
             if call_id and isinstance(value, dict) and value.get("status") in OPEN_STATUSES:
-                self.store.publish_approval(
-                    tx,
-                    app=run.app,
-                    saga=run.saga,
-                    run_id=run.run_id,
-                    call_id=call_id,
-                    request=value,
-                    now=now,
-                    release=None,
-                )
+                self.store.publish_approval(tx, run, call_id, value, now=now)
 
     # --- approvals (``ctx.approval``; the rules are in ``answers``) ------------------------------
 

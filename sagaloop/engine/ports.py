@@ -252,15 +252,17 @@ class Store(Protocol):
     def publish_approval(
         self,
         tx: Tx,
-        *,
-        app: str,
-        saga: str,
-        run_id: str,
+        run: RunRecord,
         call_id: str,
         request: dict[str, Any],
+        *,
         now: datetime,
-        release: str | None,
-    ) -> None: ...
+        release: str | None = None,
+    ) -> None:
+        """Index the request of approval ``call_id`` as ``run`` published it (``release``:
+        see ``store/approvals.py``)."""
+        ...
+
     def end_approvals(self, tx: Tx, run_id: str) -> None: ...
     def approval(self, tx: Tx | None, run_id: str, call_id: str) -> ApprovalRow | None: ...
     def claim_approval(

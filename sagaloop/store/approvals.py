@@ -12,7 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
-from sagaloop.engine.ports import ApprovalRow
+from sagaloop.engine.ports import ApprovalRow, RunRecord
 from sagaloop.sagas.approvals import OPEN_STATUSES
 from sagaloop.store import tables as t
 
@@ -27,14 +27,12 @@ def _key(run_id: str, call_id: str) -> Any:
 
 def publish(
     conn: Connection,
-    *,
-    app: str,
-    saga: str,
-    run_id: str,
+    run: RunRecord,
     call_id: str,
     request: dict[str, Any],
+    *,
     now: datetime,
-    release: str | None,
+    release: str | None = None,
 ) -> None:
     """Record the request as the run published it now. A request seen for the first time
     gets its random ``request_id``. ``release``: the message id of the answer this activation
@@ -45,16 +43,16 @@ def publish(
     if release is not None and status in OPEN_STATUSES:
         values["answer_id"] = sa.case((_c.answer_id == release, None), else_=_c.answer_id)
         values["answer"] = sa.case((_c.answer_id == release, None), else_=_c.answer)
-    q = t.approvals.update().where(_key(run_id, call_id)).values(values)
+    q = t.approvals.update().where(_key(run.run_id, call_id)).values(values)
     if conn.execute(q.execution_options(**_COUNTED)).rowcount == 1:
         return
     requested_at = _requested_at(request, now)
     conn.execute(
         t.approvals.insert().values(
-            run_id=run_id,
+            run_id=run.run_id,
             call_id=call_id,
-            app=app,
-            saga=saga,
+            app=run.app,
+            saga=run.saga,
             status=status,
             request=request,
             request_id=secrets.token_hex(16),

@@ -640,25 +640,14 @@ class SqlStore:
     def publish_approval(
         self,
         tx: Any,
-        *,
-        app: str,
-        saga: str,
-        run_id: str,
+        run: RunRecord,
         call_id: str,
         request: dict[str, Any],
+        *,
         now: datetime,
-        release: str | None,
+        release: str | None = None,
     ) -> None:
-        approvals.publish(
-            _conn(tx),
-            app=app,
-            saga=saga,
-            run_id=run_id,
-            call_id=call_id,
-            request=request,
-            now=now,
-            release=release,
-        )
+        approvals.publish(_conn(tx), run, call_id, request, now=now, release=release)
 
     def end_approvals(self, tx: Any, run_id: str) -> None:
         approvals.end(_conn(tx), [run_id])
