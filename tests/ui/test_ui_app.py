@@ -197,6 +197,23 @@ def test_an_answer_names_the_hash_of_the_arguments_shown(env: Harness) -> None:
     assert late.status_code == 409 and "waits for no approval" in late.text
 
 
+def test_of_two_consoles_answering_at_once_the_second_is_told_it_lost(env: Harness) -> None:
+    """Two people, two tabs, no engine activity in between: one answer wins, the other sees
+    that the approval was already answered, by whom, and nothing of theirs is sent."""
+    run_id = waiting_refund(env)
+    ann, bob = browser(env), browser(env)
+    form = {"run_id": run_id, "call_id": "refund", "args_hash": args_hash(REFUND)}
+    page_ann, page_bob = ann.get(f"/run?id={run_id}").text, bob.get(f"/run?id={run_id}").text
+    denied = post(ann, "/deny", {**form, "reason": "fraud", "by": "ann", "csrf": csrf_of(page_ann)})
+    assert denied.status_code == 303
+    approved = post(bob, "/approve", {**form, "by": "bob", "csrf": csrf_of(page_bob)})
+    assert approved.status_code == 409 and "already answered (denied by &#39;ann&#39;" in (
+        approved.text
+    )
+    env.run_until_idle()
+    assert env.result(run_id) == {"refunded": False, "reason": "fraud"}
+
+
 def test_the_approvals_page_lists_and_answers_every_pending_approval(env: Harness) -> None:
     waiting_refund(env, "refund-1")
     waiting_refund(env, "refund-2")
