@@ -19,10 +19,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-import pydantic
-
+from sagaloop.engine import gate, runlog, tracing
 from sagaloop.engine import history as h
-from sagaloop.engine import runlog, tracing
 from sagaloop.engine import state as s
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import (
@@ -50,8 +48,8 @@ from sagaloop.errors import (
     TransientStoreError,
     ValidationError,
 )
-from sagaloop.sagas import approvals
 from sagaloop.sagas.app import App
+from sagaloop.sagas.approvals import call_id_of
 
 logger = logging.getLogger(__name__)
 
@@ -247,41 +245,23 @@ class Engine:
         self._logs.extend(plan.logs)
 
     def _index_approvals(self, tx: Tx, env: Envelope, run: RunRecord, effects: _Effects) -> None:
-        """Keep the approvals index in step with what the activation recorded: the answer it
-        gave the run claims its request (an answer claimed since prepare read the index wins:
-        prepare again, and this one is refused), published requests are indexed, and a
-        finished or restarted run's are forgotten."""
-        if effects.restart is not None:
+        if effects.restart is not None:  # continued as new: its approvals were the old run's
             self.store.end_approvals(tx, run.run_id)
             return
-        for ev in effects.events:
-            call_id = approvals.call_id_of(ev.name or "")
-            if ev.kind == h.EVENT_ARRIVED and call_id is not None and "claim" in ev.data:
-                claim = ev.data["claim"]
-                said = ev.data["data"]
-                answer = {"approved": said.get("approved"), "by": said.get("by")}
-                if not self.store.claim_approval(
-                    tx,
-                    run.run_id,
-                    call_id,
-                    request_id=claim["request_id"],
-                    message_id=claim["message_id"],
-                    answer={**answer, "at": effects.at.isoformat()},
-                ):
-                    raise ActivationConflict(f"approval {call_id!r} was answered meanwhile")
-            elif ev.kind == h.PUBLISHED and call_id is not None:
-                value = ev.data.get("value")
-                if isinstance(value, dict):
-                    release = env.message_id  # if the run refused it, another may win
-                    self.store.publish_approval(
-                        tx, run, call_id, value, now=effects.at, release=release
-                    )
-            elif ev.kind == h.RUN_FINISHED and self._asked_approvals(run.run_id):
-                self.store.end_approvals(tx, run.run_id)
-
-    def _asked_approvals(self, run_id: str) -> bool:
-        live = self._staged.get(run_id)
-        return live is None or any(approvals.call_id_of(k) for k in live.state.published)
+        live = self._staged.get(run.run_id)
+        asked = live is None or any(call_id_of(k) for k in live.state.published)
+        try:
+            gate.index(
+                self.store,
+                tx,
+                run,
+                effects.events,
+                at=effects.at,
+                message_id=env.message_id,
+                asked=asked,
+            )
+        except gate.AnsweredMeanwhile as e:
+            raise ActivationConflict(str(e)) from e
 
     def park(self, env: Envelope, error: ErrorInfo, failures: int) -> Plan:
         """A plan that parks the run of ``env`` in ``needs_attention`` without running saga
@@ -449,30 +429,10 @@ class Engine:
     def _on_event(self, env: Envelope, run: RunRecord) -> list[Triggers]:
         payload: EventPayload = parse_payload(EventPayload, env)
         name, data = payload.name, payload.data
-        call_id = approvals.call_id_of(name)
-        if call_id is None:
-            event = NewEvent(h.EVENT_ARRIVED, name=name, data={"data": data})
-            return [lambda st: [event]]
-        row = self.store.approval(None, env.run_id, call_id)
-
-        def gate(st: RunState) -> list[NewEvent]:
-            """An answer counts only if its request is recorded, open and named, and no other
-            answer won it (see ``approvals.answer_refusal``); apply claims it."""
-            request = _request(st.published.get(name))
-            reason = approvals.answer_refusal(
-                request,
-                None if row is None else row.request_id,
-                None if row is None else row.answer_id,
-                env.message_id,
-                data,
-            )
-            if reason is not None:
-                logger.warning("run %s: answer to %r refused: %s", env.run_id, name, reason)
-                return [NewEvent(h.EVENT_REJECTED, name=name, data={"reason": reason})]
-            claim = {"message_id": env.message_id, "request_id": data["request_id"]}
-            return [NewEvent(h.EVENT_ARRIVED, name=name, data={"data": data, "claim": claim})]
-
-        return [gate]
+        if call_id_of(name) is not None:  # an answer to an approval: judged as recorded
+            return [gate.answer_trigger(self.store, env.run_id, env.message_id, name, data)]
+        event = NewEvent(h.EVENT_ARRIVED, name=name, data={"data": data})
+        return [lambda st: [event]]
 
     def _on_cancel(self, env: Envelope, run: RunRecord) -> list[Triggers]:
         payload: CancelPayload = parse_payload(CancelPayload, env)
@@ -1068,11 +1028,3 @@ DEFAULT_LEASE = timedelta(seconds=60)
 DISTRUST = 30.0
 """Seconds an engine reads every run after a plan from its cache met a run moved by another
 engine (see :attr:`Engine.trusts_cache`)."""
-
-
-def _request(value: Any) -> approvals.ApprovalRequest | None:
-    """The approval request published as ``value``, or None if it is not one."""
-    try:
-        return approvals.ApprovalRequest.model_validate(value)
-    except pydantic.ValidationError:
-        return None
