@@ -184,10 +184,15 @@ def _invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 def _run_coroutine(coro: Any) -> Any:
     """Run an async step's coroutine on a new event loop, closed after it (tasks it left are
     cancelled). A thread where a loop already runs cannot start another: there, it runs on a
-    thread of its own. Whatever it raises, ``CancelledError`` included, comes out here."""
+    thread of its own. Whatever it raises, ``CancelledError`` included, comes out here, with
+    its own cause chain (run outside any ``except``, which would make the ``RuntimeError`` of
+    the loop probe its ``__context__``)."""
     try:
         asyncio.get_running_loop()
+        loop_runs = True
     except RuntimeError:
+        loop_runs = False
+    if not loop_runs:
         return asyncio.run(coro)
     outcome: dict[str, Any] = {}
 

@@ -1,0 +1,146 @@
+"""Errors tell the truth (issue 23): a failed step's cause chain is its own, its traceback
+starts with the user's frames, and a reconciled step's duration is its attempt's."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from agents import Agent as OAAgent
+from agents import function_tool
+from agents.testing import ModelStep, ScriptedModel
+from pydantic_ai import Agent, models
+from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from sagaloop import App, RetryPolicy, SagaContext, StepContext
+from sagaloop.agents import ToolPolicy
+from sagaloop.agents.openai_agents import SagaRunner
+from sagaloop.agents.pydantic_ai import SagaAgent
+from sagaloop.engine import history as h
+from sagaloop.testing import Harness
+
+models.ALLOW_MODEL_REQUESTS = False
+
+ONCE = RetryPolicy(max_attempts=1)
+
+
+def recorded_errors(env: Harness, run_id: str) -> list[dict[str, Any]]:
+    """The errors of the failed attempts of the run's steps, as the history keeps them."""
+    kinds = (h.STEP_RETRYING, h.STEP_FAILED)
+    return [e.data["error"] for e in env.history(run_id) if e.kind in kinds]
+
+
+def assert_no_false_cause(errors: list[dict[str, Any]]) -> None:
+    assert errors, "a step failed"
+    for error in errors:
+        causes = [c["message"] for c in error.get("causes", [])]
+        assert not any("event loop" in c for c in causes), causes
+        assert "no running event loop" not in (error.get("traceback") or "")
+
+
+# --- the cause chain ---------------------------------------------------------------------------
+
+
+def test_an_async_step_failure_has_no_event_loop_cause() -> None:
+    app = App("truth")
+
+    @app.step(retry=ONCE)
+    async def charge(ctx: StepContext, order: str) -> str:
+        raise ValueError(f"card declined for {order}")
+
+    @app.step(retry=ONCE, timeout=timedelta(seconds=30))  # runs on the step threads
+    async def charge_later(ctx: StepContext, order: str) -> str:
+        try:
+            raise ConnectionError("provider unreachable")
+        except ConnectionError as e:
+            raise RuntimeError(f"charge of {order} failed") from e
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext, which: str) -> str:
+        return await ctx.call(charge if which == "now" else charge_later, order="o1")
+
+    env = Harness(app)
+    now, later = env.start(s, "now"), env.start(s, "later")
+    env.run_until_idle()
+    [first] = recorded_errors(env, now)
+    assert first["type"] == "ValueError"
+    assert first.get("causes", []) == [], "the error had no cause"
+    [second] = recorded_errors(env, later)
+    assert second["causes"] == [{"type": "ConnectionError", "message": "provider unreachable"}]
+
+
+def test_pydantic_ai_model_and_tool_errors_have_their_own_causes() -> None:
+    app = App("truth")
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1:
+            return ModelResponse(parts=[ToolCallPart("lookup", {"q": "x"})])
+        raise ValueError("the model said no")
+
+    agent = Agent(FunctionModel(model), name="pa")
+
+    @agent.tool_plain(metadata={"sagaloop": ToolPolicy(retry=ONCE)})
+    async def lookup(q: str) -> str:
+        raise KeyError(q)
+
+    @agent.tool_plain
+    async def unused() -> str:
+        return ""
+
+    saga_agent = SagaAgent(agent, app=app, model_retry=ONCE)
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> str:
+        return str((await saga_agent.run("go")).output)
+
+    env = Harness(app)
+    run_id = env.start(s)
+    env.run_until_idle()
+    errors = recorded_errors(env, run_id)
+    assert_no_false_cause(errors)
+    assert [e["type"] for e in errors] == ["KeyError"]
+
+
+def test_pydantic_ai_model_error_has_no_event_loop_cause() -> None:
+    app = App("truth")
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        raise ValueError("the model said no")
+
+    saga_agent = SagaAgent(Agent(FunctionModel(model), name="pm"), app=app, model_retry=ONCE)
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> str:
+        return str((await saga_agent.run("go")).output)
+
+    env = Harness(app)
+    run_id = env.start(s)
+    env.run_until_idle()
+    errors = recorded_errors(env, run_id)
+    assert_no_false_cause(errors)
+    assert [e["type"] for e in errors] == ["ValueError"]
+
+
+def test_openai_agents_model_and_tool_errors_have_their_own_causes() -> None:
+    app = App("truth")
+
+    @function_tool
+    async def lookup(q: str) -> str:
+        """Look it up."""
+        raise KeyError(q)
+
+    model = ScriptedModel([ModelStep.raise_error(ValueError("the model said no"))])
+    agent: OAAgent[Any] = OAAgent(name="oa", model=model, tools=[lookup])
+    runner = SagaRunner(app, agent, model_retry=ONCE, tools={"lookup": ToolPolicy(retry=ONCE)})
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> str:
+        return str((await runner.run(agent, "go")).final_output)
+
+    env = Harness(app)
+    run_id = env.start(s)
+    env.run_until_idle()
+    errors = recorded_errors(env, run_id)
+    assert_no_false_cause(errors)
+    assert [e["type"] for e in errors] == ["ValueError"]
