@@ -10,7 +10,7 @@ from agents import Agent as OAAgent
 from agents import function_tool
 from agents.testing import ModelStep, ScriptedModel
 from pydantic_ai import Agent, models
-from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from sagaloop import App, RetryPolicy, SagaContext, StepContext
@@ -144,3 +144,86 @@ def test_openai_agents_model_and_tool_errors_have_their_own_causes() -> None:
     errors = recorded_errors(env, run_id)
     assert_no_false_cause(errors)
     assert [e["type"] for e in errors] == ["ValueError"]
+
+
+# --- the user's frames first ---------------------------------------------------------------------
+
+
+def _failing_tool_app() -> tuple[App, Any]:
+    app = App("truth")
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1:
+            return ModelResponse(parts=[ToolCallPart("lookup", {"q": "x"})])
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent = Agent(FunctionModel(model), name="pt")
+
+    @agent.tool_plain(metadata={"sagaloop": ToolPolicy(retry=ONCE)})
+    async def lookup(q: str) -> str:
+        raise KeyError(f"no record {q}")
+
+    saga_agent = SagaAgent(agent, app=app, model_retry=ONCE)
+
+    @app.saga(name="s")
+    async def answer_the_user(ctx: SagaContext) -> str:
+        return str((await saga_agent.run("go")).output)
+
+    return app, answer_the_user
+
+
+def frame_files(trace: str) -> list[str]:
+    return [line.split('"')[1] for line in trace.splitlines() if line.startswith('  File "')]
+
+
+def test_a_failed_agent_run_shows_the_users_frames_and_folds_the_frameworks() -> None:
+    app, saga = _failing_tool_app()
+    env = Harness(app)
+    run_id = env.start(saga)
+    env.run_until_idle()
+    run = env.get(run_id)
+    assert run.status == "failed"
+    trace = (run.error or {})["traceback"]
+    lines = trace.splitlines()
+    assert len(lines) < 25, trace
+    files = frame_files(trace)
+    assert files[0] == __file__, "the saga's own frame comes first"
+    assert "in answer_the_user" in trace
+    assert not any("pydantic_graph" in f or "/pydantic_ai/" in f for f in files[:-1]), trace
+    assert any("frames of" in line and "pydantic_graph" in line for line in lines), trace
+    assert lines[-1].startswith("sagaloop.errors.StepFailedError: step 'agent__pt__tool__lookup'")
+
+    [failed] = [e for e in env.history(run_id) if e.kind == h.STEP_FAILED]
+    step_trace = failed.data["error"]["traceback"]
+    assert frame_files(step_trace)[-1] == __file__, "where the tool raised is shown"
+    assert "in lookup" in step_trace and "raise KeyError" in step_trace
+    assert "frames of" in step_trace and "pydantic_ai" in step_trace
+    assert not any("/pydantic_ai/" in f for f in frame_files(step_trace)), step_trace
+    line = next(x for x in env.status(run_id).steps if x.step.endswith("lookup"))
+    assert line.traceback == step_trace
+
+
+def test_folding_keeps_the_cause_chain_and_the_innermost_frame() -> None:
+    import asyncio
+
+    from sagaloop.errors import ErrorInfo
+
+    async def inner() -> None:
+        await asyncio.sleep(0)
+        raise ConnectionError("refused")
+
+    def user_code() -> None:
+        try:
+            asyncio.run(inner())
+        except ConnectionError as e:
+            raise RuntimeError("could not book") from e
+
+    try:
+        user_code()
+    except RuntimeError as e:
+        trace = ErrorInfo.from_exception(e, with_traceback=True).traceback or ""
+    assert "The above exception was the direct cause of the following exception:" in trace
+    assert "ConnectionError: refused" in trace and "RuntimeError: could not book" in trace
+    assert "in inner" in trace and "in user_code" in trace
+    assert "frames of asyncio" in trace, trace
+    assert "asyncio/runners.py" not in trace and "asyncio/base_events.py" not in trace
