@@ -7,6 +7,7 @@ once.
 
 from sagaloop.engine.client import Client
 from sagaloop.engine.state import ALL_STATUSES
+from sagaloop.engine.steps import current_step
 from sagaloop.errors import (
     ApplicationError,
     ApprovalDenied,
@@ -66,4 +67,5 @@ __all__ = [
     "ValidationError",
     "__version__",
     "current_saga",
+    "current_step",
 ]

@@ -18,7 +18,9 @@ that cannot be stored or sent (a lone surrogate, an integer over Python's digit 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
+import inspect
 import logging
 import threading
 import time
@@ -139,6 +141,43 @@ class _StepContext(StepContext):
             )
         if self._beat is not None:
             self._beat(self)
+
+
+_current: contextvars.ContextVar[StepContext | None] = contextvars.ContextVar(
+    "sagaloop_current_step", default=None
+)
+
+
+def current_step() -> StepContext | None:
+    """The context of the step attempt whose code is running (its body, compensation or
+    reconcile function, and any code they call on the same thread or task), or None outside
+    one: how code that is not handed the context finds the attempt's ``idempotency_key``,
+    ``attempt`` and ``in_doubt`` (a framework's function tool run as a step, say)."""
+    return _current.get()
+
+
+def _in_step(fn: Callable[..., Any], ctx: StepContext) -> Callable[..., Any]:
+    """``fn`` with :func:`current_step` giving ``ctx`` while it runs (its coroutine too). An
+    async ``fn`` is called inside its task, so that a coroutine closed before it started
+    leaves nothing un-awaited behind."""
+
+    async def within(coro: Any) -> Any:
+        _current.set(ctx)  # in the task's own copy of the context
+        return await coro
+
+    async def call_async(*args: Any, **kwargs: Any) -> Any:
+        _current.set(ctx)
+        return await fn(*args, **kwargs)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        token = _current.set(ctx)
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            _current.reset(token)
+        return within(result) if asyncio.iscoroutine(result) else result
+
+    return call_async if inspect.iscoroutinefunction(fn) else call
 
 
 def _code_of(step: StepDef[Any, Any]) -> set[CodeType]:
@@ -436,6 +475,8 @@ class StepRunner:
         self, step: StepDef[Any, Any], inline: bool, fn: Callable[..., Any], *a: Any, **kw: Any
     ) -> Any:
         ctx = next((x for x in a if isinstance(x, _StepContext)), None)
+        if ctx is not None:
+            fn = _in_step(fn, ctx)
         deadline = ctx.deadline if ctx is not None else None
         limits = step.timeout is not None or step.heartbeat_timeout is not None or deadline
         if inline or not limits:

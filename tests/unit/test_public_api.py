@@ -34,6 +34,7 @@ def test_exported_names_are_pinned() -> None:
             "ValidationError",
             "__version__",
             "current_saga",
+            "current_step",
         ]
     )
     assert sorted(sagaloop.testing.__all__) == [
