@@ -4,7 +4,6 @@ written)."""
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import json
 import time
@@ -20,6 +19,7 @@ from pydantic import BaseModel
 from sagaloop.engine import answers, tracing
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
+from sagaloop.engine.event_fit import check_event
 from sagaloop.engine.fork import fork_history
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import (
@@ -182,6 +182,11 @@ class Client:
             )
             _check_message(env)
             first = [] if event is None else [self._event(run_id, *event, event_id=event_id)]
+            if first and definition is not None:  # what the saga declares it accepts
+                state = RunState(run_id, saga=name)
+                check_event(
+                    state, first[0].payload["name"], first[0].payload["data"], definition.events
+                )
             queue = engine_queue(self.app_name)
             with self.store.transaction() as tx:
                 record = RunRecord(run_id, self.app_name, name, s.RUNNING, input_json, now, now, 1)
@@ -207,6 +212,8 @@ class Client:
                     self.store.enqueue(tx, [Outgoing(queue, e) for e in first], now)
                     return run_id
                 data = {"input": input_json, **({"trace": trace} if trace else {})}  # the run's
+                if definition is not None and (events := definition.recorded_events()):
+                    data["events"] = events  # what it accepts, for clients without its code
                 started = NewEvent(h.RUN_STARTED, name=name, data=data)
                 self.store.append_events(tx, run_id, 0, [started], now)
                 self.store.enqueue(tx, [Outgoing(queue, e) for e in [env, *first]], now)
@@ -257,33 +264,25 @@ class Client:
         checked and claims the request as :meth:`approve` does (ApprovalTakenError if another
         answer won); one that names none is sent as it is, and the engine records it as
         refused: an answer counts only if it was written knowing the request."""
-        self.get(run_id)  # RunNotFoundError
+        run = self.get(run_id)  # RunNotFoundError
         call_id = call_id_of(name) if isinstance(name, str) else None
         if call_id and isinstance(data, dict) and "request_id" in data:
             return self._answer(run_id, call_id, data, event_id=event_id)  # checked, claimed
         env = self._event(run_id, name, data, event_id=event_id)
-        self._check_fits_wait(run_id, name, env.payload["data"])
+        self._check_fits(run, name, env.payload["data"])
         self._send(env, live=True)
 
-    def _check_fits_wait(self, run_id: str, name: str, data: Any) -> None:
-        """Refuse an event that the run's wait for it would refuse, when this process can
-        import the wait's model (else the engine checks it, and records a misfit as
-        rejected)."""
-        state = RunState(run_id)
-        for event in self.store.load_history(None, run_id):
+    def _check_fits(self, run: RunRecord, name: str, data: Any) -> None:
+        """Refuse an event that the run would refuse (:func:`event_fit.check_event`): a
+        name its saga does not declare, or data that does not fit the model of the wait open
+        for it or, before the wait begins, the declared one. The saga's declaration is read
+        from this client's App if it declares the run's saga, else from the run's start."""
+        state = RunState(run.run_id)
+        for event in self.store.load_history(None, run.run_id):
             state.apply(event)
-        waits = sorted(state.waits.values(), key=lambda w: w.pos)
-        wait = next((w for w in waits if name in w.names and not w.resolved), None)
-        path = wait.models.get(name) if wait is not None else None
-        model = _importable(path) if path else None
-        if model is not None:
-            try:
-                Converter(model).from_json(data, what=f"event {name!r}")
-            except ValidationError as e:
-                raise ValidationError(
-                    f"the event does not fit what run {run_id!r} waits for, so nothing was "
-                    f"sent: {e}"
-                ) from None
+        mine = self.app is not None and run.app == self.app.name
+        saga = self.app.get_saga(run.saga) if self.app is not None and mine else None
+        check_event(state, name, data, saga.events if saga is not None else None)
 
     def cancel(self, run_id: str, reason: str | None = None) -> None:
         """Stop the run at its next suspension point and compensate its completed steps."""
@@ -339,6 +338,7 @@ class Client:
                 "forked_from": link,
                 **({"first_pos": first_pos} if first_pos else {}),
                 **({"trace": trace} if trace else {}),
+                **({"events": accepts} if (accepts := saga.recorded_events()) else {}),
             }
             events = [
                 Event(seq, e.kind, e.at + shift, e.pos, e.name, data if seq == 1 else e.data)
@@ -606,15 +606,3 @@ class Client:
 def _same_json(a: Any, b: Any) -> bool:
     """Whether two JSON values are equal as JSON (key order aside)."""
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-
-
-def _importable(path: str) -> Any:
-    """The object at ``module:qualname``, or None if this process cannot import it."""
-    module_name, _, qualname = path.partition(":")
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            target = getattr(target, part)
-    except Exception:
-        return None
-    return target

@@ -476,6 +476,8 @@ class _Context(SagaContext):
             data["prompt"] = ANY.to_json(prompt, what=f"the prompt of wait_for_event({name!r})")
         if timeout is not None:
             data["timeout_at"] = (self.now() + timeout).isoformat()
+        if model is None:  # the model the saga declares for it (@app.saga(events=...))
+            model = self._r.saga.events.get(name)
         if model is not None and _importable(model):  # a client checks events with it
             data["model"] = f"{model.__module__}:{model.__qualname__}"
         spec = _WaitSpec((name,), {name: model}, False, early == "refuse")
@@ -501,11 +503,14 @@ class _Context(SagaContext):
             data["prompt"] = ANY.to_json(prompt, what=f"the prompt of wait_for_any({label!r})")
         if timeout is not None:
             data["timeout_at"] = (self.now() + timeout).isoformat()
-        models = dict(models or {})
-        found = {n: f"{m.__module__}:{m.__qualname__}" for n, m in models.items() if _importable(m)}
+        given, declared = models or {}, self._r.saga.events  # declared: unless given here
+        checked = {n: m for n in names if (m := given.get(n, declared.get(n))) is not None}
+        found = {
+            n: f"{m.__module__}:{m.__qualname__}" for n, m in checked.items() if _importable(m)
+        }
         if found:
             data["models"] = found
-        spec = _WaitSpec(names, models, True, early == "refuse")
+        spec = _WaitSpec(names, checked, True, early == "refuse")
         result: Received = await self._r.wait(spec, label, data)
         return result
 

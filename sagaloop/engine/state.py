@@ -100,6 +100,16 @@ class Wait:
 
 
 @dataclasses.dataclass
+class Kept:
+    """An event received that no wait took yet: kept until one does (in arrival order)."""
+
+    name: str
+    data: Any
+    at: datetime
+    seq: int
+
+
+@dataclasses.dataclass
 class RunState:
     run_id: str
     saga: str = ""
@@ -108,7 +118,14 @@ class RunState:
     steps: dict[int, StepState] = dataclasses.field(default_factory=dict)
     sleeps: dict[int, datetime] = dataclasses.field(default_factory=dict)
     waits: dict[int, Wait] = dataclasses.field(default_factory=dict)
-    buffered: list[tuple[str, Any]] = dataclasses.field(default_factory=list)
+    buffered: list[Kept] = dataclasses.field(default_factory=list)
+    """The events received and not yet taken by a wait, oldest first."""
+    declared: dict[str, str | None] | None = None
+    """The events the saga declared it accepts when the run started (``@app.saga(events=)``):
+    ``{name: "module:qualname" of its model, or None}``; None if it declared none."""
+    _refused_early: dict[int, list[str]] = dataclasses.field(default_factory=dict)
+    """Why kept events were refused by a wait as it began, by the wait's position: the
+    engine records these refusals before the wait itself."""
     refused: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     """``(name, reason)`` of the events refused as they arrived (never given to the code)."""
     markers: list[str] = dataclasses.field(default_factory=list)
@@ -151,6 +168,8 @@ class RunState:
             self.epoch = int(d.get("epoch", 0))
             self.trace = d.get("trace")
             self.forked_at = int((d.get("forked_from") or {}).get("position", 0))
+            events = d.get("events")
+            self.declared = dict(events) if isinstance(events, dict) and events else None
         elif kind == h.STEP_SCHEDULED:
             assert ev.pos is not None and ev.name is not None
             st = StepState(ev.pos, ev.name, d.get("args", {}), ev.at)
@@ -198,11 +217,12 @@ class RunState:
             model = d.get("model")
             wait.models = dict(d.get("models") or ({ev.name: model} if model else {}))
             wait.prompt = d.get("prompt")
+            wait.rejected = self._refused_early.pop(ev.pos, [])
             self.waits[ev.pos] = wait
             if d.get("early") == "refuse":  # what came before it was refused, not taken
-                self.buffered = [(n, x) for n, x in self.buffered if n not in wait.names]
-            for i, (name, _) in enumerate(self.buffered):
-                if name in wait.names:
+                self.buffered = [k for k in self.buffered if k.name not in wait.names]
+            for i, kept in enumerate(self.buffered):  # the oldest it takes (misfits are gone)
+                if kept.name in wait.names:
                     del self.buffered[i]
                     wait.resolved = True
                     break
@@ -213,14 +233,21 @@ class RunState:
                     wait.resolved = True
                     break
             else:
-                self.buffered.append((ev.name, d.get("data")))
+                self.buffered.append(Kept(ev.name, d.get("data"), ev.at, ev.seq))
         elif kind == h.EVENT_REJECTED:
             reason = str(d.get("reason", ""))
             if ev.pos is None:  # refused as it arrived (an answer to no open request, say)
                 self.refused.append((str(ev.name), reason))
-            elif (wait := self.waits.get(ev.pos)) is not None:
+            elif (wait := self.waits.get(ev.pos)) is not None:  # it reached the open wait
                 wait.resolved = False
                 wait.rejected.append(reason)
+            else:  # a kept event that the wait at ev.pos refused as it began (recorded
+                # before the wait): it is consumed, and never ends that wait
+                for i, kept in enumerate(self.buffered):
+                    if kept.name == ev.name:
+                        del self.buffered[i]
+                        break
+                self._refused_early.setdefault(ev.pos, []).append(reason)
         elif kind == h.MARKER:
             self.markers.append(str(ev.name))
         elif kind == h.CHILD_STARTED:

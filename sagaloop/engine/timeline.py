@@ -8,6 +8,7 @@ import json
 from datetime import datetime
 from typing import Any
 
+from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.history import Event
 from sagaloop.engine.ports import RunRecord
@@ -50,6 +51,26 @@ class WaitLine:
 
 
 @dataclasses.dataclass
+class KeptLine:
+    """An event the run received that no wait took yet: kept until one does."""
+
+    name: str
+    data: Any
+    received_at: datetime
+
+
+@dataclasses.dataclass
+class RefusedLine:
+    """An event the run refused, and why (its data did not fit the wait's model, say)."""
+
+    name: str
+    reason: str
+    position: int | None
+    """The wait that refused it; None: refused as it arrived or before its wait began
+    (``early="refuse"``), or an answer to no open request."""
+
+
+@dataclasses.dataclass
 class Timeline:
     run_id: str
     saga: str
@@ -74,6 +95,11 @@ class Timeline:
     """Attempts of this run abandoned past their timeouts whose threads still run, as live
     processes report them (``step``, ``position``, ``attempt``, ``since``, ``process``):
     their outcome is dropped whenever they end."""
+    kept: list[KeptLine] = dataclasses.field(default_factory=list)
+    """The events received and not yet taken by a wait, oldest first (a wait that begins
+    takes the oldest of its names)."""
+    refused: list[RefusedLine] = dataclasses.field(default_factory=list)
+    """Every event the run refused, in the order it refused them, with the reason."""
 
     def to_json(self) -> dict[str, Any]:
         def conv(v: Any) -> Any:
@@ -85,6 +111,8 @@ class Timeline:
             line["started_at"] = conv(line["started_at"])
         for wait in data["waits"]:
             wait["until"] = conv(wait["until"])
+        for kept in data["kept"]:
+            kept["received_at"] = conv(kept["received_at"])
         return data
 
 
@@ -157,7 +185,17 @@ def timeline(run: RunRecord, events: list[Event], now: datetime) -> Timeline:
         },
         waits=[] if run.status in s.FINAL_STATUSES else _waits(st),
         cancel_reason=st.cancel_reason,
+        kept=[] if run.status in s.FINAL_STATUSES else _kept(st),
+        refused=[
+            RefusedLine(str(ev.name), str(ev.data.get("reason", "")), ev.pos)
+            for ev in events
+            if ev.kind == h.EVENT_REJECTED
+        ],
     )
+
+
+def _kept(st: RunState) -> list[KeptLine]:
+    return [KeptLine(k.name, k.data, k.at) for k in st.buffered]
 
 
 def _waits(st: RunState) -> list[WaitLine]:
@@ -215,9 +253,21 @@ def _why(st: RunState, run: RunRecord, queues: dict[Any, Any], now: datetime) ->
             refused = [r for n, r in st.refused if n in (w.names or (w.name,))] + w.rejected
             told = f"; {len(refused)} refused, the last: {refused[-1][:200]}" if refused else ""
             why.append(f"waiting for event {names}{until}{asks}{told}")
+    for k in st.buffered:  # received before any wait for it: said, so a typo is seen
+        why.append(
+            f"event {k.name!r} received at {_t(k.at)}, kept until a wait takes it "
+            f"({_kept_why(st, k.name)})"
+        )
     for fire_at in st.sleeps.values():
         why.append(f"sleeping until {fire_at:%Y-%m-%d %H:%M:%S} UTC")
     return why
+
+
+def _kept_why(st: RunState, name: str) -> str:
+    """Why a received event is not taken yet, in words."""
+    if st.declared is not None and name not in st.declared and not name.startswith(KEY_PREFIX):
+        return "the saga does not declare it: no wait of it will take it"
+    return "no wait for it has begun"
 
 
 def short_json(value: Any, limit: int = 200) -> str:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from sagaloop.errors import DeclarationError, InvalidRateLimit
+from sagaloop.sagas.approvals import KEY_PREFIX
 from sagaloop.sagas.context import SagaContext
 from sagaloop.sagas.convert import ANY, Converter, Signature
 from sagaloop.sagas.policy import RateLimit, RetryPolicy, check_rate_key
@@ -120,17 +121,54 @@ class StepDef(Generic[P, R_co]):
             )
 
 
+def model_path(model: Any) -> str | None:
+    """``module:qualname`` of a type that another process can import (where a client finds
+    it to check an event before sending it); None for a type defined inside a function."""
+    if isinstance(model, type) and "<locals>" not in model.__qualname__:
+        return f"{model.__module__}:{model.__qualname__}"
+    return None
+
+
+def _check_events(saga: str, events: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The events a saga declares it accepts: ``{name: model or None}`` (None: any data)."""
+    found: dict[str, Any] = {}
+    for event, model in (events or {}).items():
+        what = f"saga {saga!r}: event name {event!r}"
+        if not isinstance(event, str) or not 0 < len(event) <= 200 or "\x00" in event:
+            raise DeclarationError(f"{what} must be 1 to 200 characters, without NUL")
+        if event.startswith(KEY_PREFIX):
+            raise DeclarationError(
+                f"{what}: approval answers ({KEY_PREFIX}...) have their own rules; declare "
+                "only the events the saga waits for with wait_for_event or wait_for_any"
+            )
+        if model is not None and not isinstance(model, type):
+            raise DeclarationError(
+                f"{what}: the model is a type (a pydantic model, a dataclass...) or None for "
+                f"any data, not {model!r:.60}"
+            )
+        found[event] = model
+    return found
+
+
 class SagaDef(Generic[I, O]):
     """A declared saga: an ``async def f(ctx, input) -> output``."""
 
     def __init__(
-        self, fn: Callable[..., Awaitable[O]], *, name: str, aliases: Sequence[str]
+        self,
+        fn: Callable[..., Awaitable[O]],
+        *,
+        name: str,
+        aliases: Sequence[str],
+        events: Mapping[str, Any] | None = None,
     ) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise DeclarationError(f"saga {name!r} must be an `async def` function")
         self.fn = fn
         self.name = _check_name("saga", name)
         self.aliases = tuple(_check_name("saga", a) for a in aliases)
+        self.events: dict[str, Any] = _check_events(name, events)
+        """The events the saga accepts, ``{name: model or None}``; empty: it declares none
+        (any name, any data until a wait checks it)."""
         sig = Signature(fn, what=f"saga {name!r}")
         if len(sig.params) > 1:
             raise DeclarationError(f"saga {name!r} must take (ctx) or (ctx, input)")
@@ -142,6 +180,13 @@ class SagaDef(Generic[I, O]):
 
     def __repr__(self) -> str:
         return f"<saga {self.name!r}>"
+
+    def recorded_events(self) -> dict[str, str | None] | None:
+        """What a run's ``run_started`` records of the declaration, for clients without the
+        saga's code: ``{name: "module:qualname" or None}``; None if it declares nothing."""
+        if not self.events:
+            return None
+        return {event: model_path(model) for event, model in self.events.items()}
 
 
 class App:
@@ -166,7 +211,11 @@ class App:
 
     @overload
     def saga(
-        self, *, name: str | None = None, aliases: Sequence[str] = ()
+        self,
+        *,
+        name: str | None = None,
+        aliases: Sequence[str] = (),
+        events: Mapping[str, type[Any] | None] | None = None,
     ) -> Callable[[Callable[[SagaContext, I], Awaitable[O]]], SagaDef[I, O]]: ...
 
     def saga(
@@ -175,12 +224,21 @@ class App:
         *,
         name: str | None = None,
         aliases: Sequence[str] = (),
+        events: Mapping[str, type[Any] | None] | None = None,
     ) -> Any:
         """Declare a saga. ``name`` is what runs store: set it explicitly to keep in-flight runs
-        resolvable across renames of the function (or list old names in ``aliases``)."""
+        resolvable across renames of the function (or list old names in ``aliases``).
+
+        ``events``: the events the saga accepts, ``{name: model}`` (a pydantic model, a
+        dataclass..., or None for any data). Clients then refuse, before anything is sent, an
+        event of another name or whose data does not fit its model, even before the wait for
+        it begins; ``ctx.wait_for_event(name)`` validates with the declared model unless given
+        another. Approval answers are not declared: they have their own rules."""
 
         def register(f: Callable[..., Awaitable[Any]]) -> SagaDef[Any, Any]:
-            definition: SagaDef[Any, Any] = SagaDef(f, name=name or f.__name__, aliases=aliases)
+            definition: SagaDef[Any, Any] = SagaDef(
+                f, name=name or f.__name__, aliases=aliases, events=events
+            )
             self._register(definition, self.sagas, self._saga_aliases, "saga")
             return definition
 
