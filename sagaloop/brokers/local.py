@@ -117,10 +117,13 @@ class Handoffs:
     the lane (claimed for its lease), the others to the relay (none without a relay: the
     database broker's consumers claim them)."""
 
-    def __init__(self, lane: LocalLane | None, relay: Handoff | None) -> None:
+    def __init__(
+        self, lane: LocalLane | None, relay: Handoff | None, *, owner: str | None = None
+    ) -> None:
         self.lane = lane
         self.relay = relay
-        self.token = relay.token if relay is not None else uuid.uuid4().hex
+        fresh = f"{owner}.{uuid.uuid4().hex}" if owner else uuid.uuid4().hex
+        self.token = relay.token if relay is not None else fresh
 
     def lease_for(self, queue: str) -> timedelta | None:
         if self.lane is not None and queue == self.lane.queue:

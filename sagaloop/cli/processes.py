@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from sagaloop.engine.ports import Clock
-from sagaloop.store.processes import ProcessRecord
+from sagaloop.store.processes import Identity, ProcessRecord
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,9 @@ MAX_PROBLEM = 2000
 class ProcessRegistry(Protocol):
     """Where processes say that they run (``SqlStore`` is one)."""
 
-    def process_started(self, name: str, app: str, role: str, now: datetime) -> None: ...
+    def process_started(
+        self, name: str, app: str, role: str, now: datetime, identity: Identity | None = None
+    ) -> None: ...
 
     def process_seen(
         self,
@@ -92,13 +94,20 @@ class Registration:
     refresh: the registry never stops a service."""
 
     def __init__(
-        self, registry: ProcessRegistry, name: str, app: str, role: str, clock: Clock
+        self,
+        registry: ProcessRegistry,
+        name: str,
+        app: str,
+        role: str,
+        clock: Clock,
+        identity: Identity | None = None,
     ) -> None:
         self.registry = registry
         self.name = name
         self.app = app
         self.role = role
         self.clock = clock
+        self.identity = identity
         self._registered = False
         self._failing = False
         self._next_prune = 0.0
@@ -121,7 +130,7 @@ class Registration:
         return self.clock.now()
 
     def _register(self) -> None:
-        self.registry.process_started(self.name, self.app, self.role, self._now())
+        self.registry.process_started(self.name, self.app, self.role, self._now(), self.identity)
         self._registered = True
 
     def _beat(self, problem: str | None, abandoned: Sequence[dict[str, Any]]) -> None:

@@ -11,6 +11,7 @@ so that a supervisor starts them again."""
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -19,9 +20,10 @@ from typing import Any
 
 from sagaloop.brokers.local import LOCAL_LEASE, Handoffs, LocalLane
 from sagaloop.cli.processes import SEEN_EVERY, ProcessRegistry, Registration, describe
+from sagaloop.cli.takeover import Takeover, host_identity
 from sagaloop.engine.activation import Engine
 from sagaloop.engine.local import LocalWorker
-from sagaloop.engine.messages import engine_queue, step_queue
+from sagaloop.engine.messages import engine_queue, local_queue, step_queue
 from sagaloop.engine.ports import Broker, Clock, Delivery, Store, SystemClock
 from sagaloop.engine.runtime import EngineConsumer, TimerScheduler, WorkerConsumer, log_failure
 from sagaloop.engine.steps import StepRunner
@@ -30,6 +32,7 @@ from sagaloop.engine.watchdog import DEADLINE, Watchdog
 from sagaloop.errors import BrokerError
 from sagaloop.outbox.relay import Relay
 from sagaloop.sagas.app import App
+from sagaloop.store.processes import Identity
 from sagaloop.store.sql import SqlStore
 
 logger = logging.getLogger(__name__)
@@ -87,6 +90,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._on_death: Callable[[], None] | None = None
         self._registration: Registration | None = None
+        self._takeover: Takeover | None = None
         self.runner = StepRunner(
             app,
             threads=max(concurrency, 1) * 2,
@@ -96,7 +100,10 @@ class Runtime:
         )
         self.engine_problems.append(self.runner.problems)  # every thread held past its timeout
         step_queues = [step_queue(app.name, q) for q in (app.queues if queues is None else queues)]
-        broker.declare([engine_queue(app.name), *[step_queue(app.name, q) for q in app.queues]])
+        self.app_queues = [step_queue(app.name, q) for q in app.queues]
+        broker.declare([engine_queue(app.name), *self.app_queues])
+        self.consumes: list[str] = [engine_queue(app.name)] if engine else []
+        """The queues this process consumes (its registry row says so)."""
         self.lane: LocalLane | None = None
         """The in-process lane, in an engine of an app with ``local=True`` steps."""
         if engine:
@@ -124,9 +131,11 @@ class Runtime:
                     heartbeat=lane.lease.total_seconds() / 3,
                     lease=relay_lease,
                 )
+                self.consumes.append(local_queue(app.name))
                 for i in range(concurrency):
                     args = (lane, [lane.queue], local.process_batch, 1)
                     self._spawn(f"local-{i}", self._consume, *args)
+        self.consumes += step_queues
         if step_queues:
             worker = WorkerConsumer(
                 app, store, self.runner, self.clock, heartbeat=heartbeat, lease=relay_lease
@@ -160,13 +169,24 @@ class Runtime:
         refreshed every ``SEEN_EVERY`` seconds with :meth:`problems`); ``on_death`` is called
         when a thread dies, after the runtime began to stop."""
         self._on_death = on_death
+        owner = None
         if registry is not None:
             role = role or self.name.partition("@")[0]
-            self._registration = Registration(registry, self.name, self.app.name, role, self.clock)
+            owner = secrets.token_hex(8)
+            identity = Identity(self.consumes, self.app_queues, owner, host_identity())
+            self._registration = Registration(
+                registry, self.name, self.app.name, role, self.clock, identity
+            )
+            if isinstance(self.store, SqlStore):
+                self.store.claim_owner = owner
+                if self.relay is not None:
+                    self.relay.token = f"{owner}.{self.relay.token}"
+                self._takeover = Takeover(self.store, self.name, owner)
+                self._take_over()  # before consuming: what a dead process held goes first
             self._registration.started()
             self._spawn("registry", self._beat, self._registration)
         if self.relay is not None or self.lane is not None:
-            self.store.hand_over_to(Handoffs(self.lane, self.relay))
+            self.store.hand_over_to(Handoffs(self.lane, self.relay, owner=owner))
         for thread in self.threads:
             thread.start()
         return self
@@ -231,6 +251,16 @@ class Runtime:
     def _beat(self, registration: Registration) -> None:
         while not self.stopping.wait(SEEN_EVERY):
             registration.beat(self.problems(), self.abandoned())
+            self._take_over()
+
+    def _take_over(self) -> None:
+        """Release the claims of processes proven dead (``sagaloop.cli.takeover``)."""
+        if self._takeover is None:
+            return
+        try:
+            self._takeover.sweep()
+        except Exception as e:  # their leases run out anyway
+            logger.warning("could not look for dead processes' work (%s); retrying later", e)
 
     def stop(self, timeout: float = GRACE) -> list[str]:
         """Finish the messages in hand, waiting at most ``timeout`` seconds in all (the

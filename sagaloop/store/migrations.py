@@ -115,8 +115,11 @@ Table(
 
 def _v4(conn: Connection) -> None:
     """Approvals indexed when asked (``sagaloop_approvals``); the open ones of unfinished runs
-    are copied from their histories. Processes report the attempts they abandoned."""
+    are copied from their histories. Processes report the attempts they abandoned, the queues
+    they consume and what proves them dead (their claims are then taken over)."""
     conn.execute(text("ALTER TABLE sagaloop_processes ADD COLUMN abandoned TEXT"))
+    for column in ("queues TEXT", "app_queues TEXT", "token VARCHAR(64)", "host TEXT"):
+        conn.execute(text(f"ALTER TABLE sagaloop_processes ADD COLUMN {column}"))
     _V4_TABLES.create_all(conn)
     rows = conn.execute(
         text(

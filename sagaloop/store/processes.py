@@ -30,19 +30,59 @@ class ProcessRecord:
     abandoned: list[dict[str, Any]] | None = None
     """The attempts it abandoned past their timeouts whose threads still ran when it was last
     seen (``step``, ``run_id``, ``position``, ``attempt``, ``since``)."""
+    queues: list[str] | None = None
+    """The queues it consumes (full names)."""
+    app_queues: list[str] | None = None
+    """The step queues its app declares."""
+    token: str | None = None
+    """The prefix of its claim tokens; None once its claims were taken over (or never)."""
+    host: dict[str, Any] | None = None
+    """Where it runs: ``hostname``, ``machine``, ``pid``, ``start`` (see ``cli.takeover``)."""
 
 
 _c = t.processes.c
 
 
-def started(conn: Connection, name: str, app: str, role: str, now: datetime) -> None:
+@dataclass(frozen=True)
+class Identity:
+    """What a process writes about itself at start, besides its name, app and role."""
+
+    queues: Sequence[str] = ()
+    app_queues: Sequence[str] = ()
+    token: str | None = None
+    host: dict[str, Any] | None = None
+
+
+def started(
+    conn: Connection,
+    name: str,
+    app: str,
+    role: str,
+    now: datetime,
+    identity: Identity | None = None,
+) -> None:
     """Insert the row of ``name``, replacing an earlier process's with the same name."""
+    who = identity or Identity()
     conn.execute(t.processes.delete().where(_c.name == name))
     conn.execute(
         t.processes.insert().values(
-            name=name, app=app, role=role, started_at=now, seen_at=now, problem=None
+            name=name,
+            app=app,
+            role=role,
+            started_at=now,
+            seen_at=now,
+            problem=None,
+            queues=list(who.queues) or None,
+            app_queues=list(who.app_queues) or None,
+            token=who.token,
+            host=who.host,
         )
     )
+
+
+def forget_token(conn: Connection, name: str, token: str) -> None:
+    """Its claims were taken over: nothing more to take (the row stays, for health)."""
+    conn.execute(t.processes.update().where(_c.name == name, _c.token == token).values(token=None))
 
 
 def seen(

@@ -117,7 +117,9 @@ def claim(
     limit: int,
     now: datetime,
     lease: timedelta,
+    owner: str | None = None,
 ) -> list[QueuedMessage]:
+    """Claim up to ``limit`` rows with a fresh token (:func:`claim_token` of ``owner``)."""
     q = _claimable(sa.select(c.id, c.queue, c.body, c.deliveries, c.message_id), queues, now)
     q = q.order_by(c.id).limit(limit)
     if dialect == "postgresql":
@@ -125,7 +127,7 @@ def claim(
     rows = list(conn.execute(q))
     if not rows:
         return []
-    token = uuid.uuid4().hex
+    token = claim_token(owner)
     conn.execute(
         t.outbox.update()
         .where(c.id.in_([r.id for r in rows]))
@@ -135,6 +137,36 @@ def claim(
         QueuedMessage(r.id, r.queue, bytes(r.body), r.deliveries + 1, token, _trusted(r))
         for r in rows
     ]
+
+
+def claim_token(owner: str | None) -> str:
+    """A fresh claim token: ``<owner>.<random>`` for a registered process (whose claims are
+    released by that prefix once it is proven dead: :func:`release_owned`), else random."""
+    fresh = uuid.uuid4().hex
+    return f"{owner}.{fresh}" if owner else fresh
+
+
+class Released(NamedTuple):
+    id: int
+    queue: str
+    message_id: str
+
+
+def release_owned(conn: Connection, owner: str) -> list[Released]:
+    """Release every row claimed with a token of ``owner`` (a process proven dead): they are
+    claimable at once, their delivery count kept, as when a lease runs out."""
+    mine = c.claim_token.like(f"{owner}.%")
+    rows = [
+        Released(int(r.id), str(r.queue), str(r.message_id))
+        for r in conn.execute(sa.select(c.id, c.queue, c.message_id).where(mine).order_by(c.id))
+    ]
+    if rows:
+        conn.execute(
+            t.outbox.update()
+            .where(c.id.in_([r.id for r in rows]), mine)
+            .values(claim_token=None, claimed_until=None)
+        )
+    return rows
 
 
 def _trusted(row: Any) -> bool:

@@ -39,7 +39,7 @@ from sagaloop.engine.ports import (
     Timer,
     batched,
 )
-from sagaloop.engine.state import ALL_STATUSES, NEEDS_ATTENTION
+from sagaloop.engine.state import ALL_STATUSES, FINAL_STATUSES, NEEDS_ATTENTION
 from sagaloop.store import approvals, limits, migrations, payloads, queue
 from sagaloop.store import processes as registry
 from sagaloop.store import tables as t
@@ -142,6 +142,9 @@ class SqlStore:
         reads it before looking for work and waits only if it has not moved since, so a
         commit between the look and the wait is never missed."""
         self.handoff: Handoff | None = None
+        self.claim_owner: str | None = None
+        """The registry token of the service process using this store: its claims' tokens
+        start with it, so that they are released once it is proven dead (``cli.takeover``)."""
         self._published: list[tuple[list[int], str]] = []
         self._published_lock = threading.Lock()
         self._read_options: dict[str, Any] = {"sagaloop_read": True}
@@ -527,7 +530,7 @@ class SqlStore:
                     return []
         with self.transaction() as tx:
             self._delete_published(tx)
-            return queue.claim(tx.conn, self.dialect, queues, limit, now, lease)
+            return queue.claim(tx.conn, self.dialect, queues, limit, now, lease, self.claim_owner)
 
     def delete_claimed(self, tx: Any, ids: Sequence[int], claim_token: str) -> int:
         """Delete the rows still claimed with ``claim_token`` (without ``tx``: in a transaction
@@ -725,10 +728,34 @@ class SqlStore:
 
     # --- process registry (read by `sagaloop health`; SQL in processes.py) --------------------
 
-    def process_started(self, name: str, app: str, role: str, now: datetime) -> None:
-        """Register process ``name`` (``role@host:pid``) as running since ``now``."""
+    def process_started(
+        self,
+        name: str,
+        app: str,
+        role: str,
+        now: datetime,
+        identity: registry.Identity | None = None,
+    ) -> None:
+        """Register process ``name`` (``role@host:pid``) as running since ``now``, with what
+        it consumes and what proves it dead (``identity``)."""
         with self.transaction() as tx:
-            registry.started(tx.conn, name, app, role, now)
+            registry.started(tx.conn, name, app, role, now, identity)
+
+    def take_over(self, name: str, token: str) -> list[queue.Released]:
+        """Release every outbox row that process ``name``, proven dead, claimed (tokens
+        prefixed ``token``), and forget its token; return the rows released."""
+        with self.transaction() as tx:
+            rows = queue.release_owned(tx.conn, token)
+            registry.forget_token(tx.conn, name, token)
+            tx.enqueued = bool(rows)
+            return rows
+
+    def runs_in_flight(self) -> dict[str, int]:
+        """How many unfinished runs each app has."""
+        runs = t.runs.c
+        q = sa.select(runs.app, sa.func.count()).where(runs.status.not_in(FINAL_STATUSES))
+        with self._read() as conn:
+            return {str(app): int(n) for app, n in conn.execute(q.group_by(runs.app))}
 
     def process_seen(
         self,

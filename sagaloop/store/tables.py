@@ -188,6 +188,15 @@ processes = Table(
     # The attempts it abandoned past their timeouts whose threads still run (JSON list of
     # {step, run_id, position, attempt, since}), or NULL: no problem, but worth knowing.
     Column("abandoned", JSONText),
+    # The queues it consumes (JSON list of full names: ``<app>.engine``, ``<app>.steps.<q>``,
+    # ``<app>/local``), and those its app declares for steps (what some process must consume).
+    Column("queues", JSONText),
+    Column("app_queues", JSONText),
+    # Starts the claim token of every outbox row it claims (``<token>.<random>``): a dead
+    # process's claims are released by this prefix. NULL once they were taken over.
+    Column("token", String(64)),
+    # Where it runs, to prove it dead: {hostname, machine, pid, start} (``cli.takeover``).
+    Column("host", JSONText),
 )
 """The services that run (or ran recently): what ``sagaloop health`` reports on."""
 
