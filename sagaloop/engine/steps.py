@@ -372,6 +372,9 @@ class StepRunner:
             _log_failure(ctx, step, direction, info, e)
             reply.update(outcome="failed", error=info.to_json())
         else:
+            # what the attempt itself took: a reconciled step's duration (the message may have
+            # waited out a dead worker's lease first)
+            reply["took_s"] = round(time.monotonic() - started, 6)
             ctx.logger.debug(
                 "run %s: %s %s (%s) in %.3f s",
                 ctx.run_id,

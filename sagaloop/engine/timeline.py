@@ -143,9 +143,9 @@ def timeline(run: RunRecord, events: list[Event], now: datetime) -> Timeline:
     for ev in events:
         st.apply(ev)
     queues = {ev.pos: ev.data.get("queue") for ev in events if ev.kind == "step_scheduled"}
+    took = {ev.pos: ev.data.get("took_s") for ev in events if ev.kind == "step_completed"}
     lines = []
     for x in sorted(st.steps.values(), key=lambda v: v.pos):
-        end = x.completed_at if x.status == s.DONE else None
         lines.append(
             StepLine(
                 position=x.pos,
@@ -155,7 +155,7 @@ def timeline(run: RunRecord, events: list[Event], now: datetime) -> Timeline:
                 idempotency_key=idempotency_key(run.run_id, x.pos, DO),
                 queue=queues.get(x.pos),
                 started_at=x.scheduled_at,
-                duration_s=(end - x.scheduled_at).total_seconds() if end else None,
+                duration_s=_duration(x, took.get(x.pos)),
                 worker=next((a.worker for a in reversed(x.attempts) if a.worker), None),
                 error=ErrorInfo.from_json(x.error).describe() if x.error else None,
                 compensation=_comp_word(x),
@@ -196,6 +196,21 @@ def timeline(run: RunRecord, events: list[Event], now: datetime) -> Timeline:
 
 def _kept(st: RunState) -> list[KeptLine]:
     return [KeptLine(k.name, k.data, k.at) for k in st.buffered]
+
+
+def _duration(x: s.StepState, took: Any) -> float | None:
+    """A completed step's duration: from its scheduling to its result (queue waits and
+    retries included); a reconciled step's is its reconciling attempt's (as the worker
+    measured it; else since that attempt's dispatch), not the lease a dead worker's message
+    waited out before it came back."""
+    if x.status != s.DONE or x.completed_at is None:
+        return None
+    if not x.reconciled:
+        return (x.completed_at - x.scheduled_at).total_seconds()
+    if isinstance(took, int | float) and not isinstance(took, bool):
+        return float(took)
+    since = x.attempts[-1].at if x.attempts else x.scheduled_at
+    return (x.completed_at - since).total_seconds()
 
 
 def _waits(st: RunState) -> list[WaitLine]:

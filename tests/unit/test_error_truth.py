@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from agents import Agent as OAAgent
 from agents import function_tool
 from agents.testing import ModelStep, ScriptedModel
@@ -227,3 +228,85 @@ def test_folding_keeps_the_cause_chain_and_the_innermost_frame() -> None:
     assert "in inner" in trace and "in user_code" in trace
     assert "frames of asyncio" in trace, trace
     assert "asyncio/runners.py" not in trace and "asyncio/base_events.py" not in trace
+
+
+# --- a reconciled step's duration ---------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs engine/activation.py's _result_events to record the reply's took_s in "
+    "step_completed (the worker measures it; timeline.py reads it): owned by another engineer",
+)
+def test_a_reconciled_steps_duration_is_its_attempts_not_the_lease_wait() -> None:
+    """The worker dies after the step took effect; the message comes back once the lease
+    runs out, and the reconcile finds the effect at once: the step took that attempt's time,
+    not the 60 s the message waited for its lease."""
+    from sagaloop.engine.messages import Envelope
+    from sagaloop.engine.ports import Delivery
+    from sagaloop.engine.steps import StepRunner
+    from sagaloop.testing import Crash
+
+    app = App("truth")
+    charges: dict[str, str] = {}
+
+    @app.step(idempotent=False)
+    def charge(ctx: StepContext, order: str) -> str:
+        charges[ctx.idempotency_key] = f"ch-{order}"
+        return charges[ctx.idempotency_key]
+
+    @charge.reconcile
+    def find(ctx: StepContext, order: str) -> str | None:
+        return charges.get(ctx.idempotency_key)
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext, order: str) -> str:
+        return await ctx.call(charge, order=order)
+
+    env = Harness(app)
+    crashed: list[str] = []
+
+    def die_after_the_effect(role: str, delivery: Delivery) -> None:
+        if role == "worker" and not crashed:
+            task = Envelope.from_bytes(delivery.body)
+            crashed.append(task.message_id)
+            StepRunner(app, worker="doomed", inline=True).run(task)
+            raise Crash("killed before commit")
+
+    env.crash_hook = die_after_the_effect
+    run_id = env.start(s, "o1")
+    env.run_until_idle()
+    assert crashed and env.result(run_id) == "ch-o1"
+    [line] = env.status(run_id).steps
+    assert line.state == "reconciled"
+    waited = (env.get(run_id).updated_at - line.started_at).total_seconds()
+    assert waited >= env.lease.total_seconds(), "the message waited out its lease"
+    assert line.duration_s is not None and line.duration_s < 5, line.duration_s
+
+
+def test_a_step_reconciled_on_a_retry_took_that_attempts_time_not_the_backoff() -> None:
+    """The first attempt's response was lost (the effect happened); the retry, 45 s later,
+    finds the effect: the step's duration is the reconciling attempt's, not the backoff's."""
+    app = App("truth")
+    charges: dict[str, str] = {}
+
+    @app.step(idempotent=False, retry=RetryPolicy(initial_interval=timedelta(seconds=45)))
+    def charge(ctx: StepContext, order: str) -> str:
+        charges[ctx.idempotency_key] = f"ch-{order}"
+        raise ConnectionError("the response was lost")
+
+    @charge.reconcile
+    def find(ctx: StepContext, order: str) -> str | None:
+        return charges.get(ctx.idempotency_key)
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext, order: str) -> str:
+        return await ctx.call(charge, order=order)
+
+    env = Harness(app)
+    run_id = env.start(s, "o1")
+    env.run_until_idle()
+    assert env.result(run_id) == "ch-o1"
+    [line] = env.status(run_id).steps
+    assert (line.state, line.attempts) == ("reconciled", 2)
+    assert line.duration_s is not None and line.duration_s < 5, line.duration_s
