@@ -38,7 +38,7 @@ def check_event(
     wait = next((w for w in waits if name in w.names and not w.resolved), None)
     model: Any = wait.models.get(name) if wait is not None else None
     what = "waits for"
-    if model is None and wait is None:  # before the wait begins: the declared model
+    if model is None:  # before the wait begins (or its model was not recorded): the declared
         model, what = accepts.get(name), "accepts"
     if isinstance(model, str):
         model = importable(model)

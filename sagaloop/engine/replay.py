@@ -151,7 +151,8 @@ class Replayer:
         self.outcome: dict[str, Any] | None = None  # {"output": ...} or {"error": ...}
         self.nondeterminism: NonDeterminismError | None = None
         self.rejections: list[NewEvent] = []
-        """Events refused by the wait they reached (bad data), for the engine to record."""
+        """Events refused by the wait they reached (bad data), and the saga's declared events
+        when the engine started the run: bookkeeping for the engine to record, never fed."""
         self.rng = _random.Random(seed_for(run_id))
         self.ctx = _Context(self)
 
@@ -198,6 +199,9 @@ class Replayer:
 
     def _start(self, ev: Event) -> None:
         self.loop.set_time(ev.at.timestamp())
+        declared = self.saga.recorded_events()
+        if declared and "events" not in ev.data and not self.replaying:  # the engine's start
+            self.rejections.append(NewEvent(h.EVENTS_DECLARED, data={"events": declared}))
         self.next_pos = int(ev.data.get("first_pos", 0))  # continued: positions go on
         input_json = ev.data.get("input")
         args: tuple[Any, ...] = ()

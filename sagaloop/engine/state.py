@@ -248,6 +248,9 @@ class RunState:
                         del self.buffered[i]
                         break
                 self._refused_early.setdefault(ev.pos, []).append(reason)
+        elif kind == h.EVENTS_DECLARED:
+            events = d.get("events")
+            self.declared = dict(events) if isinstance(events, dict) and events else None
         elif kind == h.MARKER:
             self.markers.append(str(ev.name))
         elif kind == h.CHILD_STARTED:

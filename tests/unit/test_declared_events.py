@@ -18,6 +18,7 @@ import sagaloop
 from sagaloop import App, EventTimeoutError, SagaContext
 from sagaloop.engine import history as h
 from sagaloop.engine.client import Client
+from sagaloop.engine.messages import Envelope, engine_queue
 from sagaloop.testing import Harness, replay
 
 TWO_DAYS = timedelta(days=2)
@@ -181,3 +182,53 @@ def test_status_lists_the_events_received_and_not_yet_taken() -> None:
     env.run_until_idle(skip_time=False)
     assert env.result(run_id) == "early"
     assert env.status(run_id).kept == []
+
+
+@app.saga(name="continues", events={"reply": Reply})
+async def continues(ctx: SagaContext, rounds: int) -> Any:
+    """Continues as new once, then waits: the engine writes the second history's start."""
+    if rounds:
+        ctx.continue_as_new(rounds - 1)
+    reply = await ctx.wait_for_event("reply")
+    return reply.text
+
+
+@app.saga(name="parent")
+async def parent(ctx: SagaContext) -> Any:
+    return await ctx.call(declared, run_id="the-child")
+
+
+def test_runs_the_engine_starts_record_the_declaration_too() -> None:
+    """A child run and a run started by a publisher without the client: their start is
+    written by the engine, and a client without the App still refuses a bad event at the
+    door. A run continued as new: a client with the App does (one without it checks once the
+    wait begins)."""
+    env = Harness(app)
+    bare = Client(env.store, "declared", clock=env.clock)
+    continued = env.start(continues, 1)
+    env.start(parent)
+    published = "published-start"
+    env.broker.publish(
+        [
+            (
+                engine_queue(app.name),
+                Envelope(type="start", run_id=published, saga="declared", payload={}).to_bytes(),
+            )
+        ]
+    )
+    env.run_until_idle(skip_time=False)
+    assert kinds(env, continued, h.EVENT_WAITING), "continued as new, then waits"
+    for client, run_id in ((env.client, continued), (bare, "the-child"), (bare, published)):
+        with pytest.raises(sagaloop.ValidationError, match="accepted"):
+            client.send_event(run_id, "reply", {"text": "typo"})
+        with pytest.raises(sagaloop.ValidationError, match="does not accept"):
+            client.send_event(run_id, "other")
+        client.send_event(run_id, "reply", {"text": run_id, "accepted": True})
+    env.send_event("the-child", "go")
+    env.send_event(published, "go")
+    env.run_until_idle(skip_time=False)
+    assert env.result(continued) == continued
+    assert env.result(published) == published
+    declared_events = [e for e in env.history(published) if e.kind == h.EVENTS_DECLARED]
+    assert len(declared_events) == 1, "recorded once, not again on replay"
+    replay(app, env.history(published), run_id=published)
