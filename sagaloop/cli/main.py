@@ -261,12 +261,23 @@ def start(
 @click.argument("name")
 @click.option("--data", help="The event's data as JSON.")
 @click.option("--event-id", help="Sends with the same id are delivered once (safe to retry).")
+@click.option(
+    "--app",
+    "app_spec",
+    help="Check the event with the app's declared events (MODULE or MODULE:ATTRIBUTE); "
+    "without it, with what the run recorded.",
+)
 @click.pass_obj
-def send_event(obj: Obj, run_id: str, name: str, data: str | None, event_id: str | None) -> None:
-    """Send the event NAME to a run."""
+def send_event(
+    obj: Obj, run_id: str, name: str, data: str | None, event_id: str | None, app_spec: str | None
+) -> None:
+    """Send the event NAME to a run. Refused, with nothing sent, if the run would refuse it:
+    a name its saga does not declare (``@app.saga(events=...)``), or data that does not fit
+    the model of its wait or, before the wait begins, the declared one."""
     value = json_arg(data, "--data")
     with errors():
-        _client(obj).send_event(run_id, name, value, event_id=event_id)
+        app = obj.app(app_spec) if app_spec else None
+        _client(obj, app).send_event(run_id, name, value, event_id=event_id)
         click.echo(printable(f"event {name!r} sent to {run_id}"))
 
 

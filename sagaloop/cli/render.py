@@ -167,6 +167,15 @@ def timeline_text(tl: Timeline) -> str:
     if tl.waiting_for:
         why = "\n".join(f"  - {printable(_why(w))}" for w in tl.waiting_for)
         parts.append(f"why it waits:\n{why}")
+    if tl.refused:  # the last few, with why: the sender sees what became of a bad event
+        shown_refused = [
+            f"  - {printable(repr(r.name))}"
+            + (f" (wait #{r.position})" if r.position is not None else "")
+            + f": {printable(r.reason[:300])}"
+            for r in tl.refused[-5:]
+        ]
+        last = f" (the last 5 of {len(tl.refused)})" if len(tl.refused) > 5 else ""
+        parts.append(f"events refused{last}:\n" + "\n".join(shown_refused))
     if tl.abandoned:
         lines = [
             f"  - step {a.get('step')!r} (#{a.get('position')}, attempt {a.get('attempt')}) on "
