@@ -65,6 +65,7 @@ from sagaloop.agents._core import (
     check_budget,
     publish_usage,
 )
+from sagaloop.agents._pydantic_models import _profile_model, lifted_request_limit
 from sagaloop.agents.budgets import Budget
 from sagaloop.engine import sandbox, tracing
 from sagaloop.errors import ApprovalDenied, ValidationError
@@ -185,39 +186,6 @@ def _giving(budget: Budget | None) -> Iterator[None]:
 
 
 _decoder = transcript.Decoder(parse=_messages.ModelMessagesTypeAdapter.validate_python)
-
-
-class _NamedModel(Model):
-    """Stands for a model the engine cannot build (its provider's package or key is only on
-    the workers): the saga side needs its name, never its requests."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__()
-        self._system, _, self._name = name.rpartition(":")
-
-    @property
-    def model_name(self) -> str:
-        return self._name
-
-    @property
-    def system(self) -> str:
-        return self._system or "unknown"
-
-    async def request(self, *args: Any, **kwargs: Any) -> _messages.ModelResponse:
-        raise UserError("this model only runs on the workers, as a step")
-
-
-def _profile_model(model: Model | str) -> Model:
-    """The model as the engine shapes requests for it: the real one when it can be built here
-    (its profile, settings and request preparation), else one that only knows its name (with
-    the default profile: build the model in the engine too when a provider needs its own)."""
-    if isinstance(model, Model):
-        return model
-    try:
-        return infer_model(model)
-    except Exception as e:  # the provider's package or its API key is missing here
-        logger.info("the engine uses a default profile for model %s: %s", model, e)
-        return _NamedModel(model)
 
 
 class _SagaModel(WrapperModel):
@@ -574,6 +542,8 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
             )
         if kwargs.get("toolsets"):
             raise ValidationError("SagaAgent.run(toolsets=...) is not supported in a saga")
+        budget = budget or self.budget
+        kwargs["usage_limits"] = lifted_request_limit(kwargs.get("usage_limits"), budget)
         conversation = f"{saga.run_id}/{saga.uuid4()}"
         for key in ("run_id", "conversation_id"):  # Agent.run passes them as None
             if kwargs.get(key) is None:
@@ -583,7 +553,7 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
             agent=self,
             conversation=conversation,
             deps=self._deps_json(kwargs.get("deps")),
-            budget=budget or self.budget,
+            budget=budget,
             encoder=transcript.Encoder(
                 lambda ms: _messages.ModelMessagesTypeAdapter.dump_python(list(ms), mode="json")
             ),
