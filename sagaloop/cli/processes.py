@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from sagaloop.engine.messages import engine_queue
 from sagaloop.engine.ports import Clock
 from sagaloop.store.processes import Identity, ProcessRecord
 
@@ -197,3 +198,40 @@ def assess(
                 problems.append(f"{who}: {problem}")
         listed.append(entry)
     return listed, problems
+
+
+def _live(row: ProcessRecord, now: datetime) -> bool:
+    return row.stopped_at is None and (now - row.seen_at).total_seconds() <= LIVE_WITHIN
+
+
+def fleet(
+    rows: Sequence[ProcessRecord], now: datetime, in_flight: dict[str, int]
+) -> tuple[dict[str, list[str]], list[str]]:
+    """The step queues of each app that no live process consumes (as the app's processes
+    declare them), and the problems for which health fails: an app with runs in flight and
+    no live engine, or with runs in flight and a queue nobody consumes (its steps would wait
+    there unseen)."""
+    apps = sorted({r.app for r in rows} | {a for a, n in in_flight.items() if n > 0})
+    unserved: dict[str, list[str]] = {}
+    problems: list[str] = []
+    for app in apps:
+        mine = [r for r in rows if r.app == app]
+        live = [r for r in mine if _live(r, now)]
+        consumed = {q for r in live for q in r.queues or []}
+        declared = {q for r in (live or mine) for q in r.app_queues or []}
+        queues = sorted(declared - consumed)
+        if queues:
+            unserved[app] = queues
+        runs = in_flight.get(app, 0)
+        if runs and engine_queue(app) not in consumed:
+            problems.append(
+                f"app {app!r} has {runs} run(s) in flight and no live engine: nothing moves "
+                "them (start `sagaloop engine`, or `sagaloop dev`)"
+            )
+        if runs and queues:
+            names = ", ".join(queues)
+            problems.append(
+                f"app {app!r} has {runs} run(s) in flight and no live process consumes queue(s) "
+                f"{names}: their steps wait there (start `sagaloop worker --queue ...`)"
+            )
+    return unserved, problems

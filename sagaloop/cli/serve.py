@@ -465,9 +465,19 @@ def _check_processes(store: SqlStore, checks: dict[str, Any], *, local: bool) ->
     except SagaloopError as e:
         checks["services"] = f"error: cannot read the process registry: {e}"
         return False
-    listed, problems = processes.assess(
-        rows, datetime.now(UTC), host=socket.gethostname() if local else None
-    )
+    now = datetime.now(UTC)
+    listed, problems = processes.assess(rows, now, host=socket.gethostname() if local else None)
+    if not local:  # the fleet: does every app with runs in flight have an engine and workers?
+        try:
+            in_flight = store.runs_in_flight()
+        except SagaloopError as e:
+            checks["runs_in_flight"] = f"error: {e}"
+            return False
+        unserved, missing = processes.fleet(rows, now, in_flight)
+        checks["unserved_queues"] = {
+            app: ", ".join(queues) for app, queues in sorted(unserved.items())
+        }
+        problems += missing
     checks["processes"] = listed
     checks["services"] = "error: " + "; ".join(problems) if problems else "ok"
     return not problems

@@ -31,6 +31,7 @@ from sagaloop.engine.messages import (
 )
 from sagaloop.engine.ports import Clock, Outgoing, RunRecord, Store, SystemClock
 from sagaloop.engine.replay import check_replay
+from sagaloop.engine.serving import served
 from sagaloop.engine.state import RunState
 from sagaloop.engine.streams import Streams
 from sagaloop.engine.timeline import Timeline, timeline
@@ -521,7 +522,7 @@ class Client:
         now = self.clock.now()
         found = timeline(run, self.store.load_history(None, run_id), now)
         found.abandoned = self.store.abandoned_attempts(run_id, seen_after=now - LIVE)
-        return found
+        return served(found, run.app, self.store, now)  # a queue nobody consumes; no engine
 
     def list(
         self, *, status: str | None = None, saga: str | None = None, limit: int = 100

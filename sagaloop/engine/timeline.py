@@ -95,6 +95,11 @@ class Timeline:
     """Attempts of this run abandoned past their timeouts whose threads still run, as live
     processes report them (``step``, ``position``, ``attempt``, ``since``, ``process``):
     their outcome is dropped whenever they end."""
+    unserved: list[str] = dataclasses.field(default_factory=list)
+    """The queues its outstanding steps wait on that no live process consumes (from the
+    process registry: ``sagaloop.engine.serving``)."""
+    no_live_engine: bool = False
+    """Whether its app has no live engine (from the process registry)."""
     kept: list[KeptLine] = dataclasses.field(default_factory=list)
     """The events received and not yet taken by a wait, oldest first (a wait that begins
     takes the oldest of its names)."""

@@ -125,3 +125,12 @@ def abandoned(conn: Connection, run_id: str, seen_after: datetime) -> list[dict[
         for item in items or []
         if isinstance(item, dict) and item.get("run_id") == run_id
     ]
+
+
+def live_queues(conn: Connection, seen_after: datetime) -> list[tuple[str, list[str], list[str]]]:
+    """``(app, queues it consumes, its app's step queues)`` of each process seen after
+    ``seen_after`` that did not stop."""
+    q = sa.select(_c.app, _c.queues, _c.app_queues).where(
+        _c.seen_at > seen_after, _c.stopped_at.is_(None)
+    )
+    return [(str(app), list(qs or []), list(aqs or [])) for app, qs, aqs in conn.execute(q)]

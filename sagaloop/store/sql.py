@@ -773,6 +773,12 @@ class SqlStore:
         with self._read() as conn:
             return registry.abandoned(conn, run_id, seen_after)
 
+    def live_queues(self, *, seen_after: datetime) -> list[tuple[str, list[str], list[str]]]:
+        """Of each process seen after ``seen_after`` and not stopped: its app, the queues it
+        consumes and the step queues its app declares."""
+        with self._read() as conn:
+            return registry.live_queues(conn, seen_after)
+
     def process_stopped(self, name: str, now: datetime, problem: str | None) -> None:
         """Mark the process as exited, with the problem it exits because of (None: cleanly)."""
         with self.transaction() as tx:

@@ -16,6 +16,7 @@ from sagaloop.engine import state as s
 from sagaloop.engine.client import Client
 from sagaloop.engine.history import Event
 from sagaloop.engine.ports import RunRecord
+from sagaloop.engine.serving import served
 from sagaloop.engine.timeline import Timeline, timeline
 from sagaloop.sagas.approvals import KEY_PREFIX, PendingApproval, call_id_of
 from sagaloop.ui.transcript import Request, requests_of
@@ -130,7 +131,8 @@ def run_version(run: RunRecord) -> str:
 def run_view(client: Client, run_id: str) -> RunView:
     run = client.get(run_id)  # first: the history read next is at least as new as its version
     events = client.history(run_id)
-    tl = timeline(run, events, client.clock.now())
+    now = client.clock.now()
+    tl = served(timeline(run, events, now), run.app, client.store, now)  # nothing waits unseen
     final = run.status in s.FINAL_STATUSES
     approvals = [] if final else client.approvals(run_id)
     usage_value = tl.published.get(USAGE_KEY)
