@@ -261,6 +261,12 @@ class Client:
         """Deliver an event to a run; kept until the run waits for it if it arrives early.
         Sends with the same ``event_id`` are delivered once (safe to retry).
 
+        Refused (ValidationError, nothing sent) if the run would refuse it: a name its saga
+        does not declare (``@app.saga(events=...)``), if it declares any, or data that does
+        not fit the model of the wait open for it or, before that wait begins, the declared
+        model. What a client cannot check (a model it cannot import) the engine records as
+        refused when the wait takes it: ``status`` shows it, with the reason.
+
         An answer to an approval (``approval:{call_id}``) that names its ``request_id`` is
         checked and claims the request as :meth:`approve` does (ApprovalTakenError if another
         answer won); one that names none is sent as it is, and the engine records it as

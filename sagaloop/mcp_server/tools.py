@@ -199,7 +199,10 @@ FIXED = (
     Fixed(
         "send_event",
         SendEventArgs,
-        "Deliver an event to a run (kept until the run waits for it if it comes early).",
+        "Deliver an event to a run (kept until the run waits for it if it comes early). "
+        "Refused, with nothing sent, if the run would refuse it: a name its saga does not "
+        "declare, or data that does not fit the event's model; run_status says what the run "
+        "waits for, the events it keeps and why it refused one.",
         False,
     ),
     Fixed(

@@ -232,3 +232,21 @@ def test_runs_the_engine_starts_record_the_declaration_too() -> None:
     declared_events = [e for e in env.history(published) if e.kind == h.EVENTS_DECLARED]
     assert len(declared_events) == 1, "recorded once, not again on replay"
     replay(app, env.history(published), run_id=published)
+
+
+def test_the_mcp_send_event_tool_refuses_what_the_run_would_refuse() -> None:
+    from sagaloop.mcp_server.server import SagaMCPServer
+
+    env = Harness(app)
+    run_id = env.start(declared)
+    env.run_until_idle(skip_time=False)
+    server = SagaMCPServer(env.client, app)
+    with pytest.raises(sagaloop.ValidationError, match="nothing was sent"):
+        server.answer("send_event", {"run_id": run_id, "name": "reply", "data": {}}, "mcp")
+    with pytest.raises(sagaloop.ValidationError, match="does not accept"):
+        server.answer("send_event", {"run_id": run_id, "name": "other"}, "mcp")
+    sent = server.answer("send_event", {"run_id": run_id, "name": "go"}, "mcp")
+    assert sent["sent"] is True
+    env.run_until_idle(skip_time=False)
+    status = server.answer("run_status", {"run_id": run_id}, "mcp")
+    assert any("waiting for event 'reply'" in line for line in status["waiting_for"]), status
