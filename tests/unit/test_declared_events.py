@@ -250,3 +250,33 @@ def test_the_mcp_send_event_tool_refuses_what_the_run_would_refuse() -> None:
     env.run_until_idle(skip_time=False)
     status = server.answer("run_status", {"run_id": run_id}, "mcp")
     assert any("waiting for event 'reply'" in line for line in status["waiting_for"]), status
+
+
+@app.saga(name="either", events={"reply": Reply, "stop": None})
+async def either(ctx: SagaContext) -> Any:
+    got = await ctx.wait_for_any(["reply", "stop"])
+    return ["reply", got.data.text] if got.name == "reply" else ["stop", got.data]
+
+
+def test_wait_for_any_validates_with_the_declared_models() -> None:
+    env = Harness(app)
+    run_id = env.start(either)
+    env.publish_event(run_id, "reply", {"text": "typo"})  # past the client: the engine refuses
+    env.run_until_idle(skip_time=False)
+    [waiting] = kinds(env, run_id, h.EVENT_WAITING)
+    assert waiting.data["models"] == {"reply": f"{__name__}:Reply"}
+    assert any("1 refused" in line for line in env.status(run_id).waiting_for)
+    env.send_event(run_id, "reply", {"text": "yes", "accepted": True})
+    env.run_until_idle(skip_time=False)
+    assert env.result(run_id) == ["reply", "yes"]
+
+
+def test_an_event_sent_with_the_start_is_checked_against_the_declaration() -> None:
+    env = Harness(app)
+    with pytest.raises(sagaloop.ValidationError, match="accepted"):
+        env.client.start(declared, run_id="with-event", event=("reply", {"text": "typo"}))
+    assert env.store.get_run("with-event") is None, "nothing was written"
+    env.client.start(declared, run_id="with-event", event=("go", None))
+    env.send_event("with-event", "reply", {"text": "yes", "accepted": True})
+    env.run_until_idle(skip_time=False)
+    assert env.result("with-event") == "yes"
