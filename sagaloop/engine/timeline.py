@@ -105,6 +105,9 @@ class Timeline:
     takes the oldest of its names)."""
     refused: list[RefusedLine] = dataclasses.field(default_factory=list)
     """Every event the run refused, in the order it refused them, with the reason."""
+    accepts: list[str] = dataclasses.field(default_factory=list)
+    """The event names the saga declared it accepts (``@app.saga(events=...)``), as the run
+    recorded them; empty if it declared none (any name)."""
 
     def to_json(self) -> dict[str, Any]:
         def conv(v: Any) -> Any:
@@ -196,6 +199,7 @@ def timeline(run: RunRecord, events: list[Event], now: datetime) -> Timeline:
             for ev in events
             if ev.kind == h.EVENT_REJECTED
         ],
+        accepts=sorted(st.declared or ()),
     )
 
 

@@ -74,6 +74,8 @@ def test_the_send_form_refuses_a_declared_event_that_does_not_fit_before_the_wai
     run_id = env.start(declared)
     env.run_until_idle(skip_time=False)
     client = browser(env)
+    note = client.get(f"/run?id={run_id}").text
+    assert '<option value="reply">' in note and "This saga accepts" in note
     typo = send(client, run_id, "reply", '{"text": "typo"}')
     assert typo.status_code >= 400 and "nothing was sent" in typo.text, typo.status_code
     assert "accepted" in typo.text
