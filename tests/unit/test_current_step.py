@@ -138,3 +138,55 @@ def test_an_openai_agents_function_tool_reads_its_steps_key() -> None:
     env.run_until_idle()
     line = next(x for x in env.status(run_id).steps if x.step.endswith("__tool__book"))
     assert env.result(run_id) == line.idempotency_key
+
+
+def _task(step: str) -> Any:
+    from sagaloop.engine.messages import Envelope
+
+    return Envelope(
+        type="step",
+        run_id="r1",
+        position=3,
+        attempt=2,
+        idempotency_key="r1/3/do",
+        payload={"step": step, "args": {}},
+    )
+
+
+def test_on_the_step_threads_and_inside_a_running_loop_too() -> None:
+    """Not inline: a step with a timeout runs on the pool's threads, and an async step called
+    where a loop runs gets a thread of its own; each sees its attempt, and its error keeps its
+    own cause chain."""
+    import asyncio
+
+    from sagaloop.engine.steps import StepRunner
+
+    app = App("cs")
+
+    @app.step(timeout=timedelta(seconds=30))
+    async def timed(ctx: StepContext) -> str:
+        step = current_step()
+        assert step is not None
+        return f"{step.idempotency_key} {step.attempt}"
+
+    @app.step(timeout=timedelta(seconds=30))
+    async def timed_failing(ctx: StepContext) -> str:
+        raise ValueError("declined")
+
+    @app.step
+    async def plain_failing(ctx: StepContext) -> str:
+        assert current_step() is ctx
+        raise ValueError("declined")
+
+    runner = StepRunner(app, threads=2)
+    assert runner.run(_task("timed"))["result"] == "r1/3/do 2"
+    for name in ("timed_failing", "plain_failing"):
+        error = runner.run(_task(name))["error"]
+        assert (error["type"], error.get("causes")) == ("ValueError", None), error
+
+    async def in_a_loop() -> dict[str, Any]:
+        return runner.run(_task("plain_failing"))
+
+    error = asyncio.run(in_a_loop())["error"]
+    assert (error["type"], error.get("causes")) == ("ValueError", None), error
+    assert current_step() is None
