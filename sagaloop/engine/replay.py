@@ -34,7 +34,7 @@ from sagaloop.errors import (
     StepFailedError,
     ValidationError,
 )
-from sagaloop.sagas.app import App, SagaDef, StepDef
+from sagaloop.sagas.app import App, SagaDef, StepDef, model_path
 from sagaloop.sagas.approvals import Approval, OnTimeout, request_approval, schema_error
 from sagaloop.sagas.context import Early, Received, SagaContext, _current
 from sagaloop.sagas.convert import ANY, Converter
@@ -482,8 +482,8 @@ class _Context(SagaContext):
             data["timeout_at"] = (self.now() + timeout).isoformat()
         if model is None:  # the model the saga declares for it (@app.saga(events=...))
             model = self._r.saga.events.get(name)
-        if model is not None and _importable(model):  # a client checks events with it
-            data["model"] = f"{model.__module__}:{model.__qualname__}"
+        if (path := model_path(model)) is not None:  # a client checks events with it
+            data["model"] = path
         spec = _WaitSpec((name,), {name: model}, False, early == "refuse")
         return await self._r.wait(spec, name, data)
 
@@ -509,9 +509,7 @@ class _Context(SagaContext):
             data["timeout_at"] = (self.now() + timeout).isoformat()
         given, declared = models or {}, self._r.saga.events  # declared: unless given here
         checked = {n: m for n in names if (m := given.get(n, declared.get(n))) is not None}
-        found = {
-            n: f"{m.__module__}:{m.__qualname__}" for n, m in checked.items() if _importable(m)
-        }
+        found = {n: path for n, m in checked.items() if (path := model_path(m)) is not None}
         if found:
             data["models"] = found
         spec = _WaitSpec(names, checked, True, early == "refuse")
@@ -610,10 +608,6 @@ class _Context(SagaContext):
     @property
     def is_replaying(self) -> bool:
         return self._r.replaying
-
-
-def _importable(model: Any) -> bool:
-    return isinstance(model, type) and "<locals>" not in model.__qualname__
 
 
 def check_replay(

@@ -6,7 +6,7 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, ParamSpec, TypeVar, get_origin, overload
 
 from sagaloop.errors import DeclarationError, InvalidRateLimit
 from sagaloop.sagas.approvals import KEY_PREFIX
@@ -141,7 +141,7 @@ def _check_events(saga: str, events: Mapping[str, Any] | None) -> dict[str, Any]
                 f"{what}: approval answers ({KEY_PREFIX}...) have their own rules; declare "
                 "only the events the saga waits for with wait_for_event or wait_for_any"
             )
-        if model is not None and not isinstance(model, type):
+        if model is not None and not isinstance(model, type) and get_origin(model) is None:
             raise DeclarationError(
                 f"{what}: the model is a type (a pydantic model, a dataclass...) or None for "
                 f"any data, not {model!r:.60}"

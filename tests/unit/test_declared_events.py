@@ -159,6 +159,8 @@ def test_a_declaration_names_events_and_models_it_can_check() -> None:
         bad.saga(name="b", events={"": None})(saga)
     with pytest.raises(sagaloop.DeclarationError, match="model"):
         bad.saga(name="c", events={"x": 42})(saga)  # type: ignore[dict-item]
+    ids = bad.saga(name="d", events={"ids": list[int]})(saga)  # a type of pydantic's too
+    assert ids.recorded_events() == {"ids": None}, "not importable: the engine checks it"
 
 
 # --- events received, not yet taken -----------------------------------------------------------
