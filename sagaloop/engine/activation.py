@@ -920,6 +920,9 @@ class Engine:
                 return []  # a late or duplicate reply
             if outcome == "completed":
                 data = {"result": reply.get("result"), "reconciled": bool(reply.get("reconciled"))}
+                took = reply.get("took_s")
+                if data["reconciled"] and isinstance(took, int | float):  # the attempt's time
+                    data["took_s"] = took  # (not the lease a dead worker's message waited)
                 return [NewEvent(h.STEP_COMPLETED, pos, name, {**data, **worker})]
             if outcome == "halted":
                 reason = str(reply["error"].get("message"))

@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-import pytest
 from agents import Agent as OAAgent
 from agents import function_tool
 from agents.testing import ModelStep, ScriptedModel
@@ -233,11 +232,6 @@ def test_folding_keeps_the_cause_chain_and_the_innermost_frame() -> None:
 # --- a reconciled step's duration ---------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs engine/activation.py's _result_events to record the reply's took_s in "
-    "step_completed (the worker measures it; timeline.py reads it): owned by another engineer",
-)
 def test_a_reconciled_steps_duration_is_its_attempts_not_the_lease_wait() -> None:
     """The worker dies after the step took effect; the message comes back once the lease
     runs out, and the reconcile finds the effect at once: the step took that attempt's time,
