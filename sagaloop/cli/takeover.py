@@ -10,7 +10,8 @@ Dead means known, never guessed (:func:`verdict`): a process that is alive but s
 claims, so a step is not run twice needlessly.
 
 - **Same machine** (the same boot and PID namespace): its pid is gone (``os.kill(pid, 0)``
-  raises ``ProcessLookupError``), or now belongs to a process that started at another time.
+  raises ``ProcessLookupError``) or a zombie not yet reaped, or now belongs to a process that
+  started at another time.
   A live pid is never judged stale, however long it has been silent.
 - **Another machine**: its row's ``seen_at`` stayed unchanged for ``STALE_AFTER`` seconds *as
   this process observed it* (measured on this process's monotonic clock, so a skewed clock on
@@ -87,7 +88,17 @@ def pid_alive(pid: int) -> bool | None:
         return True  # it runs, as another user
     except (OSError, ValueError, OverflowError):
         return None
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` exited and waits to be reaped by its parent (it runs nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[:1]
+    except OSError:
+        return False
+    return state == ["Z"]
 
 
 def verdict(

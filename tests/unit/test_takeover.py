@@ -89,3 +89,22 @@ def test_a_takeover_releases_only_the_dead_processes_claims(tmp_path: Path) -> N
     assert first.id in {m.id for m in again} and second.id not in {m.id for m in again}
     assert [r.token for r in store.processes()] == [None, "l"]
     assert takeover.sweep() == [], "a process is taken over once"
+
+
+def test_a_killed_child_not_yet_reaped_is_dead_and_a_running_one_alive() -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from sagaloop.cli.takeover import pid_alive
+    from sagaloop.testing import eventually
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert pid_alive(child.pid) is True
+        child.send_signal(signal.SIGKILL)
+        eventually(lambda: pid_alive(child.pid) is False, what="the zombie to count as dead")
+    finally:
+        child.kill()
+        child.wait()
+    assert pid_alive(child.pid) is False
