@@ -4,9 +4,11 @@ problems, closed at exit), and ``sagaloop health`` judges the fleet from those r
 
 A row not refreshed for ``LIVE_WITHIN`` seconds and never closed belongs to a process that was
 killed without a chance to say so (SIGKILL, out of memory, a lost host): health lists it as
-``not seen for N s`` but does not fail for it. Its claims are taken over once it is proven dead
-(``sagaloop.cli.takeover``), and whether a replacement runs is the supervisor's business, not the probe's: failing
-every probe because one process vanished would restart the healthy ones too.
+``not seen for N s`` but does not fail for it. Its claims are taken over once it is proven
+dead (``sagaloop.cli.takeover``), and whether a replacement runs is the supervisor's business,
+not the probe's: failing every probe because one process vanished would restart the healthy
+ones too. What fails is an app with runs in flight and no live engine, or a queue nobody
+consumes (:func:`fleet`).
 """
 
 from __future__ import annotations
