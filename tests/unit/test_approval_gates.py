@@ -325,7 +325,8 @@ def test_a_database_upgraded_to_v4_indexes_the_approvals_runs_already_wait_for(
     env.run_until_idle(skip_time=False)
     with env.store.engine.begin() as conn:  # as version 3 left it: no index
         conn.execute(sa.text("DROP TABLE sagaloop_approvals"))
-        conn.execute(sa.text("ALTER TABLE sagaloop_processes DROP COLUMN abandoned"))
+        for column in ("abandoned", "queues", "app_queues", "token", "host"):  # v4's too
+            conn.execute(sa.text(f"ALTER TABLE sagaloop_processes DROP COLUMN {column}"))
         conn.execute(sa.text("UPDATE sagaloop_schema SET version = 3"))
     assert env.store.upgrade() == (3, migrations.LATEST)
     [pending] = env.approvals()
