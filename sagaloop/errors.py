@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import traceback as tb
 from collections.abc import Collection
+from datetime import timedelta
 from types import CodeType, FrameType, TracebackType
 from typing import Any
 
@@ -214,23 +215,51 @@ class ActivationDeadlineError(SagaloopError):
 class ApplicationError(SagaloopError):
     """Raise from a step to fail it with control over retries.
 
-    ``non_retryable=True`` fails the step for good at once. Any other exception raised by a step
-    is retried according to its :class:`~sagaloop.RetryPolicy` and, because it does not prove the
-    effect did not happen, makes the next attempt *in doubt*.
+    ``non_retryable=True`` fails the step for good at once. ``needs_attention=True`` says that
+    a person must fix the cause (a revoked key, an unknown model): the step is not retried and
+    its run parks in ``needs_attention`` with nothing undone, until ``sagaloop retry`` runs the
+    step again. ``retry_after`` (seconds, or a timedelta: a provider's ``Retry-After``) makes
+    the next attempt wait at least that long. Any other exception raised by a step is retried
+    according to its :class:`~sagaloop.RetryPolicy` and, because it does not prove the effect
+    did not happen, makes the next attempt *in doubt*.
     """
 
-    def __init__(self, message: str, *, type: str | None = None, non_retryable: bool = False):
+    def __init__(
+        self,
+        message: str,
+        *,
+        type: str | None = None,
+        non_retryable: bool = False,
+        needs_attention: bool = False,
+        retry_after: float | timedelta | None = None,
+    ):
         super().__init__(message)
         self.type = type or "ApplicationError"
         self.non_retryable = non_retryable
+        self.needs_attention = needs_attention
+        if isinstance(retry_after, timedelta):
+            retry_after = retry_after.total_seconds()
+        self.retry_after = retry_after
 
 
 class NotAppliedError(ApplicationError):
     """Raise from a step when the effect certainly did not happen (say, a connection refused
     before the request was sent). The step is retried and the next attempt is *not* in doubt."""
 
-    def __init__(self, message: str, *, type: str | None = None) -> None:
-        super().__init__(message, type=type or "NotAppliedError")
+    def __init__(
+        self,
+        message: str,
+        *,
+        type: str | None = None,
+        needs_attention: bool = False,
+        retry_after: float | timedelta | None = None,
+    ) -> None:
+        super().__init__(
+            message,
+            type=type or "NotAppliedError",
+            needs_attention=needs_attention,
+            retry_after=retry_after,
+        )
 
 
 class StepCancelled(SagaloopError):
@@ -288,7 +317,16 @@ class ErrorInfo:
     holds storable text: a message that cannot be read, holds lone surrogates or is very long
     is replaced, escaped or cut, so that recording a failure never fails in turn."""
 
-    __slots__ = ("causes", "message", "non_retryable", "not_applied", "traceback", "type")
+    __slots__ = (
+        "causes",
+        "message",
+        "needs_attention",
+        "non_retryable",
+        "not_applied",
+        "retry_after",
+        "traceback",
+        "type",
+    )
 
     def __init__(
         self,
@@ -299,11 +337,17 @@ class ErrorInfo:
         not_applied: bool = False,
         traceback: str | None = None,
         causes: list[tuple[str, str]] | None = None,
+        needs_attention: bool = False,
+        retry_after: float | None = None,
     ) -> None:
         self.type = type
         self.message = message
         self.non_retryable = non_retryable
         self.not_applied = not_applied
+        self.needs_attention = needs_attention
+        """A person must fix the cause: the run parks, nothing undone (see ApplicationError)."""
+        self.retry_after = retry_after
+        """Seconds the next attempt waits at least (a provider's ``Retry-After``)."""
         self.traceback = traceback
         self.causes = causes or []
         """The exception's ``__cause__`` (or unsuppressed ``__context__``) chain, outermost
@@ -333,6 +377,8 @@ class ErrorInfo:
                 not_applied=isinstance(exc, NotAppliedError),
                 traceback=trace,
                 causes=causes,
+                needs_attention=bool(getattr(exc, "needs_attention", False)),
+                retry_after=_seconds(getattr(exc, "retry_after", None)),
             )
         return cls(name, message, traceback=trace, causes=causes)
 
@@ -347,6 +393,10 @@ class ErrorInfo:
             data["non_retryable"] = True
         if self.not_applied:
             data["not_applied"] = True
+        if self.needs_attention:
+            data["needs_attention"] = True
+        if self.retry_after is not None:
+            data["retry_after"] = self.retry_after
         if self.traceback is not None:
             data["traceback"] = self.traceback
         if self.causes:
@@ -361,6 +411,8 @@ class ErrorInfo:
             str(data.get("message", "")),
             non_retryable=bool(data.get("non_retryable", False)),
             not_applied=bool(data.get("not_applied", False)),
+            needs_attention=bool(data.get("needs_attention", False)),
+            retry_after=_seconds(data.get("retry_after")),
             traceback=None if trace is None else str(trace),
             causes=[
                 (str(c.get("type", "Error")), str(c.get("message", "")))
@@ -371,6 +423,17 @@ class ErrorInfo:
 
     def __repr__(self) -> str:
         return f"ErrorInfo({self.type!r}, {self.message!r})"
+
+
+MAX_RETRY_AFTER = 24 * 3600.0
+"""The longest ``retry_after`` honoured (seconds): a longer one is cut to it."""
+
+
+def _seconds(value: Any) -> float | None:
+    """A ``retry_after`` as a number of seconds in [0, MAX_RETRY_AFTER], or None."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return None
+    return min(max(float(value), 0.0), MAX_RETRY_AFTER)
 
 
 def _message(exc: BaseException, name: str) -> str:

@@ -89,6 +89,7 @@ from sagaloop.agents._core import (
     publish_usage,
 )
 from sagaloop.agents.budgets import Budget
+from sagaloop.agents.providers import MODEL_DEADLINE, MODEL_RETRY, guarded
 from sagaloop.agents.tools import StepTool, StepTools, ToolCallError
 from sagaloop.engine import sandbox, tracing
 from sagaloop.errors import StepFailedError, ValidationError
@@ -404,7 +405,8 @@ class SagaRunner:
         self.stream = stream
         self._model_queue = model_queue
         self._tool_queue = tool_queue
-        self._model_retry = model_retry or RetryPolicy(max_attempts=3)
+        self._model_retry = model_retry or MODEL_RETRY
+        self._model_deadline = None if model_retry else MODEL_DEADLINE
         self._model_timeout = model_timeout
         self._model_rate = (model_rate_limit, model_rate_key)
         self._given = dict(tools or {})
@@ -446,6 +448,7 @@ class SagaRunner:
         self.agents[agent.name] = agent
         prefix = f"agent__{_step_part(agent.name)}"
 
+        @guarded
         async def model_request(ctx: StepContext, request: dict[str, Any]) -> dict[str, Any]:
             return await self._model_request(agent.name, ctx, request)
 
@@ -454,6 +457,7 @@ class SagaRunner:
             queue=self._model_queue,
             retry=self._model_retry,
             timeout=self._model_timeout,
+            schedule_to_close=self._model_deadline,
             rate_limit=self._model_rate[0],
             rate_key=self._model_rate[1],
         )(model_request)

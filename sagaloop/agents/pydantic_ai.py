@@ -67,6 +67,7 @@ from sagaloop.agents._core import (
 )
 from sagaloop.agents._pydantic_models import _profile_model, lifted_request_limit
 from sagaloop.agents.budgets import Budget
+from sagaloop.agents.providers import MODEL_DEADLINE, MODEL_RETRY, guarded
 from sagaloop.engine import sandbox, tracing
 from sagaloop.errors import ApprovalDenied, ValidationError
 from sagaloop.sagas.app import App, StepDef
@@ -399,11 +400,12 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
         self.model_step: StepDef[Any, Any] = app.step(
             name=f"{self.prefix}__model_request",
             queue=model_queue,
-            retry=model_retry or RetryPolicy(max_attempts=3),
+            retry=model_retry or MODEL_RETRY,
             timeout=model_timeout,
+            schedule_to_close=None if model_retry else MODEL_DEADLINE,
             rate_limit=model_rate_limit,
             rate_key=model_rate_key,
-        )(self._model_request)
+        )(guarded(self._model_request))
         self.tool_steps: dict[str, str] = {}
         self.step_tools: set[str] = set()
         self.needs_approval: dict[str, bool] = {}

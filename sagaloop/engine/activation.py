@@ -50,6 +50,7 @@ from sagaloop.errors import (
 )
 from sagaloop.sagas.app import App
 from sagaloop.sagas.approvals import call_id_of
+from sagaloop.sagas.policy import RetryPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -844,8 +845,8 @@ class Engine:
                     return [NewEvent(h.RUN_PARKED, data=parked)]
         events: list[NewEvent] = []
         for x in st.steps.values():
-            if x.status == s.HALTED:
-                data = {"attempt": x.attempt + 1, "in_doubt": True, "force": True}
+            if x.status == s.HALTED:  # in doubt, or parked by a failure a person fixed
+                data = {"attempt": x.attempt + 1, "in_doubt": x.in_doubt, "force": True}
                 events.append(NewEvent(h.STEP_DISPATCHED, x.pos, x.name, data))
             if x.comp_status == s.GAVE_UP:
                 data = {"attempt": x.comp_attempt + 1, "in_doubt": True}
@@ -957,10 +958,11 @@ class Engine:
         pos, name = step_state.pos, step_state.name
         step = self.app.get_step(name)
         policy = step.retry if step is not None else None
-        in_doubt = not (error.not_applied or error.non_retryable)
+        in_doubt = not (error.not_applied or error.non_retryable or error.needs_attention)
         retryable = (
             policy is not None
             and not error.non_retryable
+            and not error.needs_attention  # a person must fix it first: no attempt helps
             and policy.is_retryable(error.type)
             and policy.allows(attempt)
             # the run is cancelled: no new attempt of a step; undo what it may have done
@@ -968,14 +970,14 @@ class Engine:
         )
         if retryable and direction == DO and step is not None and step.schedule_to_close:
             assert policy is not None
-            retry_at = self.clock.now() + policy.delay(attempt)
+            retry_at = self.clock.now() + _delay(policy, attempt, error)
             if retry_at >= step_state.scheduled_at + step.schedule_to_close:
                 retryable = False  # no attempt would start before the schedule_to_close
         data = {"error": error.to_json(), "in_doubt": in_doubt, **extra}
         if direction == UNDO:
             if retryable:
                 assert policy is not None
-                data["retry_at"] = (self.clock.now() + policy.delay(attempt)).isoformat()
+                data["retry_at"] = (self.clock.now() + _delay(policy, attempt, error)).isoformat()
                 return [NewEvent(h.COMPENSATION_RETRYING, pos, name, data)]
             reason = f"compensation of step {name!r} failed for good: {error.type}: {error.message}"
             return [
@@ -1000,9 +1002,28 @@ class Engine:
             ]
         if retryable:
             assert policy is not None
-            data["retry_at"] = (self.clock.now() + policy.delay(attempt)).isoformat()
+            data["retry_at"] = (self.clock.now() + _delay(policy, attempt, error)).isoformat()
             return [NewEvent(h.STEP_RETRYING, pos, name, data)]
+        if not cancelling and (error.needs_attention or (policy and policy.give_up == "park")):
+            why = "needs a person" if error.needs_attention else "failed for good"
+            reason = (
+                f"step {name!r} {why}: {error.describe()}; nothing was undone. Fix the cause, "
+                "then `sagaloop retry` the run: the step runs again."
+            )
+            return [
+                NewEvent(h.STEP_HALTED, pos, name, data),
+                NewEvent(h.RUN_PARKED, pos, name, {"reason": reason}),
+            ]
         return [NewEvent(h.STEP_FAILED, pos, name, data)]
+
+
+def _delay(policy: RetryPolicy, attempt: int, error: ErrorInfo) -> timedelta:
+    """The wait before the attempt after ``attempt``: the policy's, or longer when the error
+    asks it (a provider's ``Retry-After``)."""
+    delay = policy.delay(attempt)
+    if error.retry_after is not None:
+        delay = max(delay, timedelta(seconds=error.retry_after))
+    return delay
 
 
 def _park_data(e: NonDeterminismError | ActivationDeadlineError) -> dict[str, Any]:

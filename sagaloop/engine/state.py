@@ -198,7 +198,8 @@ class RunState:
             self._close_attempt(st, ev, "failed", d["error"])
         elif kind == h.STEP_HALTED:
             st = self.step(ev)
-            st.status, st.error, st.in_doubt, st.completed_seq = HALTED, d["error"], True, ev.seq
+            st.status, st.error, st.completed_seq = HALTED, d["error"], ev.seq
+            st.in_doubt = d.get("in_doubt", True)  # parked by a failure: maybe not in doubt
             self._close_attempt(st, ev, "halted", d["error"])
         elif kind == h.TIMER_STARTED:
             assert ev.pos is not None

@@ -132,7 +132,7 @@ def _state_word(x: s.StepState) -> str:
     if x.status == s.RETRYING:
         return "retrying"
     if x.status == s.HALTED:
-        return "in doubt (halted)"
+        return "in doubt (halted)" if x.in_doubt else "failed (parked: retry runs it again)"
     return "failed"
 
 
@@ -264,7 +264,13 @@ def _why(st: RunState, run: RunRecord, queues: dict[Any, Any], now: datetime) ->
                 f"{queues.get(x.pos) or '?'} for {_ago(now, since)}"
             )
         elif x.status == s.RETRYING and x.retry_at:
-            why.append(f"retry of step {x.name!r} (attempt {x.attempt + 1}) at {_t(x.retry_at)}")
+            error = x.error or {}
+            cause = f"{error.get('type')}: {str(error.get('message', ''))[:160]}"
+            wait = max((x.retry_at - now).total_seconds(), 0)
+            why.append(
+                f"step {x.name!r} failing: {cause}; attempt {x.attempt} failed, attempt "
+                f"{x.attempt + 1} in {wait:.0f} s (at {_t(x.retry_at)})"
+            )
         if x.comp_status == s.SCHEDULED:
             why.append(f"compensation of step {x.name!r} queued or running")
         elif x.comp_status == s.RETRYING and x.comp_retry_at:

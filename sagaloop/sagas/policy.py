@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -23,6 +24,12 @@ class RetryPolicy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_attempts: int | None = Field(default=5, ge=1, le=10_000)
+    give_up: Literal["fail", "park"] = "fail"
+    """What a step that failed for good (its attempts spent, or a non-retryable error) does to
+    its run: ``"fail"`` raises ``StepFailedError`` in the saga (uncaught, the run fails and
+    compensates); ``"park"`` puts the run in ``needs_attention`` with nothing undone, and
+    ``sagaloop retry RUN`` runs the step again once its cause is fixed. A step that raises
+    ``ApplicationError(..., needs_attention=True)`` parks its run at once either way."""
     initial_interval: timedelta = timedelta(seconds=1)
     backoff_coefficient: float = Field(default=2.0, ge=1.0, le=100.0)
     maximum_interval: timedelta = timedelta(seconds=60)

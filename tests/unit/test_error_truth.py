@@ -27,7 +27,7 @@ ONCE = RetryPolicy(max_attempts=1)
 
 def recorded_errors(env: Harness, run_id: str) -> list[dict[str, Any]]:
     """The errors of the failed attempts of the run's steps, as the history keeps them."""
-    kinds = (h.STEP_RETRYING, h.STEP_FAILED)
+    kinds = (h.STEP_RETRYING, h.STEP_FAILED, h.STEP_HALTED)
     return [e.data["error"] for e in env.history(run_id) if e.kind in kinds]
 
 
@@ -119,7 +119,9 @@ def test_pydantic_ai_model_error_has_no_event_loop_cause() -> None:
     env.run_until_idle()
     errors = recorded_errors(env, run_id)
     assert_no_false_cause(errors)
-    assert [e["type"] for e in errors] == ["ValueError"]
+    # a model request's error that is no outage parks the run (issue 23): the cause is kept
+    assert [e["type"] for e in errors] == ["ModelRequestRefused"]
+    assert errors[0]["causes"][0] == {"type": "ValueError", "message": "the model said no"}
 
 
 def test_openai_agents_model_and_tool_errors_have_their_own_causes() -> None:
@@ -143,7 +145,9 @@ def test_openai_agents_model_and_tool_errors_have_their_own_causes() -> None:
     env.run_until_idle()
     errors = recorded_errors(env, run_id)
     assert_no_false_cause(errors)
-    assert [e["type"] for e in errors] == ["ValueError"]
+    # a model request's error that is no outage parks the run (issue 23): the cause is kept
+    assert [e["type"] for e in errors] == ["ModelRequestRefused"]
+    assert errors[0]["causes"][0] == {"type": "ValueError", "message": "the model said no"}
 
 
 # --- the user's frames first ---------------------------------------------------------------------

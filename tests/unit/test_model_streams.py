@@ -21,7 +21,7 @@ from pydantic_ai import Agent, models
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from sagaloop import App, StepCancelled
+from sagaloop import App, ApplicationError, StepCancelled
 from sagaloop.agents import transcript
 from sagaloop.agents.openai_agents import SagaRunner
 from sagaloop.agents.pydantic_ai import SagaAgent
@@ -100,9 +100,10 @@ def test_pydantic_ai_a_stream_is_closed_when_its_step_times_out() -> None:
     saga_agent = pydantic_agent(meter, model_timeout=timedelta(milliseconds=200))
     ctx = step_context(saga_agent.model_step, ended_after=None)
     started = time.monotonic()
-    with pytest.raises(TimeoutError):
+    with pytest.raises(ApplicationError) as timed_out:  # an outage: asked again
         asyncio.run(saga_agent.model_step.fn(ctx, pydantic_request()))
     assert time.monotonic() - started < 2.5
+    assert isinstance(timed_out.value.__cause__, TimeoutError)
     assert meter.sent < CHUNKS and meter.closed
 
 
@@ -160,7 +161,8 @@ def test_openai_a_stream_is_closed_when_its_step_times_out() -> None:
     step = runner.model_steps["talker"]
     ctx = step_context(step, ended_after=None)
     started = time.monotonic()
-    with pytest.raises(TimeoutError):
+    with pytest.raises(ApplicationError) as timed_out:  # an outage: asked again
         asyncio.run(step.fn(ctx, openai_request()))
     assert time.monotonic() - started < 2.5
+    assert isinstance(timed_out.value.__cause__, TimeoutError)
     assert meter.sent < CHUNKS and meter.closed
