@@ -25,7 +25,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from sagaloop.engine import tracing
+from sagaloop.engine import aio, tracing
 
 logger = logging.getLogger("sagaloop.step")
 
@@ -69,8 +69,8 @@ class Job:
     def _run(self) -> None:
         try:
             result = self.fn(*self.args, **self.kwargs)
-            if asyncio.iscoroutine(result):
-                result = asyncio.run(self._main(result))
+            if asyncio.iscoroutine(result):  # on the process's step loop (see aio)
+                result = aio.run(self._main(result))
             self.value = result
         except BaseException as e:  # handed to the caller, raised there (or dropped if late)
             self.error = e

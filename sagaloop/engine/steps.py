@@ -22,14 +22,13 @@ import contextvars
 import copy
 import inspect
 import logging
-import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from types import CodeType
 from typing import Any
 
-from sagaloop.engine import tracing
+from sagaloop.engine import aio, tracing
 from sagaloop.engine.crashpoints import CrashPointRaised
 from sagaloop.engine.history import Event
 from sagaloop.engine.messages import Envelope, derived_id
@@ -221,32 +220,10 @@ def _invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def _run_coroutine(coro: Any) -> Any:
-    """Run an async step's coroutine on a new event loop, closed after it (tasks it left are
-    cancelled). A thread where a loop already runs cannot start another: there, it runs on a
-    thread of its own. Whatever it raises, ``CancelledError`` included, comes out here, with
-    its own cause chain (run outside any ``except``, which would make the ``RuntimeError`` of
-    the loop probe its ``__context__``)."""
-    try:
-        asyncio.get_running_loop()
-        loop_runs = True
-    except RuntimeError:
-        loop_runs = False
-    if not loop_runs:
-        return asyncio.run(coro)
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = asyncio.run(coro)
-        except BaseException as e:  # handed to the caller, raised there
-            outcome["error"] = e
-
-    thread = threading.Thread(target=tracing.carried(target), name="async-step")
-    thread.start()
-    thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome.get("value")
+    """Run an async step's coroutine on the process's step loop (:mod:`aio`: one long-lived
+    loop, so that a client's connections outlive an attempt) and wait for it. Whatever it
+    raises, ``CancelledError`` included, comes out here, with its own cause chain."""
+    return aio.run(coro)
 
 
 class StepRunner:

@@ -73,6 +73,11 @@ class OpenAIServer:
         ]
         self._lock = threading.Lock()
         self._requests: list[dict[str, Any]] = []
+        self.failing: dict[int, int] = {}
+        """Turn -> the HTTP status its requests get instead of their reply (an outage, a
+        revoked key): set with ``POST /_fail {"turn": 1, "status": 503}`` (status null:
+        answer again). Failed requests are counted in ``failed``."""
+        self.failed: collections.Counter[int] = collections.Counter()
         self._http = _HTTPServer(("127.0.0.1", port), _Handler)
         self._http.owner = self
         self._thread: threading.Thread | None = None
@@ -123,6 +128,12 @@ class OpenAIServer:
         if not isinstance(messages, list):
             raise _Refused("'messages' must be a list")
         turn = sum(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
+        with self._lock:
+            status = self.failing.get(turn)
+            if status is not None:
+                self.failed[turn] += 1
+        if status is not None:
+            raise _Failing(status)
         if turn >= len(self.script):
             raise _Refused(f"the script has {len(self.script)} replies: none for turn {turn}")
         scripted = self.script[turn]
@@ -157,6 +168,14 @@ class _Refused(Exception):
     """A request the server answers with HTTP 400."""
 
 
+class _Failing(Exception):
+    """A request the server answers with the status of a failure set by ``/_fail``."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     owner: OpenAIServer
@@ -176,12 +195,23 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path.rstrip("/") == "/_requests":
             self._json(200, self.owner.requests)
+        elif self.path.rstrip("/") == "/_failed":
+            self._json(200, {str(k): v for k, v in self.owner.failed.items()})
         else:
             self._error(404, f"no route GET {self.path}")
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
+        if self.path.rstrip("/") == "/_fail":
+            fail = json.loads(raw)
+            with self.owner._lock:
+                if fail.get("status") is None:
+                    self.owner.failing.pop(int(fail["turn"]), None)
+                else:
+                    self.owner.failing[int(fail["turn"])] = int(fail["status"])
+            self._json(200, {"ok": True})
+            return
         if self.path.rstrip("/") != "/v1/chat/completions":
             self._error(404, f"no route POST {self.path}")
             return
@@ -190,6 +220,9 @@ class _Handler(BaseHTTPRequestHandler):
             if not isinstance(body, dict):
                 raise _Refused("the body must be a JSON object")
             scripted, usage = self.owner.answer(body, self.headers.get("Authorization", ""))
+        except _Failing as e:
+            self._error(e.status, f"scripted failure {e.status}")
+            return
         except (ValueError, _Refused) as e:
             self._error(400, str(e))
             return

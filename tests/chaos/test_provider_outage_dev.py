@@ -1,0 +1,150 @@
+"""A model provider's outage and a revoked key against a real `sagaloop dev` process and the
+real `openai` client (issue 23): the OpenAI-compatible server of tests/unit/openai_server.py
+answers 503 to the agent's second request for a few seconds, then 401. The outage is ridden
+out with the booking kept; the 401 parks the run with nothing undone, and `sagaloop retry`
+asks the same request again once the key is fixed. Counted outside the engine: the ledger the
+tool and its compensation write, and the requests the server received."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sagaloop.engine.client import Client
+from sagaloop.store.sql import SqlStore
+from sagaloop.testing import eventually
+from tests.unit.openai_server import call, reply
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.chaos
+
+SCRIPT = [reply(tool_calls=[call("c1", "book", {"trip": "lisbon"})]), reply("Booked Lisbon.")]
+
+
+class Dev:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        script = tmp / "script.json"
+        script.write_text(json.dumps(SCRIPT))
+        self.server = subprocess.Popen(
+            [sys.executable, "-m", "tests.unit.openai_server", "--port", "0", "--script", script],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+        )
+        assert self.server.stdout is not None
+        self.base = self.server.stdout.readline().decode().strip().removesuffix("/v1")
+        self.ledger = tmp / "ledger.db"
+        self.env = {
+            **os.environ,
+            "SAGALOOP_DATABASE_URL": f"sqlite:///{tmp / 'sagaloop.db'}",
+            "MODEL_URL": self.base + "/v1",
+            "LEDGER_PATH": str(self.ledger),
+            "PYTHONPATH": str(ROOT),
+        }
+        self.log = tmp / "dev.log"
+        self.dev = subprocess.Popen(
+            [sys.executable, "-m", "sagaloop", "dev", "--app", "tests.chaos.provider_app"],
+            cwd=tmp,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("wb"),
+        )
+        eventually(lambda: "ready" in self.log.read_text(errors="replace"), 60, "dev to start")
+        self.store = SqlStore(self.env["SAGALOOP_DATABASE_URL"])
+        self.client = Client(self.store)
+
+    def fail(self, turn: int, status: int | None) -> None:
+        data = json.dumps({"turn": turn, "status": status}).encode()
+        urllib.request.urlopen(urllib.request.Request(self.base + "/_fail", data=data), timeout=10)
+
+    def failed(self, turn: int) -> int:
+        with urllib.request.urlopen(self.base + "/_failed", timeout=10) as response:
+            counts: dict[str, int] = json.load(response)
+        return counts.get(str(turn), 0)
+
+    def lines(self) -> list[str]:
+        if not self.ledger.exists():
+            return []
+        with sqlite3.connect(self.ledger, timeout=60) as conn:
+            try:
+                return [r[0] for r in conn.execute("select line from ledger")]
+            except sqlite3.OperationalError:
+                return []
+
+    def sagaloop(self, *args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "sagaloop", *args],
+            cwd=self.tmp,
+            env=self.env,
+            capture_output=True,
+            timeout=120,
+        )
+
+    def status(self, run_id: str) -> str:
+        run = self.store.get_run(run_id)
+        return run.status if run is not None else "absent"
+
+    def close(self) -> None:
+        for proc in (self.dev, self.server):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self.store.close()
+
+    def explain(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+@pytest.fixture
+def dev(tmp_path: Path) -> Iterator[Dev]:
+    d = Dev(tmp_path)
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+def test_an_outage_is_ridden_out_and_a_revoked_key_parks_until_retry(dev: Dev) -> None:
+    # an outage of the second request: 503s, then answers again
+    dev.fail(1, 503)
+    outage = dev.sagaloop(
+        "start", "trip", "--input", '"lisbon"', "--app", "tests.chaos.provider_app"
+    )
+    assert outage.returncode == 0, outage.stderr
+    first = outage.stdout.decode().strip()
+    eventually(lambda: dev.failed(1) >= 3, 90, "three failed requests")
+    status: Any = dev.sagaloop("status", first).stdout.decode()
+    assert "failing: ModelProviderUnavailable: provider 503" in status, status
+    dev.fail(1, None)
+    eventually(
+        lambda: dev.status(first) == "completed", 120, f"the run to complete\n{dev.explain()}"
+    )
+    assert dev.lines() == ["booked lisbon"], "the booking was kept"
+
+    # a revoked key: the run parks, nothing undone; fixed, then retried
+    dev.fail(1, 401)
+    started = dev.sagaloop(
+        "start", "trip", "--input", '"porto"', "--app", "tests.chaos.provider_app"
+    )
+    second = started.stdout.decode().strip()
+    eventually(
+        lambda: dev.status(second) == "needs_attention", 90, f"the run to park\n{dev.explain()}"
+    )
+    both = ["booked lisbon", "booked lisbon"]  # the script books lisbon on every run
+    assert dev.failed(1) >= 4 and dev.lines() == both
+    status = dev.sagaloop("status", second).stdout.decode()
+    assert "needs a person" in status and "provider 401" in status, status
+    dev.fail(1, None)  # the key is fixed
+    retried = dev.sagaloop("retry", second)
+    assert retried.returncode == 0, retried.stderr
+    eventually(lambda: dev.status(second) == "completed", 120, f"the retried run\n{dev.explain()}")
+    assert dev.lines() == both, "nothing undone, nothing twice"
