@@ -45,24 +45,29 @@ def run(coro: Coroutine[Any, Any, Any]) -> Any:
         coro.close()
         raise RuntimeError("a step's body cannot wait for another on the step loop")
     context = contextvars.copy_context()
-    done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-    def finish(task: asyncio.Task[Any]) -> None:
-        if task.cancelled():
-            done.set_exception(asyncio.CancelledError())
-        elif task.exception() is not None:
-            done.set_exception(task.exception())
-        else:
-            done.set_result(task.result())
+    done: concurrent.futures.Future[tuple[bool, Any]] = concurrent.futures.Future()
 
     def start() -> None:
         try:
-            task = target.create_task(coro, context=context)
+            task = target.create_task(_outcome(coro), context=context)
         except BaseException as e:  # the loop is closing: say so to the waiting thread
             coro.close()
-            done.set_exception(e)
+            done.set_result((False, e))
             return
-        task.add_done_callback(finish)
+        task.add_done_callback(lambda t: done.set_result(t.result()))
 
     target.call_soon_threadsafe(start)
-    return done.result()
+    ok, value = done.result()
+    if not ok:
+        raise value
+    return value
+
+
+async def _outcome(coro: Coroutine[Any, Any, Any]) -> tuple[bool, Any]:
+    """``(True, value)`` or ``(False, what it raised)``: whatever a step raises, a
+    ``BaseException`` (``SystemExit``, ``KeyboardInterrupt``, a cancellation) included, goes to
+    the thread that waits for it, never out of the loop (which would stop it)."""
+    try:
+        return True, await coro
+    except BaseException as e:
+        return False, e
