@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 
 from sagaloop.mcp_server.http import HostCheck
 from sagaloop.store.sql import SqlStore
+from sagaloop.testing import eventually
 
 HERE = Path(__file__).parent
 SAGALOOP = str(Path(sys.executable).with_name("sagaloop"))
@@ -46,13 +46,6 @@ def free_port(host: str) -> int:
         s.bind((host, 0))
         port: int = s.getsockname()[1]
     return port
-
-
-def wait_until(check: Any, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -84,7 +77,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, int, SqlStore]]:
         return True
 
     try:
-        wait_until(listens, "the MCP server")
+        eventually(listens, what="the MCP server")
         yield host, port, store
     finally:
         server.terminate()
