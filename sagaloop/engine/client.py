@@ -231,10 +231,10 @@ class Client:
         message_id = derived_id("event", run_id, event_id) if event_id else None
         return self._message("event", run_id, payload, message_id)
 
-    def _send(self, env: Envelope, *, live: bool) -> None:
+    def _send(self, env: Envelope, *, live: bool, run: RunRecord | None = None) -> None:
         """Queue ``env`` (checked already) for the engine of its run's app; ``live``: refuse
-        a finished run."""
-        run = self.get(env.run_id)
+        a finished run. ``run``: the run as the caller just read it (else it is read)."""
+        run = run or self.get(env.run_id)
         if live and run.status in s.FINAL_STATUSES:
             raise RunFinishedError(env.run_id, run.status)
         with self.store.transaction() as tx:
@@ -277,7 +277,7 @@ class Client:
             return self._answer(run_id, call_id, data, event_id=event_id)  # checked, claimed
         env = self._event(run_id, name, data, event_id=event_id)
         self._check_fits(run, name, env.payload["data"])
-        self._send(env, live=True)
+        self._send(env, live=True, run=run)
 
     def _check_fits(self, run: RunRecord, name: str, data: Any) -> None:
         """Refuse an event that the run would refuse (:func:`event_fit.check_event`): a
@@ -300,7 +300,7 @@ class Client:
         run = self.get(run_id)
         if run.status != s.NEEDS_ATTENTION:
             raise RunStateError(f"run {run_id!r} is {run.status}, not needs_attention")
-        self._send(self._message("retry", run_id, {}), live=False)
+        self._send(self._message("retry", run_id, {}), live=False, run=run)
 
     def fork(self, source: str, /, at: int, *, run_id: str | None = None) -> str:
         """Start a new run whose history is run ``source``'s up to command position ``at``,
