@@ -309,8 +309,9 @@ def unprocessed_left(system: System, conn: pika.BlockingConnection) -> list[str]
     that a relay killed before its delete published again may still sit unacked in a consumer's
     buffer (RabbitMQ's ready count does not show it) and come back when that consumer stops:
     harmless, since the inbox has it. Anything else would be a lost message."""
-    from sagaloop.engine.messages import Envelope
+    from sagaloop.engine.messages import Envelope, inbox_key
 
+    app = load_app(system.app).name
     missing = []
     ch = conn.channel()
     try:
@@ -320,11 +321,11 @@ def unprocessed_left(system: System, conn: pika.BlockingConnection) -> list[str]
                 method, _props, body = ch.basic_get(queue, auto_ack=True)
                 if method is None:
                     break
-                message_id = Envelope.from_bytes(body).message_id
-                with system.store.transaction() as tx:
-                    seen, _ = system.store.inbox_get(tx, consumer, message_id)
+                env = Envelope.from_bytes(body)
+                with system.store.transaction() as tx:  # under the key the consumers record
+                    seen, _ = system.store.inbox_get(tx, consumer, inbox_key(app, env))
                 if not seen:
-                    missing.append(message_id)
+                    missing.append(f"{env.type} {env.message_id} of {env.run_id} on {queue}")
     finally:
         ch.close()
     return missing
