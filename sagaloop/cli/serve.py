@@ -16,7 +16,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from sagaloop._secrets import mask_url
-from sagaloop.cli import processes
+from sagaloop.cli import liveness, processes
 from sagaloop.cli.common import Obj, app_option, errors
 from sagaloop.cli.render import pairs_text
 from sagaloop.cli.services import EXIT_ACCESS_REFUSED, EXIT_THREAD_DIED, GRACE, Runtime
@@ -369,6 +369,12 @@ def worker(
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option(
+    "--live",
+    is_flag=True,
+    help="The liveness form: judge this host's service processes from their liveness files "
+    "alone, never the database or the broker (a container's liveness probe).",
+)
+@click.option(
     "--max-outbox-age",
     default=60.0,
     show_default=True,
@@ -378,13 +384,35 @@ def worker(
 @click.option(
     "--local",
     is_flag=True,
-    help="Judge only the service processes of this host (a liveness probe in a container).",
+    help="Readiness form: judge only the service processes of this host (in the database).",
 )
-@click.pass_obj
-def health(obj: Obj, as_json: bool, max_outbox_age: float, local: bool) -> None:
-    """Check the database, the schema, the broker and the service processes (engine, worker,
-    dev) of every app, and count runs and dead letters; exit 1 when something is wrong. Usable
-    as an orchestrator's liveness or readiness probe. Prints a table, or JSON with --json."""
+@click.pass_context
+def health(
+    ctx: click.Context, as_json: bool, live: bool, max_outbox_age: float, local: bool
+) -> None:
+    """Exit 1 when something is wrong; print a table, or JSON with --json.
+
+    Readiness (the default; for readiness probes and alerting): check the database, the schema,
+    the broker, the outbox and the service processes (engine, worker, dev) of every app in the
+    database, and count runs and dead letters.
+
+    Liveness (--live; for liveness probes): check only this host's service processes, from the
+    files they refresh every 5 s, never the database or the broker: a saturated or down
+    database does not fail it, a stuck process or one reporting a problem does."""
+    if live:
+        explicit = [
+            f"--{name.replace('_', '-')}"
+            for name in ("local", "max_outbox_age")
+            if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+        ]
+        if explicit:
+            raise click.UsageError(
+                f"--live judges the liveness files only; {' and '.join(explicit)} "
+                f"{'belongs' if len(explicit) == 1 else 'belong'} to the readiness form "
+                "(sagaloop health without --live)"
+            )
+        _health_live(as_json)
+    obj: Obj = ctx.obj
     from sagaloop.brokers.dead_letters import DeadLetters
 
     checks: dict[str, Any] = {}
@@ -455,6 +483,26 @@ def health(obj: Obj, as_json: bool, max_outbox_age: float, local: bool) -> None:
                 rows.append((f"    {p['notes']}", None))
     click.echo(pairs_text(rows))
     sys.exit(0 if ok else 1)
+
+
+def _health_live(as_json: bool) -> NoReturn:
+    """``sagaloop health --live``: this host's service processes, from their liveness files."""
+    directory = liveness.run_dir()
+    verdict = liveness.judge(liveness.read_all(directory), datetime.now(UTC))
+    if as_json:
+        click.echo(verdict.model_dump_json(indent=2))
+        sys.exit(0 if verdict.healthy else 1)
+    rows: list[tuple[str, str | None]] = [
+        ("run_dir", str(directory)),
+        ("processes", f"{len(verdict.processes)} live"),
+    ]
+    for p in verdict.processes:
+        head = f"  {p.name} ({p.role} of app {p.app!r}), pid {p.pid}"
+        rows.append((f"{head}: refreshed {p.beat_age_s} s ago", None))
+        rows += [(f"    problem: {problem}", None) for problem in p.problems]
+    rows += [("healthy", "yes" if verdict.healthy else "no"), ("reason", verdict.reason)]
+    click.echo(pairs_text(rows))
+    sys.exit(0 if verdict.healthy else 1)
 
 
 def _check_processes(store: SqlStore, checks: dict[str, Any], *, local: bool) -> bool:

@@ -11,16 +11,20 @@ so that a supervisor starts them again."""
 from __future__ import annotations
 
 import logging
+import os
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sagaloop.brokers.local import LOCAL_LEASE, Handoffs, LocalLane
+from sagaloop.cli import liveness
 from sagaloop.cli.processes import SEEN_EVERY, ProcessRegistry, Registration, describe
-from sagaloop.cli.takeover import Takeover, host_identity
+from sagaloop.cli.takeover import Takeover, host_identity, start_of
 from sagaloop.engine.activation import Engine
 from sagaloop.engine.local import LocalWorker
 from sagaloop.engine.messages import engine_queue, local_queue, step_queue
@@ -90,6 +94,8 @@ class Runtime:
         self._lock = threading.Lock()
         self._on_death: Callable[[], None] | None = None
         self._registration: Registration | None = None
+        self._liveness: tuple[liveness.Beat, Path] | None = None
+        self._liveness_failing = False
         self._takeover: Takeover | None = None
         self.runner = StepRunner(
             app,
@@ -164,10 +170,13 @@ class Runtime:
         registry: ProcessRegistry | None = None,
         role: str = "",
         on_death: Callable[[], None] | None = None,
+        run_dir: Path | None = None,
     ) -> Runtime:
         """Start the threads. With ``registry``, keep this process's row there (as ``role``,
-        refreshed every ``SEEN_EVERY`` seconds with :meth:`problems`); ``on_death`` is called
-        when a thread dies, after the runtime began to stop."""
+        refreshed every ``SEEN_EVERY`` seconds with :meth:`problems`), and its liveness file
+        in ``run_dir`` (default ``sagaloop.cli.liveness.run_dir()``), written before each
+        refresh of the row; ``on_death`` is called when a thread dies, after the runtime began
+        to stop."""
         self._on_death = on_death
         owner = None
         if registry is not None:
@@ -177,6 +186,19 @@ class Runtime:
             self._registration = Registration(
                 registry, self.name, self.app.name, role, self.clock, identity
             )
+            now, pid = datetime.now(UTC), os.getpid()
+            beat = liveness.Beat(
+                name=self.name,
+                app=self.app.name,
+                role=role,
+                pid=pid,
+                host=socket.gethostname(),
+                started_at=now,
+                beat_at=now,
+                process_start=start_of(pid),
+            )
+            self._liveness = (beat, run_dir or liveness.run_dir())
+            self._live([])  # first: the database may refuse what follows
             if isinstance(self.store, SqlStore):
                 self.store.claim_owner = owner
                 if self.relay is not None:
@@ -233,6 +255,7 @@ class Runtime:
         )
         self._halt()
         if self._registration is not None:
+            self._live(self.problems())
             self._registration.beat(
                 self.problems(), self.abandoned()
             )  # now: stopping takes a while
@@ -249,9 +272,32 @@ class Runtime:
             nudge()
 
     def _beat(self, registration: Registration) -> None:
+        """Every ``SEEN_EVERY`` seconds: the liveness file, the registry row, dead processes'
+        work. The file is written before and after each database call, so a database that
+        refuses or times out never leaves it older than one call (``sagaloop health --live``)."""
         while not self.stopping.wait(SEEN_EVERY):
-            registration.beat(self.problems(), self.abandoned())
+            problems = self.problems()
+            self._live(problems)
+            registration.beat(problems, self.abandoned())
+            self._live(problems)
             self._take_over()
+            self._live(problems)
+
+    def _live(self, problems: list[str]) -> None:
+        """Rewrite this process's liveness file (with a registry only); a failure is logged
+        once per outage and never stops the service."""
+        if self._liveness is None:
+            return
+        beat, directory = self._liveness
+        try:
+            now = {"beat_at": datetime.now(UTC), "problems": problems}
+            liveness.write(beat.model_copy(update=now), directory)
+        except OSError as e:
+            if not self._liveness_failing:
+                logger.warning("could not write the liveness file in %s (%s)", directory, e)
+            self._liveness_failing = True
+        else:
+            self._liveness_failing = False
 
     def _take_over(self) -> None:
         """Release the claims of processes proven dead (``sagaloop.cli.takeover``)."""
@@ -284,6 +330,8 @@ class Runtime:
         self.runner.close()
         if self._registration is not None:
             self._registration.stopped(self._deaths())
+        if self._liveness is not None:
+            liveness.remove(self._liveness[0].pid, self._liveness[1])
         return cut_off
 
     @staticmethod
