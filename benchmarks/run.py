@@ -24,6 +24,7 @@ from typing import Any
 from benchmarks import (
     agent_transcript,
     approvals,
+    burst,
     floor,
     peer_dbos,
     profile,
@@ -47,6 +48,7 @@ FULL: dict[str, Any] = {
     "transcript_turns": agent_transcript.TURNS,
     "scale_waves": 3,
     "approvals_waiting": 10_000,
+    "burst": (20_000, 120.0, 200, 500),  # starts, budget (s), steady runs, saturated wave
 }
 QUICK: dict[str, Any] = {
     "sequential_steps": 100,
@@ -62,6 +64,7 @@ QUICK: dict[str, Any] = {
     "transcript_turns": agent_transcript.QUICK_TURNS,
     "scale_waves": 1,
     "approvals_waiting": 10_000,
+    "burst": (2_000, 40.0, 100, 300),
 }
 FLAT = 1.25  # "flat": the per-iteration cost of the longest loop within 25 % of the shortest
 BROKER_SEQUENTIAL = 1.5  # broker steps: sequential p50 <= 1.5x the floor's
@@ -124,6 +127,7 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, Callable[[], Any]]]:
         ("scale", lambda: scale.measure(waves=plan["scale_waves"])),
         ("agent_transcript", lambda: agent_transcript.measure(plan["transcript_turns"])),
         ("approvals", lambda: approvals.measure(plan["approvals_waiting"])),
+        ("burst", lambda: burst.measure(*plan["burst"])),
         (
             "profile",
             lambda: (
@@ -463,6 +467,9 @@ def table(results: dict[str, Any], plan: dict[str, Any]) -> list[Figure]:
 
     # 12. the pending approvals, listed page by page with many runs waiting
     figs.extend(approvals.figures(results.get("approvals")))
+
+    # 13. a burst of starts (overload), and the storage each run costs
+    figs.extend(burst.figures(results.get("burst")))
     return figs
 
 
