@@ -74,9 +74,6 @@ class RunStateError(SagaloopError):
     """The operation does not apply to the run in its current state."""
 
 
-# --- storage ---------------------------------------------------------------------------------
-
-
 class ApprovalTakenError(RunStateError):
     """Another answer won the approval first (one answer per request): this one was not
     sent."""
@@ -85,6 +82,24 @@ class ApprovalTakenError(RunStateError):
         super().__init__(message)
         self.run_id = run_id
         self.call_id = call_id
+
+
+class OverloadedError(SagaloopError):
+    """The app's start backlog (runs started that no engine took up yet) is at its limit:
+    nothing was written. Start it again later (with the same run id, it stays idempotent)."""
+
+    def __init__(self, app: str, backlog: int, limit: int) -> None:
+        super().__init__(
+            f"app {app!r} has {backlog} run(s) waiting for an engine to start them, its limit "
+            f"(SAGALOOP_START_BACKLOG={limit}): the run was not started; start it again later, "
+            "or add engines and workers"
+        )
+        self.app = app
+        self.backlog = backlog
+        self.limit = limit
+
+
+# --- storage ---------------------------------------------------------------------------------
 
 
 class StoreError(SagaloopError):

@@ -91,9 +91,9 @@ class Topology:
 
     @staticmethod
     def public(queue: str) -> bool:
-        """Whether ``queue`` is an engine queue (``<app>.engine``), which the public exchange
-        routes to; a step queue (``<app>.steps.<queue>``) is not."""
-        return queue.endswith(".engine") and ".steps." not in queue
+        """Whether ``queue`` is an engine queue (``<app>.engine`` or ``<app>.starts``), which
+        the public exchange routes to; a step queue (``<app>.steps.<queue>``) is not."""
+        return queue.endswith((".engine", ".starts")) and ".steps." not in queue
 
     @property
     def dead_letter_exchange(self) -> str:

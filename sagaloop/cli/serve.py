@@ -432,6 +432,7 @@ def health(
             checks["outbox"] = f"error: a message waits {age:.0f} s to be published"
             ok = False
         checks["runs"] = store.count_runs()
+        ok = _check_start_backlog(store, checks) and ok
         # The broker's dead letters: the database's table for the database broker; for
         # another broker, its own (RabbitMQ: the queue <namespace>.dead; None when it cannot
         # be reached), and the table then holds the outbox rows the relay could not publish.
@@ -503,6 +504,25 @@ def _health_live(as_json: bool) -> NoReturn:
     rows += [("healthy", "yes" if verdict.healthy else "no"), ("reason", verdict.reason)]
     click.echo(pairs_text(rows))
     sys.exit(0 if verdict.healthy else 1)
+
+
+def _check_start_backlog(store: SqlStore, checks: dict[str, Any]) -> bool:
+    """Per app, the runs that wait for an engine to take them up, and the limit past which
+    ``Client.start`` refuses new runs; False when an app is at it (see docs/operations.md,
+    "Overload")."""
+    from sagaloop.engine.admission import START_BACKLOG, limit_from_env
+
+    limit = limit_from_env("SAGALOOP_START_BACKLOG", None, START_BACKLOG)
+    backlogs = store.start_backlogs()
+    checks["start_backlog"] = backlogs
+    checks["start_backlog_limit"] = limit
+    full = sorted(app for app, n in backlogs.items() if limit and n >= limit)
+    if full:
+        checks["admission"] = (
+            f"error: app(s) {', '.join(map(repr, full))} at the start backlog limit ({limit}): "
+            "new runs are refused until the engines take the backlog up"
+        )
+    return not full
 
 
 def _check_processes(store: SqlStore, checks: dict[str, Any], *, local: bool) -> bool:

@@ -27,7 +27,7 @@ from sagaloop.cli.processes import SEEN_EVERY, ProcessRegistry, Registration, de
 from sagaloop.cli.takeover import Takeover, host_identity, start_of
 from sagaloop.engine.activation import Engine
 from sagaloop.engine.local import LocalWorker
-from sagaloop.engine.messages import engine_queue, local_queue, step_queue
+from sagaloop.engine.messages import engine_queue, local_queue, start_queue, step_queue
 from sagaloop.engine.ports import Broker, Clock, Delivery, Store, SystemClock
 from sagaloop.engine.runtime import EngineConsumer, TimerScheduler, WorkerConsumer, log_failure
 from sagaloop.engine.steps import StepRunner
@@ -107,8 +107,9 @@ class Runtime:
         self.engine_problems.append(self.runner.problems)  # every thread held past its timeout
         step_queues = [step_queue(app.name, q) for q in (app.queues if queues is None else queues)]
         self.app_queues = [step_queue(app.name, q) for q in app.queues]
-        broker.declare([engine_queue(app.name), *self.app_queues])
-        self.consumes: list[str] = [engine_queue(app.name)] if engine else []
+        engine_queues = [engine_queue(app.name), start_queue(app.name)]
+        broker.declare([*engine_queues, *self.app_queues])
+        self.consumes: list[str] = list(engine_queues) if engine else []
         """The queues this process consumes (its registry row says so)."""
         self.lane: LocalLane | None = None
         """The in-process lane, in an engine of an app with ``local=True`` steps."""
@@ -121,6 +122,7 @@ class Runtime:
             self._spawn(
                 "engine", self._consume, broker, [consumer.queue], consumer.process_batch, batch
             )
+            self._spawn("starts", self._consume_starts, broker, consumer, max(batch // 4, 1))
             if any(step.local for step in app.steps.values()):
                 if not isinstance(store, SqlStore):
                     raise TypeError("in-process steps need a SqlStore")
@@ -358,6 +360,22 @@ class Runtime:
                     process(deliveries)
             except Exception as e:
                 log_failure(f"consumer of {queues} failed", e)
+                self.stopping.wait(1.0)
+
+    def _consume_starts(self, broker: Broker, consumer: EngineConsumer, batch: int) -> None:
+        """Take up new runs when it is their turn (see ``sagaloop.engine.admission``)."""
+        while not self.stopping.is_set():
+            try:
+                room = consumer.gate.wait_turn(self.poll, batch)
+                if not room:
+                    if consumer.gate.full:
+                        self.stopping.wait(self.poll)
+                    continue
+                deliveries = broker.receive([consumer.start_queue], room, self.poll)
+                if deliveries:
+                    consumer.process_batch(deliveries, starts=True)
+            except Exception as e:
+                log_failure(f"consumer of {consumer.start_queue} failed", e)
                 self.stopping.wait(1.0)
 
     def _repeat(self, once: Callable[[], int]) -> None:

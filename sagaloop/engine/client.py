@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from sagaloop.engine import answers, tracing
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
+from sagaloop.engine.admission import START_BACKLOG, limit_from_env
 from sagaloop.engine.event_fit import check_event
 from sagaloop.engine.fork import fork_history
 from sagaloop.engine.history import Event, NewEvent
@@ -28,6 +29,7 @@ from sagaloop.engine.messages import (
     EventPayload,
     derived_id,
     engine_queue,
+    start_queue,
 )
 from sagaloop.engine.ports import Clock, Outgoing, RunRecord, Store, SystemClock
 from sagaloop.engine.replay import check_replay
@@ -39,6 +41,7 @@ from sagaloop.errors import (
     ActivationDeadlineError,
     MessageError,
     NonDeterminismError,
+    OverloadedError,
     RunFinishedError,
     RunNotFoundError,
     RunStateError,
@@ -126,10 +129,16 @@ class Client:
         *,
         clock: Clock | None = None,
         streams: Streams | None = None,
+        start_backlog: int | None = None,
     ) -> None:
         """``app`` (an App, or just its name) is needed to start runs; events, cancellation
         and retries go to the engine of the app that each run belongs to. ``streams``: the
-        live channel that :meth:`stream` follows (none: the history only)."""
+        live channel that :meth:`stream` follows (none: the history only).
+
+        ``start_backlog``: :meth:`start` refuses a new run (:class:`OverloadedError`) while
+        this many runs of the app wait for an engine to take up their start; ``0``: no limit.
+        Default: ``SAGALOOP_START_BACKLOG``, else :data:`START_BACKLOG`."""
+        self.start_backlog = limit_from_env("SAGALOOP_START_BACKLOG", start_backlog, START_BACKLOG)
         self.store = store
         self.streams = streams
         self.app = app if isinstance(app, App) else None
@@ -188,7 +197,9 @@ class Client:
                 check_event(
                     state, first[0].payload["name"], first[0].payload["data"], definition.events
                 )
-            queue = engine_queue(self.app_name)
+            backlog = self._backlog()  # a run already there is not refused: idempotent
+            if backlog is not None and self.store.get_run(run_id) is None:
+                raise OverloadedError(self.app_name, backlog, self.start_backlog)
             with self.store.transaction() as tx:
                 record = RunRecord(run_id, self.app_name, name, s.RUNNING, input_json, now, now, 1)
                 if not self.store.create_run(tx, record):
@@ -210,6 +221,7 @@ class Client:
                         )
                     if first and existing is not None and existing.status in s.FINAL_STATUSES:
                         raise RunFinishedError(run_id, existing.status)
+                    queue = engine_queue(self.app_name)  # a run in flight: its engine queue
                     self.store.enqueue(tx, [Outgoing(queue, e) for e in first], now)
                     return run_id
                 data = {"input": input_json, **({"trace": trace} if trace else {})}  # the run's
@@ -217,8 +229,17 @@ class Client:
                     data["events"] = events  # what it accepts, for clients without its code
                 started = NewEvent(h.RUN_STARTED, name=name, data=data)
                 self.store.append_events(tx, run_id, 0, [started], now)
+                queue = start_queue(self.app_name)  # behind the work of the runs in flight
                 self.store.enqueue(tx, [Outgoing(queue, e) for e in [env, *first]], now)
             return run_id
+
+    def _backlog(self) -> int | None:
+        """The app's start backlog when it is at the limit, else None."""
+        if not self.start_backlog:
+            return None
+        app, limit = str(self.app_name), self.start_backlog
+        backlog = self.store.count_running(app, started=False, at_most=limit)
+        return backlog if backlog >= self.start_backlog else None
 
     def _event(
         self, run_id: str, name: str, data: Any = None, *, event_id: str | None = None
@@ -387,7 +408,7 @@ class Client:
                     batch = [NewEvent(e.kind, e.pos, e.name, e.data) for e in group]
                     after = self.store.append_events(tx, new_id, after, batch, when)[-1].seq
                 self._index_open_approvals(tx, record, events, now)
-                self.store.enqueue(tx, [Outgoing(engine_queue(self.app.name), env)], now)
+                self.store.enqueue(tx, [Outgoing(start_queue(self.app.name), env)], now)
         return new_id
 
     def _index_open_approvals(self, tx: Any, run: RunRecord, events: list[Event], now: Any) -> None:
@@ -508,8 +529,13 @@ class Client:
         that apps share)."""
         if not self.app_name:
             raise ValidationError("a scoped client needs its app: Client(store, app)")
-        client = Client(self.store, self.app or self.app_name, clock=self.clock)
-        client.streams = self.streams
+        client = Client(
+            self.store,
+            self.app or self.app_name,
+            clock=self.clock,
+            streams=self.streams,
+            start_backlog=self.start_backlog,
+        )
         client.own_app_only = True
         return client
 

@@ -57,7 +57,7 @@ class LocalWorker(WorkerConsumer):
         (nothing of it written) if it cannot be done here."""
         with self._ready_lock:
             self._ready.append(mine)
-        with self.consumer.lock:
+        with self.consumer.gate.first(), self.consumer.lock:
             if mine.done is None:  # no other thread took it: take every ready one
                 with self._ready_lock:
                     group, self._ready = self._ready, []

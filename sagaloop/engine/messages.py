@@ -215,7 +215,16 @@ def parse_payload(model: type[BaseModel], env: Envelope) -> Any:
 
 
 def engine_queue(app: str) -> str:
+    """The engine's queue of work already started: step results, events, timers, cancels,
+    retries and the start of a child run. It goes before :func:`start_queue`."""
     return f"{app}.engine"
+
+
+def start_queue(app: str) -> str:
+    """The engine's queue of new runs (``Client.start``, ``sagaloop start``, a publisher's
+    start message): served after :func:`engine_queue`, so that a burst of starts never delays
+    the runs in flight."""
+    return f"{app}.starts"
 
 
 def step_queue(app: str, queue: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 from sagaloop.engine import state as s
 from sagaloop.engine import tracing
 from sagaloop.engine.activation import ActivationConflict, Engine, Plan
+from sagaloop.engine.admission import StartGate
 from sagaloop.engine.crashpoints import crash_point
 from sagaloop.engine.messages import (
     CONTENT_TYPE,
@@ -29,6 +30,7 @@ from sagaloop.engine.messages import (
     derived_id,
     engine_queue,
     inbox_key,
+    start_queue,
     step_result,
 )
 from sagaloop.engine.ports import Clock, Delivery, HeldSlot, Outgoing, Store
@@ -130,33 +132,47 @@ class EngineConsumer:
     message for ``sagaloop retry``, and is acknowledged. Only an unavailable database is
     retried for ever."""
 
-    def __init__(self, engine: Engine, store: Store, *, max_failures: int = MAX_FAILURES) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        store: Store,
+        *,
+        max_failures: int = MAX_FAILURES,
+        gate: StartGate | None = None,
+    ) -> None:
         self.engine = engine
         self.store = store
         self.queue = engine.queue
+        self.start_queue = start_queue(engine.app.name)
+        self.gate = gate or StartGate(store, engine.app.name)
+        """Takes up new runs after the work of runs in flight (see ``admission.py``)."""
         self.max_failures = max_failures
         self._troubles = _Troubles()
         self.lock = threading.Lock()
         """Held while the engine activates: its threads and the in-process steps' (see
         ``local.py``) share one :class:`Engine`, which is not thread-safe."""
 
-    def process_batch(self, deliveries: Sequence[Delivery]) -> None:
+    def process_batch(self, deliveries: Sequence[Delivery], *, starts: bool = False) -> None:
         """Process the messages in one transaction (one commit for the batch), then ack them.
+        ``starts``: a batch of the start queue, which waits its turn (see ``admission.py``)
+        rather than delaying the batches of the engine queue.
 
         They are activated in order of run id (stable, so a run's messages keep their order),
         so that two engines lock the runs of their batches in the same order and never
         deadlock. If any of them fails, the whole transaction is rolled back and they are
         processed one at a time, so that a bad message costs only itself. Decoding (which may
         read large payloads back) happens before the engine's lock is taken."""
-        batch = [(d, env) for d in deliveries if (env := decode(d, self.store)) is not None]
-        with self.lock:
-            self._activate_batch(batch)
+        with contextlib.nullcontext() if starts else self.gate.first():
+            batch = [(d, env) for d in deliveries if (env := decode(d, self.store)) is not None]
+            with self.lock:
+                self._activate_batch(batch)
 
     def process(self, delivery: Delivery) -> None:
-        env = decode(delivery, self.store)
-        if env is not None:
-            with self.lock:
-                self._process(delivery, env)
+        with self.gate.first():
+            env = decode(delivery, self.store)
+            if env is not None:
+                with self.lock:
+                    self._process(delivery, env)
 
     def _activate_batch(self, batch: list[tuple[Delivery, Envelope]]) -> None:
         if len(batch) > 1:

@@ -254,7 +254,13 @@ def _why(st: RunState, run: RunRecord, queues: dict[Any, Any], now: datetime) ->
     why: list[str] = []
     if run.status == s.NEEDS_ATTENTION:
         why.append(f"needs attention: {run.reason}")
-    if run.processed_seq < run.last_seq:
+    if run.processed_seq == 0 and run.status == s.RUNNING:
+        why.append(
+            f"waiting in the start queue for {_ago(now, run.created_at)}: an engine takes up "
+            "new runs after the work of the runs in flight, within its start window "
+            "(SAGALOOP_START_WINDOW)"
+        )
+    elif run.processed_seq < run.last_seq:
         why.append("queued for the engine")
     for x in sorted(st.steps.values(), key=lambda v: v.pos):
         if x.status == s.SCHEDULED:

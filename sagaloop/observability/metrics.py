@@ -51,6 +51,7 @@ except ModuleNotFoundError as e:  # pragma: no cover - the extra is missing
     ) from e
 
 from sagaloop.engine import history as h
+from sagaloop.engine.admission import START_BACKLOG, limit_from_env
 from sagaloop.engine.ports import Clock, SystemClock
 from sagaloop.engine.state import ALL_STATUSES, FINAL_STATUSES
 from sagaloop.errors import SagaloopError
@@ -205,6 +206,7 @@ class SagaloopCollector(Collector):
             "outbox", lambda: self.store.outbox_summary(now or self._last), {}
         )
         dead: dict[str, int] = read("dead letters", self.store.dead_letters_per_queue, {})
+        backlogs: dict[str, int] = read("start backlog", self.store.start_backlogs, {})
         if now is not None:
             read("step outcomes", lambda: self._observe_steps(now), None)
         sagas = sorted({self._sagas(saga) for saga, _ in runs})
@@ -213,6 +215,7 @@ class SagaloopCollector(Collector):
             *self._doubt_families(halted, sagas),
             *self._approval_families(approvals, sagas, now),
             *self._queue_families(outbox, dead, now),
+            *self._admission_families(backlogs, now),
             *self._step_families(),
         ]
         up = GaugeMetricFamily(
@@ -243,6 +246,24 @@ class SagaloopCollector(Collector):
             for status in statuses:
                 family.add_metric([saga, status], counts[(saga, status)])
         return [family]
+
+    def _admission_families(self, backlogs: dict[str, int], now: datetime | None) -> list[Metric]:
+        backlog = GaugeMetricFamily(
+            "sagaloop_start_backlog",
+            "Runs started that no engine took up yet, per app: they wait in the start queue "
+            "(the engine serves the runs in flight first, within its start window).",
+            labels=["app"],
+        )
+        for app, n in sorted(backlogs.items()):
+            backlog.add_metric([app], n)
+        limit = GaugeMetricFamily(
+            "sagaloop_start_backlog_limit",
+            "The start backlog at which Client.start refuses new runs (SAGALOOP_START_BACKLOG "
+            "of this process; 0: no limit).",
+        )
+        if now is not None:
+            limit.add_metric([], limit_from_env("SAGALOOP_START_BACKLOG", None, START_BACKLOG))
+        return [backlog, limit]
 
     def _doubt_families(self, halted: list[tuple[str, str, str]], sagas: list[str]) -> list[Metric]:
         steps = GaugeMetricFamily(

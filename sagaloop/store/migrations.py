@@ -172,11 +172,22 @@ Table(
 )
 
 
+def _v5(conn: Connection) -> None:
+    """Runs indexed by app and status, and those whose start no engine took up yet: the
+    start backlog that ``Client.start`` limits, the running runs an engine's start window
+    counts."""
+    conn.execute(text("CREATE INDEX sagaloop_runs_app ON sagaloop_runs (app, status)"))
+    conn.execute(
+        text("CREATE INDEX sagaloop_runs_unstarted ON sagaloop_runs (app) WHERE processed_seq = 0")
+    )
+
+
 MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (1, _v1),
     (2, _v2),
     (3, _v3),
     (4, _v4),
+    (5, _v5),
 ]
 LATEST = MIGRATIONS[-1][0]
 

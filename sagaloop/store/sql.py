@@ -345,6 +345,16 @@ class SqlStore:
         with self._read() as conn:
             return payloads.resolve_runs(conn, [_run(r) for r in conn.execute(q).mappings()])
 
+    def count_running(self, app: str, *, started: bool, at_most: int) -> int:
+        """How many runs of ``app`` are ``running``, counted up to ``at_most``: those an engine
+        took up (``started``), or those whose start waits for one (the start backlog)."""
+        r = t.runs.c
+        runs = sa.select(r.run_id).where(r.app == app, r.status == "running")
+        runs = runs.where(r.processed_seq > 0 if started else r.processed_seq == 0)
+        counted = sa.select(sa.func.count()).select_from(runs.limit(at_most).subquery())
+        with self._read() as conn:
+            return int(conn.execute(counted).scalar_one())
+
     def count_runs(self, *, saga: str | None = None, app: str | None = None) -> dict[str, int]:
         q = sa.select(t.runs.c.status, sa.func.count()).group_by(t.runs.c.status)
         if app is not None:
@@ -802,6 +812,13 @@ class SqlStore:
         q = sa.select(c.saga, c.status, sa.func.count()).group_by(c.saga, c.status)
         with self._read() as conn:
             return {(str(saga), str(status)): int(n) for saga, status, n in conn.execute(q)}
+
+    def start_backlogs(self) -> dict[str, int]:
+        """Per app with any, the runs whose start no engine took up yet."""
+        c = t.runs.c
+        q = sa.select(c.app, sa.func.count()).where(c.processed_seq == 0, c.status == "running")
+        with self._read() as conn:
+            return {str(app): int(n) for app, n in conn.execute(q.group_by(c.app))}
 
     def outbox_summary(self, now: datetime) -> dict[str, tuple[int, datetime | None]]:
         """Per queue, the rows of the outbox and since when the longest-waiting row that nobody

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
+    text,
 )
 from sqlalchemy import DateTime as _DateTime
 
@@ -84,6 +85,13 @@ runs = Table(
     Column("updated_at", UTCDateTime, nullable=False),
     Index("sagaloop_runs_status", "status", "updated_at"),
     Index("sagaloop_runs_saga", "saga", "status"),
+    Index("sagaloop_runs_app", "app", "status"),
+    Index(  # the start backlog: runs no engine took up yet
+        "sagaloop_runs_unstarted",
+        "app",
+        postgresql_where=text("processed_seq = 0"),
+        sqlite_where=text("processed_seq = 0"),
+    ),
 )
 
 history = Table(

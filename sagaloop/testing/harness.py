@@ -14,7 +14,7 @@ from sagaloop.engine.activation import Engine
 from sagaloop.engine.client import Client
 from sagaloop.engine.history import Event
 from sagaloop.engine.local import LocalWorker
-from sagaloop.engine.messages import Envelope, engine_queue, local_queue, step_queue
+from sagaloop.engine.messages import Envelope, engine_queue, local_queue, start_queue, step_queue
 from sagaloop.engine.ports import Broker, Delivery, Outgoing, RunRecord
 from sagaloop.engine.runtime import EngineConsumer, TimerScheduler, WorkerConsumer
 from sagaloop.engine.state import NEEDS_ATTENTION
@@ -137,7 +137,9 @@ class Harness:
         self.timers = TimerScheduler(app, self.store, self.clock)
         self.queues: list[str] | None = None
         """The queues this harness consumes; None: the engine's and every step queue of the
-        app (as declared when the harness steps, so steps declared later are included)."""
+        app (as declared when the harness steps, so steps declared later are included). The
+        engine's queue (``<app>.engine``) stands for both the engine's queues: with its start
+        queue (``<app>.starts``)."""
         self.crash_hook: Callable[[str, Delivery], None] | None = None
         self.restart()
 
@@ -248,7 +250,8 @@ class Harness:
             queue = getattr(delivery, "queue", None) or getattr(
                 getattr(delivery, "_message", None), "queue", ""
             )
-            role = "engine" if queue == engine_queue(self.app.name) else "worker"
+            engine = (engine_queue(self.app.name), start_queue(self.app.name))
+            role = "engine" if queue in engine else "worker"
             if self.crash_hook is not None:
                 try:
                     self.crash_hook(role, delivery)
@@ -297,10 +300,15 @@ class Harness:
         return any(depths.get(q) for q in [*self._consumed(), self._lane_queue])
 
     def _consumed(self) -> list[str]:
-        if self.queues is not None:
-            return self.queues
         app = self.app
-        return [engine_queue(app.name), *[step_queue(app.name, q) for q in app.queues]]
+        if self.queues is not None:  # the engine's queue stands for the engine: both its queues
+            engine, starts = engine_queue(app.name), start_queue(app.name)
+            if engine in self.queues and starts not in self.queues:
+                at = self.queues.index(engine) + 1
+                return [*self.queues[:at], starts, *self.queues[at:]]
+            return self.queues
+        steps = [step_queue(app.name, q) for q in app.queues]
+        return [engine_queue(app.name), start_queue(app.name), *steps]
 
     def advance(self, delta: timedelta) -> None:
         """Move the virtual clock by ``delta`` as time passes in production: each timer that

@@ -109,7 +109,7 @@ def test_start_status_list_and_duplicate_start(db: Path) -> None:
     assert counts(db) == (1, 1), "a second start with the same run id starts nothing"
     status = json.loads(run("status", "r-1", "--json").output)
     assert status["run_id"] == "r-1" and status["status"] == "running"
-    assert "queued for the engine" in status["waiting_for"]
+    assert status["waiting_for"][0].startswith("waiting in the start queue for ")
     listing = run("list")
     assert "r-1" in listing.output and "running: 1" in listing.output
     retry = run("retry", "r-1")
@@ -140,8 +140,9 @@ def test_signals_go_to_the_engine_of_the_runs_app(db: Path) -> None:
     assert run("send-event", "r-2", "go", "--data", '"now"').exit_code == 0
     assert run("cancel", "r-2").exit_code == 0
     with sqlite3.connect(db) as conn:
-        queues = [q for (q,) in conn.execute("select queue from sagaloop_outbox")]
-    assert queues == ["cliapp.engine"] * 3, "start, event and cancel reach the app's engine"
+        queues = [q for (q,) in conn.execute("select queue from sagaloop_outbox order by id")]
+    expected = ["cliapp.starts", "cliapp.engine", "cliapp.engine"]
+    assert queues == expected, "start, event and cancel reach the app's engine"
 
 
 def test_tail_prints_what_the_history_holds(db: Path) -> None:

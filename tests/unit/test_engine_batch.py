@@ -14,7 +14,7 @@ from sagaloop import App, Client, SagaContext, StepContext
 from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.engine import history as h
 from sagaloop.engine.activation import Engine
-from sagaloop.engine.messages import engine_queue
+from sagaloop.engine.messages import engine_queue, start_queue
 from sagaloop.engine.ports import Delivery
 from sagaloop.engine.runtime import EngineConsumer
 from sagaloop.store.sql import SqlStore
@@ -57,7 +57,7 @@ def _commits(store: SqlStore) -> list[int]:
 
 def _take(store: SqlStore, n: int) -> list[Delivery]:
     broker = DatabaseBroker(store)
-    deliveries = broker.receive([engine_queue(app.name)], 16, 0)
+    deliveries = broker.receive([engine_queue(app.name), start_queue(app.name)], 16, 0)
     assert len(deliveries) == n
     return deliveries
 

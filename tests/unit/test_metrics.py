@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sagaloop import App, ApplicationError, Client, RetryPolicy, SagaContext, StepContext
-from sagaloop.engine.messages import engine_queue
+from sagaloop.engine.messages import engine_queue, start_queue
 from sagaloop.observability import SagaloopCollector, serve_metrics
 from sagaloop.testing import Harness, VirtualClock
 
@@ -160,10 +160,12 @@ def test_a_scrape_reports_runs_steps_approvals_outbox_and_dead_letters(
     assert value(samples, "sagaloop_approvals_pending", saga="refund", status="pending") == 1
     assert value(samples, "sagaloop_approvals_pending", saga="refund", status="escalated") == 0
     assert value(samples, "sagaloop_approvals_oldest_age_seconds", saga="refund") >= 30
-    queue = engine_queue(app.name)
-    assert value(samples, "sagaloop_outbox_messages", queue=queue) == 1
-    assert value(samples, "sagaloop_outbox_lag_seconds", queue=queue) == 30
-    assert value(samples, "sagaloop_dead_letters", queue=queue) == 1
+    starts = start_queue(app.name)
+    assert value(samples, "sagaloop_outbox_messages", queue=starts) == 1
+    assert value(samples, "sagaloop_outbox_lag_seconds", queue=starts) == 30
+    assert value(samples, "sagaloop_dead_letters", queue=engine_queue(app.name)) == 1
+    assert value(samples, "sagaloop_start_backlog", app=app.name) == 1  # that run, not taken up
+    assert value(samples, "sagaloop_start_backlog_limit") == 10_000
     assert value(samples, "sagaloop_store_up") == 1
 
     # the step outcomes: one per attempt, with its latency from dispatch to outcome

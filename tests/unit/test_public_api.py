@@ -18,6 +18,7 @@ def test_exported_names_are_pinned() -> None:
             "EventTimeoutError",
             "NonDeterminismError",
             "NotAppliedError",
+            "OverloadedError",
             "Received",
             "RetryPolicy",
             "RunFinishedError",

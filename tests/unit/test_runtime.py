@@ -107,6 +107,6 @@ def test_stop_is_prompt_and_leaves_queued_work(tmp_path: Path) -> None:
     assert threading.active_count() < 50
     client = Client(store, app)
     run_id = client.start(async_saga, 1)
-    assert store.queue_depths() == {"rt.engine": 1}, "nothing consumed after stop"
+    assert store.queue_depths() == {"rt.starts": 1}, "nothing consumed after stop"
     assert client.get(run_id).status == "running"
     store.close()
