@@ -7,12 +7,10 @@ tool and its compensation write, and the requests the server received."""
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,31 +20,20 @@ import pytest
 from sagaloop.engine.client import Client
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import eventually
-from tests.unit.openai_server import call, reply
+from tests.chaos.provider_checks import ROOT, Provider
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.chaos
-
-SCRIPT = [reply(tool_calls=[call("c1", "book", {"trip": "lisbon"})]), reply("Booked Lisbon.")]
 
 
 class Dev:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        script = tmp / "script.json"
-        script.write_text(json.dumps(SCRIPT))
-        self.server = subprocess.Popen(
-            [sys.executable, "-m", "tests.unit.openai_server", "--port", "0", "--script", script],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-        )
-        assert self.server.stdout is not None
-        self.base = self.server.stdout.readline().decode().strip().removesuffix("/v1")
+        self.provider = Provider(tmp)
         self.ledger = tmp / "ledger.db"
         self.env = {
             **os.environ,
             "SAGALOOP_DATABASE_URL": f"sqlite:///{tmp / 'sagaloop.db'}",
-            "MODEL_URL": self.base + "/v1",
+            "MODEL_URL": self.provider.url,
             "LEDGER_PATH": str(self.ledger),
             "PYTHONPATH": str(ROOT),
         }
@@ -61,15 +48,6 @@ class Dev:
         eventually(lambda: "ready" in self.log.read_text(errors="replace"), 60, "dev to start")
         self.store = SqlStore(self.env["SAGALOOP_DATABASE_URL"])
         self.client = Client(self.store)
-
-    def fail(self, turn: int, status: int | None) -> None:
-        data = json.dumps({"turn": turn, "status": status}).encode()
-        urllib.request.urlopen(urllib.request.Request(self.base + "/_fail", data=data), timeout=10)
-
-    def failed(self, turn: int) -> int:
-        with urllib.request.urlopen(self.base + "/_failed", timeout=10) as response:
-            counts: dict[str, int] = json.load(response)
-        return counts.get(str(turn), 0)
 
     def lines(self) -> list[str]:
         if not self.ledger.exists():
@@ -94,10 +72,10 @@ class Dev:
         return run.status if run is not None else "absent"
 
     def close(self) -> None:
-        for proc in (self.dev, self.server):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        if self.dev.poll() is None:
+            self.dev.kill()
+            self.dev.wait()
+        self.provider.close()
         self.store.close()
 
     def explain(self) -> str:
@@ -115,23 +93,23 @@ def dev(tmp_path: Path) -> Iterator[Dev]:
 
 def test_an_outage_is_ridden_out_and_a_revoked_key_parks_until_retry(dev: Dev) -> None:
     # an outage of the second request: 503s, then answers again
-    dev.fail(1, 503)
+    dev.provider.fail(1, 503)
     outage = dev.sagaloop(
         "start", "trip", "--input", '"lisbon"', "--app", "tests.chaos.provider_app"
     )
     assert outage.returncode == 0, outage.stderr
     first = outage.stdout.decode().strip()
-    eventually(lambda: dev.failed(1) >= 3, 90, "three failed requests")
+    eventually(lambda: dev.provider.failed(1) >= 3, 90, "three failed requests")
     status: Any = dev.sagaloop("status", first).stdout.decode()
     assert "failing: ModelProviderUnavailable: provider 503" in status, status
-    dev.fail(1, None)
+    dev.provider.fail(1, None)
     eventually(
         lambda: dev.status(first) == "completed", 120, f"the run to complete\n{dev.explain()}"
     )
     assert dev.lines() == ["booked lisbon"], "the booking was kept"
 
     # a revoked key: the run parks, nothing undone; fixed, then retried
-    dev.fail(1, 401)
+    dev.provider.fail(1, 401)
     started = dev.sagaloop(
         "start", "trip", "--input", '"porto"', "--app", "tests.chaos.provider_app"
     )
@@ -140,10 +118,10 @@ def test_an_outage_is_ridden_out_and_a_revoked_key_parks_until_retry(dev: Dev) -
         lambda: dev.status(second) == "needs_attention", 90, f"the run to park\n{dev.explain()}"
     )
     both = ["booked lisbon", "booked lisbon"]  # the script books lisbon on every run
-    assert dev.failed(1) >= 4 and dev.lines() == both
+    assert dev.provider.failed(1) >= 4 and dev.lines() == both
     status = dev.sagaloop("status", second).stdout.decode()
     assert "needs a person" in status and "provider 401" in status, status
-    dev.fail(1, None)  # the key is fixed
+    dev.provider.fail(1, None)  # the key is fixed
     retried = dev.sagaloop("retry", second)
     assert retried.returncode == 0, retried.stderr
     eventually(lambda: dev.status(second) == "completed", 120, f"the retried run\n{dev.explain()}")
