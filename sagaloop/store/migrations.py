@@ -173,12 +173,11 @@ Table(
 
 
 def _v5(conn: Connection) -> None:
-    """Runs indexed by app and status, and those whose start no engine took up yet: the
-    start backlog that ``Client.start`` limits, the running runs an engine's start window
-    counts."""
-    conn.execute(text("CREATE INDEX sagaloop_runs_app ON sagaloop_runs (app, status)"))
+    """Runs indexed by app, status and how far an engine took them: the start backlog that
+    ``Client.start`` limits (``processed_seq = 0``) and the running runs that an engine's start
+    window counts (``> 0``) are each a range of it."""
     conn.execute(
-        text("CREATE INDEX sagaloop_runs_unstarted ON sagaloop_runs (app) WHERE processed_seq = 0")
+        text("CREATE INDEX sagaloop_runs_app ON sagaloop_runs (app, status, processed_seq)")
     )
 
 

@@ -21,7 +21,6 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
-    text,
 )
 from sqlalchemy import DateTime as _DateTime
 
@@ -85,13 +84,8 @@ runs = Table(
     Column("updated_at", UTCDateTime, nullable=False),
     Index("sagaloop_runs_status", "status", "updated_at"),
     Index("sagaloop_runs_saga", "saga", "status"),
-    Index("sagaloop_runs_app", "app", "status"),
-    Index(  # the start backlog: runs no engine took up yet
-        "sagaloop_runs_unstarted",
-        "app",
-        postgresql_where=text("processed_seq = 0"),
-        sqlite_where=text("processed_seq = 0"),
-    ),
+    # the start backlog (processed_seq = 0) and the runs an engine's start window counts
+    Index("sagaloop_runs_app", "app", "status", "processed_seq"),
 )
 
 history = Table(

@@ -316,7 +316,7 @@ def unprocessed_left(system: System, conn: pika.BlockingConnection) -> list[str]
     ch = conn.channel()
     try:
         for queue in system.queue_names():
-            consumer = "engine" if queue.endswith(".engine") else "worker"
+            consumer = "engine" if queue.endswith((".engine", ".starts")) else "worker"
             while True:
                 method, _props, body = ch.basic_get(queue, auto_ack=True)
                 if method is None:

@@ -45,7 +45,7 @@ pytestmark = pytest.mark.chaos
 
 FINAL = {"completed", "failed", "compensated", "cancelled", "needs_attention"}
 OUTAGE = 30.0  # seconds each server stays down
-APP_QUEUES = ["engine", "steps.work", "steps.other"]
+APP_QUEUES = ["engine", "starts", "steps.work", "steps.other"]
 EFFECTS = "select key, step from effects"  # one row per idempotency key: run/position/do
 
 

@@ -136,7 +136,7 @@ class System:
         from sagaloop.cli.settings import load_app
 
         app = load_app(self.app)
-        names = ["engine", *[f"steps.{q}" for q in app.queues]]
+        names = ["engine", "starts", *[f"steps.{q}" for q in app.queues]]
         return [f"{self.namespace}.{app.name}.{q}" for q in names]
 
     # --- outcome -----------------------------------------------------------------------------

@@ -26,7 +26,7 @@ def make_v1(store: SqlStore) -> None:
         conn.execute(sa.text("DROP INDEX sagaloop_timers_due"))
         conn.execute(sa.text("ALTER TABLE sagaloop_timers DROP COLUMN app"))
         conn.execute(sa.text("CREATE INDEX sagaloop_timers_due ON sagaloop_timers (fire_at)"))
-        for index in ("sagaloop_runs_app", "sagaloop_runs_unstarted"):  # version 5's
+        for index in ("sagaloop_runs_app",):  # version 5's
             conn.execute(sa.text(f"DROP INDEX {index}"))
         conn.execute(sa.text("UPDATE sagaloop_schema SET version = 1"))
 
