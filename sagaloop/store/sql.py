@@ -349,7 +349,7 @@ class SqlStore:
         """How many runs of ``app`` are ``running``, counted up to ``at_most``: those an engine
         took up (``started``), or those whose start waits for one (the start backlog)."""
         r = t.runs.c
-        runs = sa.select(r.run_id).where(r.app == app, r.status == "running")
+        runs = sa.select(r.app).where(r.app == app, r.status == "running")  # index only
         runs = runs.where(r.processed_seq > 0 if started else r.processed_seq == 0)
         counted = sa.select(sa.func.count()).select_from(runs.limit(at_most).subquery())
         with self._read() as conn:
