@@ -48,6 +48,7 @@ import typing_extensions
 from sagaloop.agents import _core
 from sagaloop.agents.budgets import Budget
 from sagaloop.agents.conversation import Conversation
+from sagaloop.agents.schemas import accepts_none, clean_schema, explain, ordered
 from sagaloop.errors import ApprovalDenied, DeclarationError, StepFailedError, ValidationError
 from sagaloop.sagas.app import StepDef
 from sagaloop.sagas.context import SagaContext
@@ -235,7 +236,7 @@ class StepTools:
         try:
             checked: dict[str, Any] = tool.adapter.validate_python(data)
         except pydantic.ValidationError as e:
-            problems, fields = _explain(e)
+            problems, fields = explain(e)
             raise ToolCallError(f"tool {name!r}: {problems}", tool=name, fields=fields) from e
         return checked
 
@@ -386,7 +387,7 @@ def _build(spec: StepTool, *, strict: bool) -> _Tool:
     for p in step.signature.params:
         hint = hints.get(p.name, Any)
         fields[p.name] = Required[hint] if p.default is p.empty else NotRequired[hint]
-        if p.default is not p.empty and not _accepts_none(hint):
+        if p.default is not p.empty and not accepts_none(hint):
             nullable[p.name] = p.default
     args_type = _TypedDict(f"{name}_arguments", fields)
     args_type.__pydantic_config__ = pydantic.ConfigDict(extra="forbid")
@@ -415,13 +416,13 @@ def _build(spec: StepTool, *, strict: bool) -> _Tool:
             }
         elif default is not _NO_DEFAULT:
             prop["default"] = default  # dropped again in strict mode
-    schema = _Cleaner(raw, strict=strict, what=what).root()
+    schema = clean_schema(raw, strict=strict, what=what)
     schema.setdefault("required", [])
     return _Tool(
         name=name,
         step=step,
         description=spec.description or summary,
-        parameters=_order(schema),
+        parameters=ordered(schema),
         adapter=adapter,
         null_means_default=frozenset(nullable),
     )
@@ -435,123 +436,6 @@ def _dump_default(hint: Any, default: Any) -> Any:
         return pydantic.TypeAdapter(hint).dump_python(default, mode="json")
     except Exception:  # a default pydantic cannot dump: left out of the schema
         return _NO_DEFAULT
-
-
-def _accepts_none(hint: Any) -> bool:
-    try:
-        pydantic.TypeAdapter(hint).validate_python(None)
-    except Exception:  # pydantic.ValidationError, or a type that cannot validate alone
-        return False
-    return True
-
-
-def _order(schema: dict[str, Any]) -> dict[str, Any]:
-    """The root keys in a readable order: type, properties, required, additionalProperties,
-    then the rest ($defs last)."""
-    first = ("type", "properties", "required", "additionalProperties")
-    out = {k: schema[k] for k in first if k in schema}
-    out.update({k: v for k, v in schema.items() if k not in out and k != "$defs"})
-    if "$defs" in schema:
-        out["$defs"] = schema["$defs"]
-    return out
-
-
-class _Cleaner:
-    """Rewrites pydantic's JSON Schema for the providers: no titles; with ``strict``, OpenAI's
-    strict mode (every object closed and fully required, ``anyOf`` for ``oneOf``, no defaults,
-    a ``$ref`` with siblings inlined, free-form objects and ``Any`` refused)."""
-
-    _SCHEMA_MAPS = ("properties", "$defs", "patternProperties", "dependentSchemas")
-    _SCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
-    _SCHEMAS = ("items", "additionalProperties", "not", "contains", "if", "then", "else")
-    _TYPED = ("type", "anyOf", "allOf", "oneOf", "$ref", "enum", "const")
-
-    def __init__(self, raw: dict[str, Any], *, strict: bool, what: str) -> None:
-        self.raw = raw
-        self.strict = strict
-        self.what = what
-        self.defs: dict[str, Any] = raw.get("$defs", {})
-
-    def root(self) -> dict[str, Any]:
-        schema: dict[str, Any] = self.clean(self.raw, "")
-        schema.setdefault("type", "object")
-        if "$defs" in schema:
-            used = self._used_defs(schema)
-            schema["$defs"] = {k: v for k, v in schema["$defs"].items() if k in used}
-            if not schema["$defs"]:
-                del schema["$defs"]
-        return schema
-
-    def clean(self, node: Any, path: str) -> Any:
-        if not isinstance(node, dict):
-            return node
-        if self.strict and "$ref" in node and len(node) > 1:
-            resolved = self.defs.get(str(node["$ref"]).rsplit("/", 1)[-1])
-            if resolved is not None:  # siblings of a $ref: inline the definition once
-                merged = {**resolved, **{k: v for k, v in node.items() if k != "$ref"}}
-                return self.clean(merged, path)
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            if key == "title" or (self.strict and key in ("default", "discriminator")):
-                continue
-            if key in self._SCHEMA_MAPS and isinstance(value, dict):
-                sep = "$defs." if key == "$defs" else "."
-                out[key] = {
-                    k: self.clean(v, f"{path}{sep}{k}".lstrip(".")) for k, v in value.items()
-                }
-            elif key in self._SCHEMA_LISTS and isinstance(value, list):
-                out[key] = [self.clean(v, path) for v in value]
-            elif key in self._SCHEMAS and isinstance(value, dict):
-                out[key] = self.clean(value, f"{path}[]" if key == "items" else path)
-            else:
-                out[key] = value
-        if self.strict:
-            self._strict(out, path)
-        return out
-
-    def _strict(self, out: dict[str, Any], path: str) -> None:
-        where = f"{self.what}, parameter {path!r}" if path else self.what
-        if "oneOf" in out:
-            out["anyOf"] = out.get("anyOf", []) + out.pop("oneOf")
-        if not any(k in out for k in self._TYPED):
-            raise DeclarationError(
-                f"{where} takes any value, which OpenAI's strict mode cannot describe: annotate "
-                "it with a type, or use StepTools(..., strict=False)"
-            )
-        if out.get("type") == "object":
-            extra = out.get("additionalProperties")
-            if "properties" not in out or extra not in (None, False):
-                raise DeclarationError(
-                    f"{where} is a free-form mapping, which OpenAI's strict mode cannot "
-                    "describe: use a pydantic model (extra='forbid' or the default), or "
-                    "StepTools(..., strict=False)"
-                )
-            out["additionalProperties"] = False
-            out["required"] = list(out["properties"])
-
-    def _used_defs(self, schema: dict[str, Any]) -> set[str]:
-        defs: dict[str, Any] = schema.get("$defs", {})
-        used: set[str] = set()
-        todo = list(_refs({k: v for k, v in schema.items() if k != "$defs"}))
-        while todo:
-            name = todo.pop()
-            if name in used or name not in defs:
-                continue
-            used.add(name)
-            todo.extend(_refs(defs[name]))
-        return used
-
-
-def _refs(node: Any) -> Iterator[str]:
-    if isinstance(node, dict):
-        ref = node.get("$ref")
-        if isinstance(ref, str):
-            yield ref.rsplit("/", 1)[-1]
-        for value in node.values():
-            yield from _refs(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _refs(value)
 
 
 def _parse_doc(doc: str | None) -> tuple[str | None, dict[str, str]]:
@@ -608,23 +492,6 @@ def _arguments(name: str, arguments: str | bytes | Mapping[str, Any] | None) -> 
             tool=name,
         )
     return dict(data)
-
-
-def _explain(e: pydantic.ValidationError) -> tuple[str, list[str]]:
-    problems, fields = [], []
-    for x in e.errors()[:5]:
-        field = ".".join(map(str, x["loc"]))
-        fields.append(field)
-        if x["type"] == "extra_forbidden":
-            problems.append(f"unexpected argument {field!r}")
-        elif x["type"] == "missing":
-            problems.append(f"missing argument {field!r}")
-        else:
-            got = repr(x.get("input"))
-            got = got if len(got) <= 60 else got[:57] + "..."
-            problems.append(f"argument {field!r}: {x['msg']} (got {got})")
-    more = e.error_count() - len(problems)
-    return "; ".join(problems) + (f"; and {more} more" if more > 0 else ""), fields
 
 
 def _parse_call(item: Any) -> tuple[Format, str, str, Any] | None:

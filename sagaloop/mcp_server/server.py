@@ -22,9 +22,8 @@ except ModuleNotFoundError as e:  # pragma: no cover - the extra is missing
         f"`sagaloop mcp` needs the mcp package ({e.name} is missing): pip install 'sagaloop[mcp]'"
     ) from e
 
-from sagaloop import __version__
+from sagaloop import Client, __version__
 from sagaloop.engine import state as s
-from sagaloop.engine.client import Client
 from sagaloop.engine.messages import derived_id
 from sagaloop.errors import ErrorInfo, RunNotFoundError, SagaloopError, ValidationError
 from sagaloop.mcp_server.http import BearerToken, HostCheck, check_bind

@@ -13,7 +13,7 @@ from typing import Any
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from sagaloop.agents.tools import _accepts_none, _Cleaner, _explain, _order
+from sagaloop.agents.schemas import accepts_none, clean_schema, explain, ordered
 from sagaloop.errors import DeclarationError
 from sagaloop.sagas.app import App, SagaDef
 
@@ -94,7 +94,7 @@ def _saga_tool(saga: SagaDef[Any, Any], name: str) -> SagaTool:
         if not flat:
             fields: dict[str, Any] = {}
             if saga.has_input:
-                fields["input"] = (annotation, None) if _accepts_none(annotation) else annotation
+                fields["input"] = (annotation, None) if accepts_none(annotation) else annotation
             model = pydantic.create_model(
                 f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
             )
@@ -103,7 +103,7 @@ def _saga_tool(saga: SagaDef[Any, Any], name: str) -> SagaTool:
     except pydantic.PydanticUserError as e:
         raise DeclarationError(f"{what}: its input has no JSON Schema: {e}") from e
     raw.setdefault("properties", {})[IDEMPOTENCY_KEY] = _KEY_SCHEMA
-    schema = _order(_Cleaner(raw, strict=False, what=what).root())
+    schema = ordered(clean_schema(raw, what=what))
     doc = inspect.cleandoc(saga.__doc__ or "") or f"Start a run of the saga {saga.name!r}."
     how = (
         "Starts a run and returns at once with its run_id (read it later with run_status). "
@@ -123,9 +123,7 @@ def _closed_object(schema: dict[str, Any]) -> bool:
     )
 
 
-_KEY_SCHEMA = _Cleaner(Key.model_json_schema(), strict=False, what="").root()["properties"][
-    IDEMPOTENCY_KEY
-]
+_KEY_SCHEMA = clean_schema(Key.model_json_schema())["properties"][IDEMPOTENCY_KEY]
 
 
 # --- the other tools -----------------------------------------------------------------------
@@ -225,7 +223,7 @@ FIXED_NAMES = frozenset(f.name for f in FIXED)
 
 def schema_of(model: type[BaseModel]) -> dict[str, Any]:
     """The input schema of a fixed tool."""
-    schema = _order(_Cleaner(model.model_json_schema(), strict=False, what="").root())
+    schema = ordered(clean_schema(model.model_json_schema()))
     schema.setdefault("required", [])
     return schema
 
@@ -243,5 +241,5 @@ def check(
             return model.validate_python(arguments)
         return model.model_validate(arguments)
     except pydantic.ValidationError as e:
-        problems, _ = _explain(e)
+        problems, _ = explain(e)
         raise ToolError(f"tool {tool!r}: {problems}; nothing was done") from None
