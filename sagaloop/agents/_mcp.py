@@ -52,7 +52,14 @@ from sagaloop.agents._core import (
     _tool_step,
     _usage_of,
 )
-from sagaloop.agents.pydantic_ai import SagaAgent, _current, _SagaToolset
+from sagaloop.agents._pydantic_run import (
+    TOOL_SIGNALS,
+    SagaToolset,
+    ask_person,
+    current,
+    run_context,
+    signal_of,
+)
 from sagaloop.engine import tracing
 from sagaloop.errors import ValidationError
 from sagaloop.sagas.app import StepDef
@@ -60,6 +67,8 @@ from sagaloop.sagas.context import StepContext
 
 if TYPE_CHECKING:
     from pydantic_ai.mcp import MCPToolset
+
+    from sagaloop.agents.pydantic_ai import SagaAgent
 
 SERVER_KEY = "mcp:"
 """``SagaAgent(tools={"mcp:{id}": ToolPolicy(...)})``: the policy of MCP server ``id``'s steps."""
@@ -174,7 +183,7 @@ def _declare_server(
     server: MCPServerSteps
 
     async def get_tools(ctx: StepContext, call: dict[str, Any]) -> dict[str, Any]:
-        run_ctx = _run_context(agent, call)
+        run_ctx = run_context(agent.wrapped.deps_type, call)
         async with _session(server, run_ctx) as session:
             tools = await session.get_tools(run_ctx)
         return {
@@ -185,7 +194,7 @@ def _declare_server(
         }
 
     async def call_tool(ctx: StepContext, call: dict[str, Any]) -> dict[str, Any]:
-        run_ctx = _run_context(agent, call)
+        run_ctx = run_context(agent.wrapped.deps_type, call)
         tool_def = _TOOL_DEF.validate_python(call["tool_def"])
         name = str(call["name"])
         tracing.tool_call(name)  # on the step's span: gen_ai.tool.name
@@ -193,14 +202,10 @@ def _declare_server(
             tool = session.tool_for_tool_def(tool_def, ctx=run_ctx)
             try:
                 value = await session.call_tool(name, dict(call.get("args") or {}), run_ctx, tool)
-            except ModelRetry as e:
-                return {"retry": e.message}
             except ToolFailed as e:
                 return {"failed": e.message}
-            except ApprovalRequired as e:
-                return {"approval": {"metadata": _jsonable(e.metadata, "approval metadata")}}
-            except CallDeferred as e:
-                return {"deferred": {"metadata": _jsonable(e.metadata, "deferral metadata")}}
+            except TOOL_SIGNALS as e:
+                return signal_of(e)
         return _encode(value, name)
 
     get_tools_step: StepDef[Any, Any] = agent.app.step(
@@ -247,16 +252,6 @@ def _declare_server(
 
 
 # --- the worker side ---------------------------------------------------------------------------
-
-
-def _run_context(agent: SagaAgent[Any, Any], call: Mapping[str, Any]) -> RunContext[Any]:
-    deps_json = call.get("deps")
-    deps = (
-        None
-        if deps_json is None
-        else pydantic.TypeAdapter(agent.wrapped.deps_type).validate_python(deps_json)
-    )
-    return DurableRunContext.deserialize_run_context(dict(call.get("context") or {}), deps)
 
 
 @contextlib.asynccontextmanager
@@ -311,7 +306,7 @@ class SagaMCPToolset(AbstractToolset[Any]):
         return self.server.toolset.tool_name_conflict_hint
 
     async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
-        run = _current.get()
+        run = current.get()
         if run is None:  # only built for a run in a saga
             raise UserError(f"{self.label} was used outside SagaAgent.run in a saga")
         defs = self._tools
@@ -331,15 +326,14 @@ class SagaMCPToolset(AbstractToolset[Any]):
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
     ) -> Any:
-        run = _current.get()
+        run = current.get()
         if run is None:
             raise UserError(f"{self.label} was used outside SagaAgent.run in a saga")
-        agent = self.agent
         args = _jsonable(tool_args, f"the arguments of MCP tool {name!r}")
         approved = bool(ctx.tool_call_approved)
         policy = self.server.policies.get(name)
         if policy is not None and policy.requires_approval and not approved:
-            decision = await agent._ask(run, name, args, tool)
+            decision = await ask_person(run, name, args, tool)
             if not decision.approved:
                 return _denial(decision.reason)
             args, approved = decision.args, True
@@ -370,7 +364,7 @@ class SagaMCPToolset(AbstractToolset[Any]):
 
 
 @dataclasses.dataclass
-class _SagaToolsetWithMCP(_SagaToolset):
+class SagaToolsetWithMCP(SagaToolset):
     """The agent's tools in a saga when it has MCP servers: their tools go to their own
     toolset (whose calls are already steps), the others are steps as usual. A call that needs
     an approval (``server.approval_required()``, or the server's answer) pauses the run for a
@@ -384,22 +378,22 @@ class _SagaToolsetWithMCP(_SagaToolset):
         try:
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)
         except ApprovalRequired:
-            run = _current.get()
+            run = current.get()
             if run is None or ctx.tool_call_approved:
                 raise
         args = _jsonable(tool_args, f"the arguments of MCP tool {name!r}")
-        decision = await self.agent._ask(run, name, args, tool)
+        decision = await ask_person(run, name, args, tool)
         if not decision.approved:
             return _denial(decision.reason)
         ctx = dataclasses.replace(ctx, tool_call_approved=True)
         return await self.wrapped.call_tool(name, decision.args, ctx, tool)
 
 
-def saga_toolset(agent: SagaAgent[Any, Any], toolsets: CombinedToolset[Any]) -> _SagaToolset:
+def saga_toolset(agent: SagaAgent[Any, Any], toolsets: CombinedToolset[Any]) -> SagaToolset:
     """The agent's toolsets as saga code uses them, each MCP server replaced by its steps."""
     servers: list[MCPServerSteps] = agent.mcp_servers
     if not servers:
-        return _SagaToolset(toolsets, agent=agent)
+        return SagaToolset(toolsets, agent=agent)
 
     def swap(toolset: AbstractToolset[Any]) -> AbstractToolset[Any]:
         for server in servers:
@@ -407,4 +401,4 @@ def saga_toolset(agent: SagaAgent[Any, Any], toolsets: CombinedToolset[Any]) -> 
                 return SagaMCPToolset(server, agent)
         return toolset
 
-    return _SagaToolsetWithMCP(toolsets.visit_and_replace(swap), agent=agent)
+    return SagaToolsetWithMCP(toolsets.visit_and_replace(swap), agent=agent)

@@ -27,14 +27,13 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from datetime import timedelta
+from functools import partial
 from typing import Any, Generic, Literal, TypeVar
 
 import pydantic
 import pydantic_core
 from pydantic_ai import messages as _messages
 from pydantic_ai.agent import AbstractAgent, WrapperAgent
-from pydantic_ai.durable_exec import DurableRunContext
-from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry, UserError
 from pydantic_ai.models import (
     CompletedStreamedResponse,
     Model,
@@ -46,33 +45,39 @@ from pydantic_ai.models.fallback import FallbackModel
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext, Tool
-from pydantic_ai.toolsets import AbstractToolset, CombinedToolset, FunctionToolset, WrapperToolset
-from pydantic_ai.toolsets.abstract import ToolsetTool
+from pydantic_ai.toolsets import AbstractToolset, CombinedToolset, FunctionToolset
 
-from sagaloop.agents import transcript
+from sagaloop.agents import _mcp, transcript
 from sagaloop.agents._core import (
     ToolPolicy,
-    _denial,
     _jsonable,
     _run_plain,
     _step_part,
     _timeout,
     _tool_step,
     _usage_of,
-    ask,
-    charge_tool_calls,
-    check_batch,
-    check_budget,
-    publish_usage,
+)
+from sagaloop.agents._model_call import (
+    ModelStepOptions,
+    count_response,
+    finish_run,
+    relay,
+    request_model,
 )
 from sagaloop.agents._pydantic_models import _profile_model, lifted_request_limit
+from sagaloop.agents._pydantic_run import (
+    TOOL_SIGNALS,
+    BudgetGate,
+    PydanticRun,
+    current,
+    run_context,
+    signal_of,
+)
 from sagaloop.agents.budgets import Budget
-from sagaloop.agents.providers import MODEL_DEADLINE, MODEL_RETRY, guarded
 from sagaloop.engine import sandbox, tracing
-from sagaloop.errors import ApprovalDenied, ValidationError
+from sagaloop.errors import ValidationError
 from sagaloop.sagas.app import App, StepDef
-from sagaloop.sagas.approvals import Approval
-from sagaloop.sagas.context import SagaContext, StepContext, current_saga
+from sagaloop.sagas.context import StepContext, current_saga
 from sagaloop.sagas.policy import RetryPolicy
 
 # Pydantic AI names its graph's nodes and its runs with uuid4/uuid7 from its own modules: names
@@ -154,24 +159,6 @@ def step_as_tool(
     )
 
 
-@dataclasses.dataclass
-class _Run:
-    """The saga side of one agent run."""
-
-    saga: SagaContext
-    agent: SagaAgent[Any, Any]
-    conversation: str
-    deps: Any
-    budget: Budget | None
-    encoder: transcript.Encoder
-    requests: int = 0
-    last_response: _messages.ModelResponse | None = None
-    refusal: str | None = None
-    """The answer to each tool call of the last response, when the budget refused its batch
-    (``on_exceed="tell_model"``); None: the calls run."""
-
-
-_current: ContextVar[_Run | None] = ContextVar("sagaloop_agent_run", default=None)
 _given_budget: ContextVar[Budget | None] = ContextVar("sagaloop_agent_budget", default=None)
 """The ``budget=`` given to ``run``/``run_stream``/``run_sync``, for the ``iter`` they enter
 (Pydantic AI's entry points pass ``iter`` only the arguments they know)."""
@@ -202,37 +189,33 @@ class _SagaModel(WrapperModel):
         model_settings: ModelSettings | None,
         model_request_parameters: ModelRequestParameters,
     ) -> _messages.ModelResponse:
-        run = _current.get()
+        run = current.get()
         if run is None:  # not inside SagaAgent.run in a saga
             return await self.wrapped.request(messages, model_settings, model_request_parameters)
-        await self._agent._check_budget(run)
-        delta = run.encoder.delta(messages)
-        delta.update(conversation=run.conversation, n=run.requests)
-        request = {
-            "transcript": delta,
-            "settings": _jsonable(model_settings, "model settings"),
-            # a tool's metadata may hold its policy's functions: not sent to a model, not kept
-            "params": _PARAMS.dump_python(
-                model_request_parameters, mode="json", fallback=lambda _: None
-            ),
-        }
-        reply = await run.saga.call(self._agent.model_step, request)
-        run.encoder.sent(run.requests, messages)
-        run.requests += 1
+
+        def request() -> dict[str, Any]:
+            return {
+                "settings": _jsonable(model_settings, "model settings"),
+                # a tool's metadata may hold its policy's functions: not sent to a model, not kept
+                "params": _PARAMS.dump_python(
+                    model_request_parameters, mode="json", fallback=lambda _: None
+                ),
+            }
+
+        reply = await request_model(run, self._agent.model_step, messages, request)
         response = _RESPONSE.validate_python(reply["response"])
-        used = _usage_of(run.saga).usage
-        used.requests += 1
-        used.input_tokens += response.usage.input_tokens
-        used.output_tokens += response.usage.output_tokens
-        used.cost += float(reply.get("cost") or 0.0)
         run.last_response = response
-        self._agent._publish_usage(run)
-        # the response's tool calls are one batch: checked together, before any of them runs
         names = {t.name for t in model_request_parameters.function_tools}
-        calls = sum(
-            isinstance(p, _messages.ToolCallPart) and p.tool_name in names for p in response.parts
+        await count_response(
+            run,
+            reply,
+            input_tokens=response.usage.input_tokens,
+            output_tokens=response.usage.output_tokens,
+            tool_calls=sum(
+                isinstance(p, _messages.ToolCallPart) and p.tool_name in names
+                for p in response.parts
+            ),
         )
-        run.budget, run.refusal = await check_batch(run.saga, run.budget, calls, run.conversation)
         return response
 
     @asynccontextmanager
@@ -246,7 +229,7 @@ class _SagaModel(WrapperModel):
         """``run_stream`` in a saga: the request is the same step as :meth:`request` (streamed
         on the worker with ``SagaAgent(stream=True)``); saga code gets the recorded response,
         replayed as events."""
-        if _current.get() is None:
+        if current.get() is None:
             async with self.wrapped.request_stream(
                 messages, model_settings, model_request_parameters, run_context
             ) as streamed:
@@ -258,91 +241,8 @@ class _SagaModel(WrapperModel):
         )
 
 
-@dataclasses.dataclass
-class _BudgetGate(WrapperToolset[Any]):
-    """Answers each call of a batch the budget refused with the refusal (none of them runs);
-    every tool kind passes here, function, step and MCP tools alike."""
-
-    async def call_tool(
-        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
-    ) -> Any:
-        run = _current.get()
-        if run is not None and run.refusal is not None:
-            return run.refusal
-        return await super().call_tool(name, tool_args, ctx, tool)
-
-
-@dataclasses.dataclass
-class _SagaToolset(WrapperToolset[Any]):
-    """The agent's tools as the saga sees them: each call is a step; a tool that needs approval
-    is offered to the model as a plain tool and asks a person inside the run."""
-
-    agent: SagaAgent[Any, Any] = dataclasses.field(kw_only=True)
-
-    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
-        tools = await super().get_tools(ctx)
-        if _current.get() is None:
-            return tools
-        out = {}
-        for name, tool in tools.items():
-            if tool.tool_def.kind == "unapproved":
-                tool = dataclasses.replace(
-                    tool, tool_def=dataclasses.replace(tool.tool_def, kind="function")
-                )
-            out[name] = tool
-        return out
-
-    async def call_tool(
-        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
-    ) -> Any:
-        run = _current.get()
-        if run is None:
-            return await super().call_tool(name, tool_args, ctx, tool)
-        agent = self.agent
-        step_name = agent.tool_steps.get(name)
-        if step_name is None:
-            raise UserError(
-                f"tool {name!r} of agent {agent.saga_name!r} has no step: declare tools before "
-                "wrapping the agent in SagaAgent (its steps are registered then)"
-            )
-        step = agent.app.get_step(step_name)
-        assert step is not None
-        args = _jsonable(tool_args, f"the arguments of tool {name!r}")
-        approved = bool(ctx.tool_call_approved)
-        if agent.needs_approval.get(name) and not approved and not step.approval:
-            decision = await agent._ask(run, name, args, tool)
-            if not decision.approved:
-                return _denial(decision.reason)
-            args, approved = decision.args, True
-        charge_tool_calls(run.saga, 1, run.conversation)
-        if name in agent.step_tools:
-            try:
-                return await run.saga.call(step, **args)
-            except ApprovalDenied as e:  # the step itself asks (``@app.step(approval=True)``)
-                return _denial(e.reason)
-        context = DurableRunContext.serialize_run_context(ctx)
-        context["tool_call_approved"] = approved
-        # the context as JSON; what is not JSON (a policy's functions in the tool's metadata)
-        # stays behind: the worker has the tool, and with it its metadata
-        context = pydantic_core.to_jsonable_python(context, fallback=lambda _: None)
-        call = {"args": args, "deps": run.deps, "context": context}
-        while True:
-            reply = await run.saga.call(step, call)
-            if "value" in reply:
-                return reply["value"]
-            if "retry" in reply:
-                raise ModelRetry(str(reply["retry"]))
-            if "deferred" in reply:
-                raise CallDeferred(reply["deferred"].get("metadata"))
-            if "approval" in reply and not approved:  # the tool asked for it, at run time
-                decision = await agent._ask(run, name, args, tool)
-                if not decision.approved:
-                    return _denial(decision.reason)
-                call = {**call, "args": decision.args}
-                call["context"] = {**call["context"], "tool_call_approved": True}
-                approved = True
-                continue
-            raise UserError(f"tool {name!r} answered {reply!r}")
+def _none(_: Any) -> None:
+    return None
 
 
 def _text_of(event: Any) -> str | None:
@@ -397,15 +297,14 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
         self._worker_model: Model | None = None
         self._saga_model: _SagaModel | None = None
         self.prefix = f"agent__{_step_part(self.saga_name)}"
-        self.model_step: StepDef[Any, Any] = app.step(
-            name=f"{self.prefix}__model_request",
+        model = ModelStepOptions(
             queue=model_queue,
-            retry=model_retry or MODEL_RETRY,
+            retry=model_retry,
             timeout=model_timeout,
-            schedule_to_close=None if model_retry else MODEL_DEADLINE,
             rate_limit=model_rate_limit,
             rate_key=model_rate_key,
-        )(guarded(self._model_request))
+        )
+        self.model_step = model.declare(app, self.prefix, self._model_request)
         self.tool_steps: dict[str, str] = {}
         self.step_tools: set[str] = set()
         self.needs_approval: dict[str, bool] = {}
@@ -415,8 +314,7 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
         for toolset in self._leaves():
             for tool_name, tool in toolset.tools.items():
                 self._declare_tool(toolset, tool_name, tool, given.pop(tool_name, None), tool_queue)
-        from sagaloop.agents import _mcp  # MCP servers: their tools are only known at run time
-
+        # MCP servers: their tools are only known at run time
         self.mcp_servers = _mcp.declare(self, given, tool_queue)
         if given:
             raise ValidationError(f"SagaAgent(tools=...) names unknown tools: {sorted(given)}")
@@ -550,7 +448,7 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
         for key in ("run_id", "conversation_id"):  # Agent.run passes them as None
             if kwargs.get(key) is None:
                 kwargs[key] = conversation
-        run = _Run(
+        run = PydanticRun(
             saga=saga,
             agent=self,
             conversation=conversation,
@@ -561,46 +459,15 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
             ),
         )
         _usage_of(saga)
-        from sagaloop.agents import _mcp
-
-        toolset = _BudgetGate(_mcp.saga_toolset(self, CombinedToolset(list(self.wrapped.toolsets))))
-        token = _current.set(run)
+        toolset = BudgetGate(_mcp.saga_toolset(self, CombinedToolset(list(self.wrapped.toolsets))))
+        token = current.set(run)
         try:
             with self.wrapped.override(model=self._saga_side_model(), tools=[], toolsets=[toolset]):
                 async with super().iter(user_prompt, **kwargs) as agent_run:
                     yield agent_run
         finally:
-            _current.reset(token)
-            if _usage_of(saga).allowance is not None:  # a run tree's: what its parent reads
-                publish_usage(saga, run.budget)
-
-    async def _check_budget(self, run: _Run) -> None:
-        run.budget = await check_budget(run.saga, run.budget, run.conversation)
-
-    def _publish_usage(self, run: _Run) -> None:
-        publish_usage(run.saga, run.budget)
-
-    async def _ask(
-        self, run: _Run, tool: str, args: Any, toolset_tool: ToolsetTool[Any] | None = None
-    ) -> Approval:
-        reasoning = None
-        if run.last_response is not None:
-            texts = [
-                p.content
-                for p in run.last_response.parts
-                if isinstance(p, _messages.TextPart | _messages.ThinkingPart) and p.content
-            ]
-            reasoning = "\n".join(texts) or None
-        return await ask(
-            run.saga,
-            tool,
-            args,
-            self.policies.get(tool, ToolPolicy()),
-            timeout=self.approval_timeout,
-            on_timeout=self.on_approval_timeout,
-            reasoning=reasoning,
-            schema=None if toolset_tool is None else toolset_tool.tool_def.parameters_json_schema,
-        )
+            current.reset(token)
+            finish_run(run)
 
     # --- the worker side ---------------------------------------------------------------------
 
@@ -634,16 +501,12 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
                 model.request_stream(messages, settings, params) as streamed,
             ):
                 async for event in streamed:
-                    ctx.heartbeat()
                     text = _text_of(event)
-                    ctx.stream(
-                        {
-                            "agent": self.saga_name,
-                            "text": text if isinstance(text, str) else None,
-                            "event": pydantic_core.to_jsonable_python(
-                                event, fallback=lambda _: None
-                            ),
-                        }
+                    relay(
+                        ctx,
+                        self.saga_name,
+                        text if isinstance(text, str) else None,
+                        partial(pydantic_core.to_jsonable_python, event, fallback=_none),
                     )
             response = streamed.get()
         else:
@@ -666,23 +529,13 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
     async def _run_tool(self, name: str, ctx: StepContext, call: dict[str, Any]) -> dict[str, Any]:
         tracing.tool_call(name)  # on the step's span: gen_ai.tool.name
         toolset = self._function_toolsets[name]
-        deps_json = call.get("deps")
-        deps = (
-            None
-            if deps_json is None
-            else pydantic.TypeAdapter(self.wrapped.deps_type).validate_python(deps_json)
-        )
-        run_ctx = DurableRunContext.deserialize_run_context(dict(call.get("context") or {}), deps)
+        run_ctx = run_context(self.wrapped.deps_type, call)
         tool = (await toolset.get_tools(run_ctx))[name]
         args = tool.args_validator.validate_python(call.get("args") or {})
         try:
             value = await toolset.call_tool(name, args, run_ctx, tool)
-        except ModelRetry as e:
-            return {"retry": e.message}
-        except ApprovalRequired as e:
-            return {"approval": {"metadata": _jsonable(e.metadata, "approval metadata")}}
-        except CallDeferred as e:
-            return {"deferred": {"metadata": _jsonable(e.metadata, "deferral metadata")}}
+        except TOOL_SIGNALS as e:
+            return signal_of(e)
         return {"value": _jsonable(value, f"the result of tool {name!r}")}
 
     @property
