@@ -42,6 +42,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from contextvars import ContextVar
 from datetime import timedelta
+from functools import partial
 from typing import Any, Literal
 
 import pydantic
@@ -84,17 +85,21 @@ from sagaloop.agents._core import (
     _usage_of,
     ask,
     charge_tool_calls,
-    check_batch,
-    check_budget,
-    publish_usage,
+)
+from sagaloop.agents._model_call import (
+    AgentRun,
+    ModelStepOptions,
+    count_response,
+    finish_run,
+    relay,
+    request_model,
 )
 from sagaloop.agents.budgets import Budget
-from sagaloop.agents.providers import MODEL_DEADLINE, MODEL_RETRY, guarded
 from sagaloop.agents.tools import StepTool, StepTools, ToolCallError
 from sagaloop.engine import sandbox, tracing
 from sagaloop.errors import StepFailedError, ValidationError
 from sagaloop.sagas.app import App, StepDef
-from sagaloop.sagas.context import SagaContext, StepContext, current_saga
+from sagaloop.sagas.context import StepContext, current_saga
 from sagaloop.sagas.policy import RetryPolicy
 
 __all__ = ["SagaRunner", "step_as_function_tool"]
@@ -119,24 +124,16 @@ _STEP_ATTR = "__sagaloop_step__"
 _decoder = transcript.Decoder()
 
 
-@dataclasses.dataclass
-class _Run:
+@dataclasses.dataclass(kw_only=True)
+class _Run(AgentRun):
     """The saga side of one ``SagaRunner.run``."""
 
-    saga: SagaContext
     runner: SagaRunner
-    conversation: str
     context: Any
     model: str | None
-    budget: Budget | None
-    encoder: transcript.Encoder
-    requests: int = 0
     last_text: str | None = None
     edits: dict[str, str] = dataclasses.field(default_factory=dict)
     """Arguments an approver edited, by tool call id."""
-    refusal: str | None = None
-    """The answer to each tool call of the last response, when the budget refused its batch
-    (``on_exceed="tell_model"``); None: the calls run."""
 
 
 _current: ContextVar[_Run | None] = ContextVar("sagaloop_openai_agents_run", default=None)
@@ -186,6 +183,16 @@ class _Schema(AgentOutputSchemaBase):
         raise UserError("the output is validated in saga code, not on the worker")
 
 
+def _schema_spec(output_schema: AgentOutputSchemaBase) -> dict[str, Any]:
+    """What the worker needs of an agent's output schema (:class:`_Schema` rebuilds it)."""
+    return {
+        "plain": output_schema.is_plain_text(),
+        "name": output_schema.name(),
+        "schema": None if output_schema.is_plain_text() else output_schema.json_schema(),
+        "strict": output_schema.is_strict_json_schema(),
+    }
+
+
 async def _not_here(*_: Any) -> Any:
     raise UserError("a tool or handoff the model is told about runs in saga code, not here")
 
@@ -212,56 +219,44 @@ class _StepModel(Model):
         prompt: Any,
     ) -> ModelResponse:
         run = _in_run("the model")
-        run.budget = await check_budget(run.saga, run.budget, run.conversation)
         items: list[Any] = [{"role": "user", "content": input}] if isinstance(input, str) else input
-        delta = run.encoder.delta(items)
-        delta.update(conversation=run.conversation, n=run.requests)
-        request = {
-            "transcript": delta,
-            "model": run.model,
-            "system": system_instructions,
-            "settings": model_settings.to_json_dict(),
-            "tools": [self._runner._tool_spec(self._agent, t) for t in tools],
-            "output_schema": None
-            if output_schema is None
-            else {
-                "plain": output_schema.is_plain_text(),
-                "name": output_schema.name(),
-                "schema": None if output_schema.is_plain_text() else output_schema.json_schema(),
-                "strict": output_schema.is_strict_json_schema(),
-            },
-            "handoffs": [
-                {
-                    "tool_name": h.tool_name,
-                    "tool_description": h.tool_description,
-                    "input_json_schema": h.input_json_schema,
-                    "agent_name": h.agent_name,
-                    "strict_json_schema": h.strict_json_schema,
-                }
-                for h in handoffs
-            ],
-            "previous_response_id": previous_response_id,
-            "conversation_id": conversation_id,
-            "prompt": _jsonable(prompt, "the prompt"),
-        }
-        reply = await run.saga.call(self._runner.model_steps[self._agent], request)
-        run.encoder.sent(run.requests, items)
-        run.requests += 1
+
+        def request() -> dict[str, Any]:
+            return {
+                "model": run.model,
+                "system": system_instructions,
+                "settings": model_settings.to_json_dict(),
+                "tools": [self._runner._tool_spec(self._agent, t) for t in tools],
+                "output_schema": None if output_schema is None else _schema_spec(output_schema),
+                "handoffs": [
+                    {
+                        "tool_name": h.tool_name,
+                        "tool_description": h.tool_description,
+                        "input_json_schema": h.input_json_schema,
+                        "agent_name": h.agent_name,
+                        "strict_json_schema": h.strict_json_schema,
+                    }
+                    for h in handoffs
+                ],
+                "previous_response_id": previous_response_id,
+                "conversation_id": conversation_id,
+                "prompt": _jsonable(prompt, "the prompt"),
+            }
+
+        reply = await request_model(run, self._runner.model_steps[self._agent], items, request)
         response = _RESPONSE.validate_python(_aliased(reply["response"]))
-        used = _usage_of(run.saga).usage
-        used.requests += 1
-        used.input_tokens += response.usage.input_tokens
-        used.output_tokens += response.usage.output_tokens
-        used.cost += float(reply.get("cost") or 0.0)
         run.last_text = _text_of(response)
-        publish_usage(run.saga, run.budget)
-        # the response's tool calls are one batch: checked together, before any of them runs
         names = {t.name for t in tools if isinstance(t, FunctionTool)}  # MCP tools included
-        calls = sum(
-            getattr(i, "type", None) == "function_call" and getattr(i, "name", None) in names
-            for i in response.output
+        await count_response(
+            run,
+            reply,
+            input_tokens=response.usage.input_tokens,
+            output_tokens=response.usage.output_tokens,
+            tool_calls=sum(
+                getattr(i, "type", None) == "function_call" and getattr(i, "name", None) in names
+                for i in response.output
+            ),
         )
-        run.budget, run.refusal = await check_batch(run.saga, run.budget, calls, run.conversation)
         return response
 
     def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[TResponseStreamEvent]:
@@ -403,12 +398,14 @@ class SagaRunner:
         self.approval_timeout = approval_timeout
         self.on_approval_timeout = on_approval_timeout
         self.stream = stream
-        self._model_queue = model_queue
         self._tool_queue = tool_queue
-        self._model_retry = model_retry or MODEL_RETRY
-        self._model_deadline = None if model_retry else MODEL_DEADLINE
-        self._model_timeout = model_timeout
-        self._model_rate = (model_rate_limit, model_rate_key)
+        self._model_step = ModelStepOptions(
+            queue=model_queue,
+            retry=model_retry,
+            timeout=model_timeout,
+            rate_limit=model_rate_limit,
+            rate_key=model_rate_key,
+        )
         self._given = dict(tools or {})
         self.policies: dict[str, ToolPolicy] = {}
         self.agents: dict[str, Agent[Any]] = {}
@@ -448,19 +445,10 @@ class SagaRunner:
         self.agents[agent.name] = agent
         prefix = f"agent__{_step_part(agent.name)}"
 
-        @guarded
         async def model_request(ctx: StepContext, request: dict[str, Any]) -> dict[str, Any]:
             return await self._model_request(agent.name, ctx, request)
 
-        self.model_steps[agent.name] = self.app.step(
-            name=f"{prefix}__model_request",
-            queue=self._model_queue,
-            retry=self._model_retry,
-            timeout=self._model_timeout,
-            schedule_to_close=self._model_deadline,
-            rate_limit=self._model_rate[0],
-            rate_key=self._model_rate[1],
-        )(model_request)
+        self.model_steps[agent.name] = self._model_step.declare(self.app, prefix, model_request)
         for tool in agent.tools:
             if isinstance(tool, FunctionTool):
                 if getattr(tool, _STEP_ATTR, None) is None:
@@ -697,8 +685,7 @@ class SagaRunner:
             return result
         finally:
             _current.reset(token)
-            if _usage_of(saga).allowance is not None:  # a run tree's: what its parent reads
-                publish_usage(saga, run.budget)
+            finish_run(run)
 
     async def _answer(self, run: _Run, state: Any, item: Any) -> None:
         """Ask a person about the tool call ``item``, and tell the SDK's run state."""
@@ -779,17 +766,15 @@ class SagaRunner:
             stream: Any = model.stream_response(*args, **options)  # an async generator
             # closed (its connection too) when the run ends (the heartbeat raises
             # StepCancelled) or the step's timeout passes: nothing reads, or pays for, the rest
-            async with _timeout(self._model_timeout), aclosing(stream) as events:
+            async with _timeout(self._model_step.timeout), aclosing(stream) as events:
                 async for event in events:
-                    ctx.heartbeat()
-                    ctx.stream(
-                        {
-                            "agent": agent_name,
-                            "text": getattr(event, "delta", None)
-                            if event.type == "response.output_text.delta"
-                            else None,
-                            "event": _jsonable(event, "a stream event"),
-                        }
+                    relay(
+                        ctx,
+                        agent_name,
+                        getattr(event, "delta", None)
+                        if event.type == "response.output_text.delta"
+                        else None,
+                        partial(_jsonable, event, "a stream event"),
                     )
                     if event.type == "response.completed":
                         response = ModelResponse(
