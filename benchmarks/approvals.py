@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from benchmarks.common import Figure, fmt_ms, fmt_ratio, fresh_database, latency
 from sagaloop import App, SagaContext
-from sagaloop.engine.client import Client
+from sagaloop.client import Client
 from sagaloop.testing import Harness
 
 PAGE_MS = 200.0

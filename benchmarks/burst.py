@@ -29,8 +29,8 @@ import sagaloop.errors
 from benchmarks.benchapp import app
 from benchmarks.common import Figure, delete_rabbit, fmt_ms, fmt_ratio, latency, percentile
 from benchmarks.sagaloop_bench import FINAL, System, step_gaps, system, warm_up
+from sagaloop.client import Client
 from sagaloop.engine import messages
-from sagaloop.engine.client import Client
 from sagaloop.store import tables as t
 from sagaloop.store.sql import SqlStore
 

@@ -22,8 +22,8 @@ from benchmarks import benchapp
 from benchmarks.common import delete_rabbit, fresh_database, namespace, rabbitmq_url, wait_until
 from benchmarks.sagaloop_bench import ENGINE_THREADS
 from sagaloop.brokers.rabbitmq import RabbitBroker
-from sagaloop.cli.services import Runtime
-from sagaloop.engine.client import Client
+from sagaloop.client import Client
+from sagaloop.runtime.service import Runtime
 from sagaloop.store.sql import SqlStore
 
 FLOOR = {"statements": 6, "begin": 2, "commit": 2, "ping": 0}

@@ -39,8 +39,8 @@ from benchmarks.common import (
     rss_mb,
     wait_until,
 )
+from sagaloop.engine.contract import task_message_id
 from sagaloop.engine.messages import Envelope, derived_id, engine_queue
-from sagaloop.engine.steps import task_message_id
 from sagaloop.store import tables as t
 from sagaloop.store.sql import SqlStore
 

@@ -5,9 +5,8 @@ its history, so a run survives any process dying, and every step's effect is rec
 once.
 """
 
-from sagaloop.engine.client import Client
+from sagaloop.client import Client
 from sagaloop.engine.state import ALL_STATUSES
-from sagaloop.engine.steps import current_step
 from sagaloop.errors import (
     ApplicationError,
     ApprovalDenied,
@@ -26,6 +25,7 @@ from sagaloop.errors import (
     StepFailedError,
     ValidationError,
 )
+from sagaloop.runtime.steps import current_step
 from sagaloop.sagas import (
     App,
     Received,

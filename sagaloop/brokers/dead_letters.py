@@ -26,7 +26,7 @@ from sagaloop.errors import MessageError
 
 UNSIGNED_MARK = "is not signed by sagaloop"
 """In the reason the engine gives when it refuses an internal message that sagaloop's processes
-did not send (``sagaloop.engine.runtime.decode``)."""
+did not send (``sagaloop.runtime.consumers.decode``)."""
 
 
 @dataclasses.dataclass(frozen=True)

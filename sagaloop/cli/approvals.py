@@ -10,8 +10,8 @@ import click
 
 from sagaloop.cli.common import Obj, errors, json_arg
 from sagaloop.cli.render import _table, printable
-from sagaloop.engine.client import Client
-from sagaloop.engine.timeline import short_json
+from sagaloop.client import Client
+from sagaloop.client.timeline import short_json
 from sagaloop.sagas.approvals import PendingApproval
 
 

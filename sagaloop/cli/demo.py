@@ -28,10 +28,10 @@ import sagaloop
 from sagaloop.agents.budgets import USAGE_KEY
 from sagaloop.cli.approvals import approvals_text
 from sagaloop.cli.render import timeline_text
+from sagaloop.client import Client
+from sagaloop.client.timeline import Timeline
 from sagaloop.engine import history as h
-from sagaloop.engine.client import Client
 from sagaloop.engine.state import FINAL_STATUSES
-from sagaloop.engine.timeline import Timeline
 from sagaloop.store.sql import SqlStore
 
 ROOT = Path(sagaloop.__file__).resolve().parent.parent

@@ -18,8 +18,8 @@ import click
 
 from sagaloop.cli.common import Obj, app_option, errors
 from sagaloop.cli.render import printable
+from sagaloop.client import Client
 from sagaloop.engine import history as h
-from sagaloop.engine.client import Client
 from sagaloop.engine.history import Event
 from sagaloop.engine.state import ALL_STATUSES, FINAL_STATUSES
 from sagaloop.errors import ActivationDeadlineError, NonDeterminismError

@@ -20,7 +20,7 @@ from sagaloop.cli.mcp import mcp
 from sagaloop.cli.render import printable, runs_text, stream_line, timeline_text
 from sagaloop.cli.serve import dev, engine, health, schema, worker
 from sagaloop.cli.ui import ui
-from sagaloop.engine.client import Client
+from sagaloop.client import Client
 from sagaloop.engine.state import ALL_STATUSES
 from sagaloop.sagas.app import App
 from sagaloop.store.sql import SqlStore

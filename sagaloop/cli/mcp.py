@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from sagaloop.cli.common import Obj, app_option, errors
-from sagaloop.engine.client import Client
+from sagaloop.client import Client
 
 
 @click.command("mcp")

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from sagaloop.client.timeline import Timeline, short_json
 from sagaloop.engine.ports import RunRecord
-from sagaloop.engine.timeline import Timeline, short_json
 from sagaloop.sagas.approvals import KEY_PREFIX
 
 STYLES = {

@@ -16,12 +16,9 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from sagaloop._secrets import mask_url
-from sagaloop.cli import liveness, processes
 from sagaloop.cli.common import Obj, app_option, errors
 from sagaloop.cli.render import pairs_text
-from sagaloop.cli.services import EXIT_ACCESS_REFUSED, EXIT_THREAD_DIED, GRACE, Runtime
 from sagaloop.cli.ui import with_ui_port
-from sagaloop.engine import crashpoints
 from sagaloop.engine.messages import EventMessage, StartMessage
 from sagaloop.engine.ports import Broker
 from sagaloop.errors import (
@@ -30,6 +27,9 @@ from sagaloop.errors import (
     SchemaOutdatedError,
     SchemaTooNewError,
 )
+from sagaloop.runtime import crashpoints, liveness
+from sagaloop.runtime import registry as processes
+from sagaloop.runtime.service import EXIT_ACCESS_REFUSED, EXIT_THREAD_DIED, GRACE, Runtime
 from sagaloop.store.sql import SqlStore
 
 logger = logging.getLogger("sagaloop.service")
@@ -510,7 +510,7 @@ def _check_start_backlog(store: SqlStore, checks: dict[str, Any]) -> bool:
     """Per app, the runs that wait for an engine to take them up, and the limit past which
     ``Client.start`` refuses new runs; False when an app is at it (see docs/operations.md,
     "Overload")."""
-    from sagaloop.engine.admission import START_BACKLOG, limit_from_env
+    from sagaloop.client.admission import START_BACKLOG, limit_from_env
 
     limit = limit_from_env("SAGALOOP_START_BACKLOG", None, START_BACKLOG)
     backlogs = store.start_backlogs()
@@ -527,7 +527,7 @@ def _check_start_backlog(store: SqlStore, checks: dict[str, Any]) -> bool:
 
 def _check_processes(store: SqlStore, checks: dict[str, Any], *, local: bool) -> bool:
     """List the registered processes in ``checks``; False when one of them reports a problem
-    (see ``sagaloop.cli.processes.assess``)."""
+    (see ``sagaloop.runtime.registry.assess``)."""
     try:
         rows = store.processes()
     except SagaloopError as e:

@@ -38,7 +38,7 @@ class Settings(BaseSettings):
     activation_deadline: float = Field(default=2.0, gt=0, le=3600)
     """CPU seconds saga code may run without reaching an ``await`` before its run is parked."""
     crash_at: str = ""
-    """Test only: crash points to arm (see sagaloop.engine.crashpoints)."""
+    """Test only: crash points to arm (see sagaloop.runtime.crashpoints)."""
     app: str | None = None
     """The app to load, as ``module`` or ``module:attribute``."""
     log_format: Literal["text", "json"] = "text"

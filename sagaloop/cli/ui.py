@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 
 from sagaloop.cli.common import Obj, app_option, errors
-from sagaloop.engine.client import Client
+from sagaloop.client import Client
 from sagaloop.errors import ValidationError
 
 F = TypeVar("F", bound=Callable[..., Any])

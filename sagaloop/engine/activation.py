@@ -22,6 +22,7 @@ from typing import Any
 from sagaloop.engine import gate, runlog, tracing
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
+from sagaloop.engine.contract import DO, UNDO, halts_in_doubt, idempotency_key, task_message_id
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import (
     CancelPayload,
@@ -38,7 +39,6 @@ from sagaloop.engine.messages import (
 from sagaloop.engine.ports import Clock, Outgoing, RunRecord, Store, SystemClock, Timer, Tx
 from sagaloop.engine.replay import Replayer
 from sagaloop.engine.state import RunState
-from sagaloop.engine.steps import DO, UNDO, idempotency_key, task_message_id
 from sagaloop.engine.watchdog import Watchdog
 from sagaloop.errors import (
     ActivationDeadlineError,
@@ -984,13 +984,7 @@ class Engine:
                 NewEvent(h.COMPENSATION_FAILED, pos, name, data),
                 NewEvent(h.RUN_PARKED, pos, name, {"reason": reason}),
             ]
-        if (
-            retryable
-            and in_doubt
-            and step is not None
-            and not step.idempotent
-            and step.reconcile_fn is None
-        ):
+        if retryable and in_doubt and step is not None and halts_in_doubt(step):
             reason = (
                 f"step {name!r} (idempotent=False, no reconcile) failed in doubt with "
                 f"{error.type}: {error.message}; it was not re-attempted. Check the effect, "

@@ -50,8 +50,8 @@ except ModuleNotFoundError as e:  # pragma: no cover - the extra is missing
         "pip install 'sagaloop[metrics]'"
     ) from e
 
+from sagaloop.client.admission import START_BACKLOG, limit_from_env
 from sagaloop.engine import history as h
-from sagaloop.engine.admission import START_BACKLOG, limit_from_env
 from sagaloop.engine.ports import Clock, SystemClock
 from sagaloop.engine.state import ALL_STATUSES, FINAL_STATUSES
 from sagaloop.errors import SagaloopError

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 from sagaloop.engine import tracing
+from sagaloop.engine.contract import UNENCODABLE_RESULT
 from sagaloop.engine.messages import Envelope, engine_queue, inbox_key, step_result
 from sagaloop.engine.ports import Clock, Outgoing, Store, SystemClock
-from sagaloop.engine.steps import UNENCODABLE_RESULT
 from sagaloop.errors import ErrorInfo, MessageError, UnencodableError
 from sagaloop.sagas.convert import encode_value
 

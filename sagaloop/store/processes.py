@@ -1,6 +1,6 @@
 """The SQL of the process registry (``sagaloop_processes``): which service processes run, since
 when, when each was last seen, and what is wrong with it. ``SqlStore`` wraps these functions;
-``sagaloop.cli.processes`` writes and judges the rows."""
+``sagaloop.runtime.registry`` writes and judges the rows."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class ProcessRecord:
     token: str | None = None
     """The prefix of its claim tokens; None once its claims were taken over (or never)."""
     host: dict[str, Any] | None = None
-    """Where it runs: ``hostname``, ``machine``, ``pid``, ``start`` (see ``cli.takeover``)."""
+    """Where it runs: ``hostname``, ``machine``, ``pid``, ``start`` (see ``runtime.takeover``)."""
 
 
 _c = t.processes.c

@@ -144,7 +144,7 @@ class SqlStore:
         self.handoff: Handoff | None = None
         self.claim_owner: str | None = None
         """The registry token of the service process using this store: its claims' tokens
-        start with it, so that they are released once it is proven dead (``cli.takeover``)."""
+        start with it, so that they are released once it is proven dead (``runtime.takeover``)."""
         self._published: list[tuple[list[int], str]] = []
         self._published_lock = threading.Lock()
         self._read_options: dict[str, Any] = {"sagaloop_read": True}

@@ -197,7 +197,7 @@ processes = Table(
     # Starts the claim token of every outbox row it claims (``<token>.<random>``): a dead
     # process's claims are released by this prefix. NULL once they were taken over.
     Column("token", String(64)),
-    # Where it runs, to prove it dead: {hostname, machine, pid, start} (``cli.takeover``).
+    # Where it runs, to prove it dead: {hostname, machine, pid, start} (``runtime.takeover``).
     Column("host", JSONText),
 )
 """The services that run (or ran recently): what ``sagaloop health`` reports on."""

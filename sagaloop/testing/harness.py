@@ -10,19 +10,19 @@ from typing import Any, Literal
 
 from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.brokers.memory import MemoryBroker
+from sagaloop.client import Client
+from sagaloop.client.timeline import Timeline
 from sagaloop.engine.activation import Engine
-from sagaloop.engine.client import Client
 from sagaloop.engine.history import Event
-from sagaloop.engine.local import LocalWorker
 from sagaloop.engine.messages import Envelope, engine_queue, local_queue, start_queue, step_queue
 from sagaloop.engine.ports import Broker, Delivery, Outgoing, RunRecord
-from sagaloop.engine.runtime import EngineConsumer, TimerScheduler, WorkerConsumer
 from sagaloop.engine.state import NEEDS_ATTENTION
-from sagaloop.engine.steps import StepRunner
 from sagaloop.engine.streams import LocalStreams
-from sagaloop.engine.timeline import Timeline
 from sagaloop.errors import ErrorInfo, SagaFailedError
-from sagaloop.outbox.relay import Relay
+from sagaloop.runtime.consumers import EngineConsumer, TimerScheduler, WorkerConsumer
+from sagaloop.runtime.local import LocalWorker
+from sagaloop.runtime.relay import Relay
+from sagaloop.runtime.steps import StepRunner
 from sagaloop.sagas.app import App, SagaDef, StepDef
 from sagaloop.sagas.approvals import PendingApproval
 from sagaloop.store.sql import SqlStore

@@ -19,8 +19,8 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from sagaloop.client import Client
 from sagaloop.engine import state as s
-from sagaloop.engine.client import Client
 from sagaloop.errors import RunNotFoundError, SagaloopError
 from sagaloop.sagas.app import App
 from sagaloop.sagas.approvals import KEY_PREFIX

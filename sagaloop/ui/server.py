@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from sagaloop.engine.client import Client
+from sagaloop.client import Client
 from sagaloop.sagas.app import App
 from sagaloop.ui.app import REFRESH, create_app
 from sagaloop.ui.security import check_bind

@@ -1,5 +1,5 @@
 """What the console's pages show, read through :class:`~sagaloop.Client` and built from the
-same :class:`~sagaloop.engine.timeline.Timeline` that ``sagaloop status`` prints: plain data
+same :class:`~sagaloop.client.timeline.Timeline` that ``sagaloop status`` prints: plain data
 for templates that only lay it out."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sagaloop.agents.budgets import USAGE_KEY
+from sagaloop.client import Client
+from sagaloop.client.serving import served
+from sagaloop.client.timeline import Timeline, timeline
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
-from sagaloop.engine.client import Client
 from sagaloop.engine.history import Event
 from sagaloop.engine.ports import RunRecord
-from sagaloop.engine.serving import served
-from sagaloop.engine.timeline import Timeline, timeline
 from sagaloop.sagas.approvals import KEY_PREFIX, PendingApproval, call_id_of
 from sagaloop.ui.transcript import Request, requests_of
 

@@ -25,9 +25,9 @@ sys.path.insert(0, str(HERE.parent / "integration"))
 from system import FINAL, ROOT, System, eventually  # noqa: E402
 
 from sagaloop.cli.settings import load_app  # noqa: E402
+from sagaloop.client import Client  # noqa: E402
 from sagaloop.engine import history as h  # noqa: E402
-from sagaloop.engine.client import Client  # noqa: E402
-from sagaloop.engine.crashpoints import POINTS  # noqa: E402
+from sagaloop.runtime.crashpoints import POINTS  # noqa: E402
 from sagaloop.store.sql import SqlStore  # noqa: E402
 from sagaloop.store.tables import outbox  # noqa: E402
 

@@ -68,7 +68,7 @@ from private_rabbit import SERVER as RABBIT_SERVER  # noqa: E402
 from private_rabbit import PrivateRabbit  # noqa: E402
 from soak_app import EVENT, create_ledger  # noqa: E402
 
-from sagaloop.engine.client import Client  # noqa: E402
+from sagaloop.client import Client  # noqa: E402
 from sagaloop.errors import RunFinishedError, SagaloopError  # noqa: E402
 from sagaloop.store import tables  # noqa: E402
 from sagaloop.store.sql import SqlStore  # noqa: E402

@@ -31,7 +31,7 @@ from matrix_primitives import (
     make_primitive_system,
 )
 
-from sagaloop.engine.crashpoints import POINTS
+from sagaloop.runtime.crashpoints import POINTS
 
 pytestmark = pytest.mark.chaos
 

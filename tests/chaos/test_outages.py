@@ -28,7 +28,7 @@ import pika.exceptions
 import pytest
 import sqlalchemy as sa
 
-from sagaloop.engine.client import Client
+from sagaloop.client import Client
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import eventually
 from sagaloop.testing.services import on_server, queue_depth

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from sagaloop.engine.client import Client
+from sagaloop.client import Client
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import eventually
 from tests.chaos.provider_checks import ROOT, Provider

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from examples.raw_openai_loop.shop import Shop
+from sagaloop.client import Client
 from sagaloop.engine import history as h
-from sagaloop.engine.client import Client
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import eventually
 from tests.unit.openai_server import call, reply

@@ -15,7 +15,7 @@ from typing import Any
 
 import pika
 
-from sagaloop.engine.client import Client
+from sagaloop.client import Client
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import eventually, services
 

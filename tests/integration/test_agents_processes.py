@@ -25,8 +25,8 @@ import pytest
 from agent_app import Ledger
 from system import HERE, ROOT, System
 
+from sagaloop.client import Client
 from sagaloop.engine import history as h
-from sagaloop.engine.client import Client
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import eventually, services
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from system import HERE, ROOT, eventually
 
-from sagaloop.engine.client import Client
+from sagaloop.client import Client
 from sagaloop.store.sql import SqlStore
 
 pytestmark = pytest.mark.integration

@@ -22,8 +22,8 @@ from system import System, eventually
 
 from sagaloop.brokers.rabbitmq import RabbitBroker
 from sagaloop.brokers.signing import SIGNATURE_HEADER, sign
+from sagaloop.engine.contract import task_message_id
 from sagaloop.engine.messages import derived_id
-from sagaloop.engine.steps import task_message_id
 
 pytestmark = pytest.mark.integration
 

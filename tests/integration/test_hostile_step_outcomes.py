@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from system import HERE, ROOT, System
 
-from sagaloop.engine.client import Client
+from sagaloop.client import Client
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import eventually
 

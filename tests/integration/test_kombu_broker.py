@@ -22,8 +22,8 @@ from system import HERE, ROOT
 from sagaloop.brokers.kombu import KombuBroker
 from sagaloop.engine.messages import Envelope
 from sagaloop.engine.ports import Broker, Delivery
-from sagaloop.engine.runtime import decode
 from sagaloop.errors import BrokerError
+from sagaloop.runtime.consumers import decode
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import VirtualClock, eventually
 from sagaloop.testing.contracts import BrokerContract, BrokerUnderTest, receive_exactly

@@ -22,8 +22,8 @@ from system import System
 from test_hostile_saga_processes import Dev
 
 from sagaloop import RunFinishedError
+from sagaloop.client import Client
 from sagaloop.engine import history as h
-from sagaloop.engine.client import Client
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import eventually
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from system import System
 
+from sagaloop.client import Client
 from sagaloop.engine import history as h
-from sagaloop.engine.client import Client
 from sagaloop.testing import eventually
 from tests.chaos.provider_checks import APP, Provider
 

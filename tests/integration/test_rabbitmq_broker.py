@@ -29,8 +29,8 @@ from sagaloop.brokers._amqp import (
 from sagaloop.brokers.rabbitmq import RabbitBroker
 from sagaloop.engine.messages import Envelope
 from sagaloop.engine.ports import Broker, Delivery
-from sagaloop.engine.runtime import decode
 from sagaloop.errors import BrokerError
+from sagaloop.runtime.consumers import decode
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import VirtualClock, eventually
 from sagaloop.testing.contracts import BrokerContract, BrokerUnderTest, receive_exactly

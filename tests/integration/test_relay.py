@@ -11,7 +11,7 @@ from system import System
 from sagaloop.brokers.rabbitmq import RabbitBroker
 from sagaloop.engine.messages import Envelope
 from sagaloop.engine.ports import Outgoing
-from sagaloop.outbox import Relay
+from sagaloop.runtime.relay import Relay
 
 pytestmark = pytest.mark.integration
 

@@ -45,8 +45,8 @@ from sagaloop import (
     StepContext,
 )
 from sagaloop.brokers.database import DatabaseBroker
-from sagaloop.cli.services import Runtime
 from sagaloop.engine import history as h
+from sagaloop.runtime.service import Runtime
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import Harness, eventually
 

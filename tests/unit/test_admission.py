@@ -1,6 +1,6 @@
 """Overload ends well: the work of runs in flight goes before new runs, an engine takes up new
 runs only within its start window, and ``Client.start`` refuses a run past the start backlog
-limit (see ``sagaloop/engine/admission.py``)."""
+limit (see ``sagaloop/runtime/admission.py``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from sagaloop import App, Client, OverloadedError, SagaContext, StepContext, ValidationError
 from sagaloop.brokers.database import DatabaseBroker
-from sagaloop.cli.services import Runtime
+from sagaloop.runtime.service import Runtime
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import Harness, eventually
 

@@ -32,8 +32,8 @@ from sagaloop.agents.pydantic_ai import SagaAgent, ToolPolicy
 from sagaloop.engine import history as h
 from sagaloop.engine.messages import Envelope
 from sagaloop.engine.ports import Delivery
-from sagaloop.engine.steps import StepRunner
 from sagaloop.errors import ValidationError
+from sagaloop.runtime.steps import StepRunner
 from sagaloop.testing import Crash, Harness
 
 models.ALLOW_MODEL_REQUESTS = False

@@ -257,7 +257,7 @@ def test_a_scoped_client_knows_only_its_apps_runs() -> None:
     env = Harness(other)
     run_id = env.start(payroll, 500_000)
     env.run_until_idle(skip_time=False)
-    from sagaloop.engine.client import Client
+    from sagaloop.client import Client
 
     shop = Client(env.store, app).scoped()
     for call in (
@@ -345,7 +345,7 @@ def test_the_console_and_the_mcp_server_of_one_app_do_not_touch_another_apps_run
     approve the payroll app's 500,000-cent payment."""
     from starlette.testclient import TestClient
 
-    from sagaloop.engine.client import Client
+    from sagaloop.client import Client
     from sagaloop.mcp_server.server import SagaMCPServer
     from sagaloop.ui import create_app
 

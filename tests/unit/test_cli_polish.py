@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from sagaloop import App, SagaContext, StepContext
 from sagaloop.cli import render
 from sagaloop.cli.main import _Cli, cli
-from sagaloop.engine.client import Client
+from sagaloop.client import Client
 from sagaloop.errors import ValidationError
 from sagaloop.testing import Harness
 

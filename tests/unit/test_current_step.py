@@ -159,7 +159,7 @@ def test_on_the_step_threads_and_inside_a_running_loop_too() -> None:
     own cause chain."""
     import asyncio
 
-    from sagaloop.engine.steps import StepRunner
+    from sagaloop.runtime.steps import StepRunner
 
     app = App("cs")
 

@@ -20,8 +20,8 @@ from sagaloop.brokers.dead_letters import UNSIGNED_MARK, DeadLetters, resend_tru
 from sagaloop.cli.common import Obj
 from sagaloop.cli.main import cli
 from sagaloop.engine.messages import Envelope, engine_queue
-from sagaloop.engine.runtime import decode
 from sagaloop.errors import BrokerError
+from sagaloop.runtime.consumers import decode
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import Harness
 

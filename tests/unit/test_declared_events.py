@@ -16,8 +16,8 @@ from pydantic import BaseModel
 
 import sagaloop
 from sagaloop import App, EventTimeoutError, SagaContext
+from sagaloop.client import Client
 from sagaloop.engine import history as h
-from sagaloop.engine.client import Client
 from sagaloop.engine.messages import Envelope, engine_queue
 from sagaloop.testing import Harness, replay
 

@@ -16,7 +16,7 @@ from sagaloop.engine import history as h
 from sagaloop.engine.activation import Engine
 from sagaloop.engine.messages import engine_queue, start_queue
 from sagaloop.engine.ports import Delivery
-from sagaloop.engine.runtime import EngineConsumer
+from sagaloop.runtime.consumers import EngineConsumer
 from sagaloop.store.sql import SqlStore
 
 app = App("batch")

@@ -242,7 +242,7 @@ def test_a_reconciled_steps_duration_is_its_attempts_not_the_lease_wait() -> Non
     not the 60 s the message waited for its lease."""
     from sagaloop.engine.messages import Envelope
     from sagaloop.engine.ports import Delivery
-    from sagaloop.engine.steps import StepRunner
+    from sagaloop.runtime.steps import StepRunner
     from sagaloop.testing import Crash
 
     app = App("truth")

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sagaloop import App, SagaContext, StepContext
-from sagaloop.engine.client import Client
+from sagaloop.client import Client
 from sagaloop.engine.fork import fork_history, settled_commands
 from sagaloop.engine.messages import engine_queue, step_queue
 from sagaloop.errors import EventTimeoutError, RunNotFoundError, RunStateError, ValidationError

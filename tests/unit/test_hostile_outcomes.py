@@ -20,14 +20,14 @@ import sqlalchemy as sa
 
 from sagaloop import App, Client, RetryPolicy, SagaContext, StepContext
 from sagaloop.brokers.database import DatabaseBroker
-from sagaloop.cli.services import Runtime
 from sagaloop.engine import history as h
 from sagaloop.engine.messages import Envelope, engine_queue, step_queue
 from sagaloop.engine.ports import Delivery
-from sagaloop.engine.runtime import WorkerConsumer
-from sagaloop.engine.steps import StepRunner
 from sagaloop.errors import MAX_ERROR_MESSAGE, ErrorInfo, UnencodableError
 from sagaloop.outbox import StepTask, handle_step
+from sagaloop.runtime.consumers import WorkerConsumer
+from sagaloop.runtime.service import Runtime
+from sagaloop.runtime.steps import StepRunner
 from sagaloop.sagas.convert import MAX_VALUE_BYTES, Converter, encode_value
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import Crash, Harness, eventually

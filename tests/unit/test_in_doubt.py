@@ -12,12 +12,12 @@ import pytest
 
 import sagaloop
 from sagaloop import App, ApplicationError, NotAppliedError, RetryPolicy, SagaContext, StepContext
-from sagaloop.engine import crashpoints
 from sagaloop.engine import history as h
-from sagaloop.engine.crashpoints import CrashPointRaised
 from sagaloop.engine.messages import Envelope, step_queue
 from sagaloop.engine.ports import Delivery
-from sagaloop.engine.steps import StepRunner
+from sagaloop.runtime import crashpoints
+from sagaloop.runtime.crashpoints import CrashPointRaised
+from sagaloop.runtime.steps import StepRunner
 from sagaloop.testing import Crash, Harness
 
 FAST = RetryPolicy(max_attempts=4, initial_interval=timedelta(seconds=1))

@@ -19,9 +19,10 @@ from click.testing import CliRunner, Result
 
 from sagaloop import App
 from sagaloop.brokers.database import DatabaseBroker
-from sagaloop.cli import liveness, services
 from sagaloop.cli.main import cli
-from sagaloop.cli.takeover import start_of
+from sagaloop.runtime import liveness
+from sagaloop.runtime import service as services
+from sagaloop.runtime.takeover import start_of
 from sagaloop.store.processes import Identity
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import eventually

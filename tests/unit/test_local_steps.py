@@ -1,5 +1,5 @@
 """In-process steps (``local=True``): run by the engine's process, outside any transaction, then
-checkpointed with the same rules as a worker's steps (see sagaloop/engine/local.py)."""
+checkpointed with the same rules as a worker's steps (see sagaloop/runtime/local.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from sagaloop import App, RetryPolicy, SagaContext, StepContext
-from sagaloop.engine import crashpoints
+from sagaloop.client import Client
 from sagaloop.engine import history as h
-from sagaloop.engine.client import Client
-from sagaloop.engine.crashpoints import CrashPointRaised
 from sagaloop.engine.messages import local_queue
+from sagaloop.runtime import crashpoints
+from sagaloop.runtime.crashpoints import CrashPointRaised
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import Harness
 
@@ -232,7 +232,7 @@ def test_an_engine_that_trusts_its_cache_still_sees_what_another_engine_did(
     where the run stands); if another engine changed the run since, the update fails on the
     ``last_seq`` it started from and the message is prepared again from a fresh read."""
     from sagaloop.engine.activation import Engine
-    from sagaloop.engine.runtime import EngineConsumer
+    from sagaloop.runtime.consumers import EngineConsumer
 
     app = App("twoengines")
 
@@ -248,7 +248,7 @@ def test_an_engine_that_trusts_its_cache_still_sees_what_another_engine_did(
     (delivery,) = env.broker.receive(env._consumed(), 1, 0)
     other.process(delivery)  # another engine takes the event
     env.send_event(run_id, "b", "second")
-    with caplog.at_level("DEBUG", logger="sagaloop.engine.runtime"):
+    with caplog.at_level("DEBUG", logger="sagaloop.runtime.consumers"):
         env.run_until_idle()  # the cached run is stale: found by the update, then read again
     assert env.result(run_id) == ["first", "second"]
     assert f"run {run_id!r} changed meanwhile; preparing again" in caplog.text
@@ -262,9 +262,9 @@ def test_replies_ready_together_are_checkpointed_in_one_transaction() -> None:
 
     from sqlalchemy import event
 
-    from sagaloop.engine.local import _Checkpoint
     from sagaloop.engine.messages import inbox_key
-    from sagaloop.engine.runtime import decode
+    from sagaloop.runtime.consumers import decode
+    from sagaloop.runtime.local import _Checkpoint
 
     app = App("group")
 
@@ -303,7 +303,7 @@ def test_a_stale_cache_never_discards_a_result_as_late() -> None:
     nothing still checks that the run did not move, and is prepared again if it did."""
     from sagaloop.engine.activation import Engine
     from sagaloop.engine.messages import engine_queue
-    from sagaloop.engine.runtime import EngineConsumer
+    from sagaloop.runtime.consumers import EngineConsumer
 
     app = App("stale")
 
@@ -332,9 +332,9 @@ def test_a_stopping_engine_gives_back_the_in_process_steps_it_did_not_start() ->
     engine's lane takes them on its next look."""
     from datetime import UTC, datetime
 
-    from sagaloop.brokers.local import Handoffs, LocalLane
     from sagaloop.engine.messages import Envelope
     from sagaloop.engine.ports import Outgoing
+    from sagaloop.runtime.lane import Handoffs, LocalLane
 
     store = SqlStore("sqlite://")
     store.upgrade()

@@ -32,13 +32,13 @@ from sagaloop.cli.common import Obj
 from sagaloop.cli.main import _ScrubbingJsonFormatter, cli
 from sagaloop.cli.render import timeline_text
 from sagaloop.cli.serve import _wait_for_database
-from sagaloop.cli.services import EXIT_ACCESS_REFUSED
 from sagaloop.engine import history as h
 from sagaloop.errors import (
     AccessRefusedError,
     DatabaseAccessRefused,
     TransientStoreError,
 )
+from sagaloop.runtime.service import EXIT_ACCESS_REFUSED
 from sagaloop.store.connect import refused_access as database_refusal
 from sagaloop.store.connect import translate
 from sagaloop.store.sql import SqlStore
@@ -298,7 +298,7 @@ def test_dev_writes_json_lines_that_name_the_run(tmp_path: Path) -> None:
     try:
         import devlogs
 
-        from sagaloop.engine.client import Client
+        from sagaloop.client import Client
 
         run_id = Client(store, devlogs.app).start("pay", 3, run_id="dev-run")
     finally:

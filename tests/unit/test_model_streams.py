@@ -26,7 +26,7 @@ from sagaloop.agents import transcript
 from sagaloop.agents.openai_agents import SagaRunner
 from sagaloop.agents.pydantic_ai import SagaAgent
 from sagaloop.engine.messages import Envelope
-from sagaloop.engine.steps import _StepContext
+from sagaloop.runtime.steps import _StepContext
 from sagaloop.sagas.app import StepDef
 
 models.ALLOW_MODEL_REQUESTS = False

@@ -18,10 +18,10 @@ from click.testing import CliRunner
 
 from sagaloop import App, Client, SagaContext, StepContext
 from sagaloop.brokers.database import DatabaseBroker
-from sagaloop.cli import processes as p
 from sagaloop.cli.main import cli
-from sagaloop.cli.services import Runtime
-from sagaloop.engine import crashpoints
+from sagaloop.runtime import crashpoints
+from sagaloop.runtime import registry as p
+from sagaloop.runtime.service import Runtime
 from sagaloop.store.processes import ProcessRecord
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import VirtualClock, eventually

@@ -37,10 +37,10 @@ from hypothesis import strategies as st
 
 from sagaloop import App, ApplicationError, RetryPolicy, SagaContext, StepContext, StepFailedError
 from sagaloop.engine import history as h
-from sagaloop.engine.crashpoints import CrashPointRaised
 from sagaloop.engine.history import Event
 from sagaloop.engine.messages import Envelope, engine_queue, step_queue
 from sagaloop.engine.ports import Delivery
+from sagaloop.runtime.crashpoints import CrashPointRaised
 from sagaloop.testing import Crash, Harness
 
 Broker = Literal["database", "memory"]

@@ -15,7 +15,7 @@ import pytest
 from sagaloop.brokers.memory import MemoryBroker
 from sagaloop.engine.messages import Envelope
 from sagaloop.engine.ports import Outgoing
-from sagaloop.outbox.relay import Relay
+from sagaloop.runtime.relay import Relay
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import VirtualClock
 
@@ -134,7 +134,7 @@ def test_an_idle_sweep_and_an_idle_timer_poll_are_one_read_each(
     polls every ``--poll`` seconds, idle or not): no write transaction (on PostgreSQL, a
     ``BEGIN``, the claim's ``SELECT ... FOR UPDATE`` and a ``COMMIT``: three round trips)."""
     from sagaloop import App
-    from sagaloop.engine.runtime import TimerScheduler
+    from sagaloop.runtime.consumers import TimerScheduler
 
     clock, broker = VirtualClock(), MemoryBroker()
     relay = Relay(store, broker, clock=clock)

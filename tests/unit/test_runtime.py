@@ -12,8 +12,8 @@ import pytest
 
 from sagaloop import App, Client, RetryPolicy, SagaContext, StepContext
 from sagaloop.brokers.database import DatabaseBroker
-from sagaloop.cli.services import Runtime
 from sagaloop.engine import history as h
+from sagaloop.runtime.service import Runtime
 from sagaloop.store.sql import SqlStore
 
 app = App("rt")

@@ -1,13 +1,13 @@
 """Issue 23, item 2, as pure functions: which queues no live process consumes, for ``status``
-(``engine.serving``) and for ``health`` (``cli.processes.fleet``)."""
+(``client.serving``) and for ``health`` (``runtime.registry.fleet``)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from sagaloop.cli.processes import fleet
-from sagaloop.engine.serving import Serving, unserved
-from sagaloop.engine.timeline import StepLine, Timeline
+from sagaloop.client.serving import Serving, unserved
+from sagaloop.client.timeline import StepLine, Timeline
+from sagaloop.runtime.registry import fleet
 from sagaloop.store.processes import ProcessRecord
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

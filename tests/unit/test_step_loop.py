@@ -12,7 +12,7 @@ from typing import Any
 
 from sagaloop import App, StepContext
 from sagaloop.engine.messages import Envelope
-from sagaloop.engine.steps import StepRunner
+from sagaloop.runtime.steps import StepRunner
 
 app = App("step-loop")
 seen: dict[str, Any] = {}

@@ -18,8 +18,8 @@ import pytest
 
 from sagaloop import App, StepContext
 from sagaloop.engine.messages import Envelope
-from sagaloop.engine.steps import StepRunner
 from sagaloop.errors import StepCancelled
+from sagaloop.runtime.steps import StepRunner
 from sagaloop.testing import eventually
 
 app = App("timeouts")
@@ -235,7 +235,7 @@ def test_health_lists_abandoned_threads_as_notes_and_fails_only_for_problems() -
     lists them under the process and fails only for the problems."""
     from datetime import UTC, datetime
 
-    from sagaloop.cli.processes import assess
+    from sagaloop.runtime.registry import assess
     from sagaloop.store.processes import ProcessRecord
 
     now = datetime.now(UTC)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sagaloop.cli.takeover import STALE_AFTER, Takeover, verdict
+from sagaloop.runtime.takeover import STALE_AFTER, Takeover, verdict
 from sagaloop.store.processes import Identity, ProcessRecord
 from sagaloop.store.sql import SqlStore
 
@@ -96,7 +96,7 @@ def test_a_killed_child_not_yet_reaped_is_dead_and_a_running_one_alive() -> None
     import subprocess
     import sys
 
-    from sagaloop.cli.takeover import pid_alive
+    from sagaloop.runtime.takeover import pid_alive
     from sagaloop.testing import eventually
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -30,7 +30,7 @@ from sagaloop import App, RetryPolicy, SagaContext, StepContext, StepFailedError
 from sagaloop.engine import history as h
 from sagaloop.engine import tracing
 from sagaloop.engine.messages import Envelope
-from sagaloop.engine.runtime import decode
+from sagaloop.runtime.consumers import decode
 from sagaloop.testing import Harness
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -376,7 +376,7 @@ def test_without_the_extra_nothing_is_imported_and_runs_work() -> None:
     code = textwrap.dedent(
         """
         import sys
-        import sagaloop, sagaloop.testing, sagaloop.engine.runtime, sagaloop.outbox
+        import sagaloop, sagaloop.testing, sagaloop.runtime.consumers, sagaloop.outbox
         assert not [m for m in sys.modules if m.startswith("opentelemetry")], "imported"
         sys.modules["opentelemetry"] = None  # as if the extra were not installed
         from sagaloop import App, SagaContext, StepContext

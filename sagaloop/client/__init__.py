@@ -1,0 +1,8 @@
+"""The client: start, signal, cancel, retry and read runs, without saga code running and
+without the runtime. :class:`Client` writes to the store through the engine's ports and reads
+runs back as a :class:`~sagaloop.client.timeline.Timeline` (one status model for ``sagaloop
+status``, ``status --json`` and the console); ``serving`` tells whether a live process serves a
+run's waiting steps, and ``admission`` holds the start backlog limit ``Client.start``
+enforces."""
+
+from sagaloop.client.client import Client as Client

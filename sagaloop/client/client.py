@@ -1,0 +1,641 @@
+"""The client: start runs, send events, cancel, retry, and read status. It needs no saga code
+(pass a declared saga instead of its name to have the input validated before anything is
+written)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pydantic
+import pydantic_core
+from pydantic import BaseModel
+
+from sagaloop.client.admission import START_BACKLOG, limit_from_env
+from sagaloop.client.serving import served
+from sagaloop.client.timeline import Timeline, timeline
+from sagaloop.engine import answers, tracing
+from sagaloop.engine import history as h
+from sagaloop.engine import state as s
+from sagaloop.engine.event_fit import check_event
+from sagaloop.engine.fork import fork_history
+from sagaloop.engine.history import Event, NewEvent
+from sagaloop.engine.messages import (
+    MAX_MESSAGE_BYTES,
+    Envelope,
+    EventPayload,
+    derived_id,
+    engine_queue,
+    start_queue,
+)
+from sagaloop.engine.ports import Clock, Outgoing, RunRecord, Store, SystemClock
+from sagaloop.engine.replay import check_replay
+from sagaloop.engine.state import RunState
+from sagaloop.engine.streams import Streams
+from sagaloop.errors import (
+    ActivationDeadlineError,
+    MessageError,
+    NonDeterminismError,
+    OverloadedError,
+    RunFinishedError,
+    RunNotFoundError,
+    RunStateError,
+    SagaFailedError,
+    ValidationError,
+)
+from sagaloop.errors import ErrorInfo as _ErrorInfo
+from sagaloop.sagas.app import App, SagaDef
+from sagaloop.sagas.approvals import (
+    OPEN_STATUSES,
+    PendingApproval,
+    approval_key,
+    call_id_of,
+    check_call_id,
+)
+from sagaloop.sagas.convert import ANY, Converter, encode_value
+
+LIVE = timedelta(seconds=15)
+"""A process whose registry row was refreshed this recently runs (it refreshes every 5 s)."""
+
+# The client refuses, before anything is written, what the engine would refuse after: it
+# checks with the engine's own rules (the Envelope's fields, Envelope.from_bytes and the
+# converters' encode_value), so a run is never written whose start the engine dead-letters.
+
+
+def _check_text(
+    value: str, what: str, model: type[BaseModel] = Envelope, field: str = "run_id"
+) -> str:
+    """``value`` if the engine's ``model.field`` accepts it (for ids and names: 1 to 200
+    characters of text that UTF-8 can encode, without NUL), else one ValidationError line."""
+    try:
+        model.__pydantic_validator__.validate_assignment(model.model_construct(), field, value)
+    except pydantic.ValidationError as e:
+        shown = repr(value)
+        shown = shown if len(shown) <= 50 else shown[:45] + "...'"
+        error = e.errors()[0]
+        reason = (
+            "it holds invalid UTF-8 or a lone surrogate"
+            if error["type"] == "string_unicode"
+            else error["msg"].removeprefix("Value error, ")
+        )
+        raise ValidationError(
+            f"{what} must be 1 to 200 characters of valid UTF-8 text, without NUL: "
+            f"{shown} is refused ({reason})"
+        ) from e
+    return value
+
+
+def _to_json(value: Any, converter: Converter, what: str) -> Any:
+    """``value`` as the JSON that is stored and sent: valid for ``converter``'s type and
+    storable. NaN and Infinity are refused even where pydantic would quietly write null."""
+    try:
+        plain = pydantic_core.to_jsonable_python(value, inf_nan_mode="constants")
+    except (pydantic_core.PydanticSerializationError, ValueError):
+        pass  # not JSON-like at all: the converter says why
+    else:
+        encode_value(plain, what=what)
+    return converter.to_json(value, what=what)
+
+
+def _check_message(env: Envelope) -> None:
+    """Refuse, before anything is written, a message that consumers would dead-letter: its bytes
+    are read back as the engine reads them."""
+    try:
+        body = env.to_bytes()
+    except pydantic_core.PydanticSerializationError as e:
+        raise ValidationError(f"the {env.type} message of run {env.run_id!r}: {e}") from e
+    if len(body) > MAX_MESSAGE_BYTES:
+        raise ValidationError(
+            f"the {env.type} message of run {env.run_id!r} would be {len(body)} bytes, over the "
+            f"limit of {MAX_MESSAGE_BYTES}: keep large payloads out of messages (store them "
+            "and pass a reference)"
+        )
+    try:
+        Envelope.from_bytes(body)
+    except MessageError as e:
+        raise ValidationError(f"the engine would refuse the {env.type} message: {e}") from e
+
+
+class Client:
+    def __init__(
+        self,
+        store: Store,
+        app: App | str | None = None,
+        *,
+        clock: Clock | None = None,
+        streams: Streams | None = None,
+        start_backlog: int | None = None,
+    ) -> None:
+        """``app`` (an App, or just its name) is needed to start runs; events, cancellation
+        and retries go to the engine of the app that each run belongs to. ``streams``: the
+        live channel that :meth:`stream` follows (none: the history only).
+
+        ``start_backlog``: :meth:`start` refuses a new run (:class:`OverloadedError`) while
+        this many runs of the app wait for an engine to take up their start; ``0``: no limit.
+        Default: ``SAGALOOP_START_BACKLOG``, else :data:`START_BACKLOG`."""
+        self.start_backlog = limit_from_env("SAGALOOP_START_BACKLOG", start_backlog, START_BACKLOG)
+        self.store = store
+        self.streams = streams
+        self.app = app if isinstance(app, App) else None
+        self.app_name = app.name if isinstance(app, App) else app
+        self.clock = clock or SystemClock()
+        self.own_app_only = False
+        """Set by :meth:`scoped`: the runs of other apps are not found."""
+
+    def start(
+        self,
+        saga: SagaDef[Any, Any] | str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        event: tuple[str, Any] | None = None,
+        event_id: str | None = None,
+    ) -> str:
+        """Start a run and return its id. Idempotent per ``run_id``: starting an existing run
+        id returns it without starting another. Refuses, before anything is written, what the
+        engine would refuse (an invalid or empty id or name, NaN or Infinity, a lone surrogate,
+        a message over the size limit), and a run id that a run of another app holds.
+
+        With ``event=(name, data)``, the event is delivered to the run in the same transaction
+        that starts it, or to the run already there (signal-with-start); ``event_id`` makes
+        repeated calls deliver it once, as for :meth:`send_event`."""
+        if isinstance(saga, str):
+            _check_text(saga, "saga name")
+            definition = self.app.get_saga(saga) if self.app is not None else None
+            if self.app is not None and definition is None:
+                from sagaloop.errors import UnknownSagaError
+
+                raise UnknownSagaError(saga, list(self.app.sagas))
+        else:
+            definition = saga
+        name = definition.name if definition is not None else str(saga)
+        if not self.app_name:
+            raise ValidationError("Client(store, app) needs the app to start runs")
+        run_id = _check_text(uuid.uuid4().hex if run_id is None else run_id, "run_id")
+        converter = definition.input if definition is not None else ANY
+        input_json = _to_json(input, converter, f"input of saga {name!r}")
+        now = self.clock.now()
+        with tracing.start(run_id, name) as trace:  # the span sagaloop.start: the run's trace
+            env = Envelope(
+                type="start",
+                message_id=derived_id("start", run_id),
+                run_id=run_id,
+                saga=name,
+                payload={"input": input_json},
+                created_at=now,
+                trace=trace,
+            )
+            _check_message(env)
+            first = [] if event is None else [self._event(run_id, *event, event_id=event_id)]
+            if first and definition is not None:  # what the saga declares it accepts
+                state = RunState(run_id, saga=name)
+                check_event(
+                    state, first[0].payload["name"], first[0].payload["data"], definition.events
+                )
+            backlog = self._backlog()  # a run already there is not refused: idempotent
+            if backlog is not None and self.store.get_run(run_id) is None:
+                raise OverloadedError(self.app_name, backlog, self.start_backlog)
+            with self.store.transaction() as tx:
+                record = RunRecord(run_id, self.app_name, name, s.RUNNING, input_json, now, now, 1)
+                if not self.store.create_run(tx, record):
+                    existing = self.store.lock_run(tx, run_id)
+                    if existing is not None and existing.app != self.app_name:
+                        raise RunStateError(
+                            f"run id {run_id!r} is taken by a run of app {existing.app!r} (apps "
+                            "sharing a database share their run ids): choose another run id"
+                        )
+                    if existing is not None and existing.saga != name:
+                        raise RunStateError(
+                            f"run {run_id!r} already exists as a run of saga {existing.saga!r}"
+                        )
+                    if existing is not None and not _same_json(existing.input, input_json):
+                        raise RunStateError(
+                            f"run id {run_id!r} is taken by a run of saga {name!r} with another "
+                            "input: choose another run id (a start is idempotent only for the "
+                            "same input)"
+                        )
+                    if first and existing is not None and existing.status in s.FINAL_STATUSES:
+                        raise RunFinishedError(run_id, existing.status)
+                    queue = engine_queue(self.app_name)  # a run in flight: its engine queue
+                    self.store.enqueue(tx, [Outgoing(queue, e) for e in first], now)
+                    return run_id
+                data = {"input": input_json, **({"trace": trace} if trace else {})}  # the run's
+                if definition is not None and (events := definition.recorded_events()):
+                    data["events"] = events  # what it accepts, for clients without its code
+                started = NewEvent(h.RUN_STARTED, name=name, data=data)
+                self.store.append_events(tx, run_id, 0, [started], now)
+                queue = start_queue(self.app_name)  # behind the work of the runs in flight
+                self.store.enqueue(tx, [Outgoing(queue, e) for e in [env, *first]], now)
+            return run_id
+
+    def _backlog(self) -> int | None:
+        """The app's start backlog when it is at the limit, else None."""
+        if not self.start_backlog:
+            return None
+        app, limit = str(self.app_name), self.start_backlog
+        backlog = self.store.count_running(app, started=False, at_most=limit)
+        return backlog if backlog >= self.start_backlog else None
+
+    def _event(
+        self, run_id: str, name: str, data: Any = None, *, event_id: str | None = None
+    ) -> Envelope:
+        """The event message for ``run_id``, checked as the engine would check it."""
+        _check_text(name, "event name", EventPayload, "name")
+        if event_id is not None:
+            _check_text(event_id, "event_id")
+        payload = {"name": name, "data": _to_json(data, ANY, "event data")}
+        message_id = derived_id("event", run_id, event_id) if event_id else None
+        return self._message("event", run_id, payload, message_id)
+
+    def _send(self, env: Envelope, *, live: bool, run: RunRecord | None = None) -> None:
+        """Queue ``env`` (checked already) for the engine of its run's app; ``live``: refuse
+        a finished run. ``run``: the run as the caller just read it (else it is read)."""
+        run = run or self.get(env.run_id)
+        if live and run.status in s.FINAL_STATUSES:
+            raise RunFinishedError(env.run_id, run.status)
+        with self.store.transaction() as tx:
+            self.store.enqueue(tx, [Outgoing(engine_queue(run.app), env)], self.clock.now())
+
+    def _message(
+        self, type: Any, run_id: str, payload: dict[str, Any], message_id: str | None = None
+    ) -> Envelope:
+        """A message to the engine, checked as the engine would check it."""
+        env = Envelope(
+            type=type,
+            run_id=_check_text(run_id, "run_id"),
+            payload=payload,
+            created_at=self.clock.now(),
+            message_id=message_id or uuid.uuid4().hex,
+            trace=tracing.current(),  # the caller's span, if any: the activation links to it
+        )
+        _check_message(env)
+        return env
+
+    def send_event(
+        self, run_id: str, name: str, data: Any = None, *, event_id: str | None = None
+    ) -> None:
+        """Deliver an event to a run; kept until the run waits for it if it arrives early.
+        Sends with the same ``event_id`` are delivered once (safe to retry).
+
+        Refused (ValidationError, nothing sent) if the run would refuse it: a name its saga
+        does not declare (``@app.saga(events=...)``), if it declares any, or data that does
+        not fit the model of the wait open for it or, before that wait begins, the declared
+        model. What a client cannot check (a model it cannot import) the engine records as
+        refused when the wait takes it: ``status`` shows it, with the reason.
+
+        An answer to an approval (``approval:{call_id}``) that names its ``request_id`` is
+        checked and claims the request as :meth:`approve` does (ApprovalTakenError if another
+        answer won); one that names none is sent as it is, and the engine records it as
+        refused: an answer counts only if it was written knowing the request."""
+        run = self.get(run_id)  # RunNotFoundError
+        call_id = call_id_of(name) if isinstance(name, str) else None
+        if call_id and isinstance(data, dict) and "request_id" in data:
+            return self._answer(run_id, call_id, data, event_id=event_id)  # checked, claimed
+        env = self._event(run_id, name, data, event_id=event_id)
+        self._check_fits(run, name, env.payload["data"])
+        self._send(env, live=True, run=run)
+
+    def _check_fits(self, run: RunRecord, name: str, data: Any) -> None:
+        """Refuse an event that the run would refuse (:func:`event_fit.check_event`): a
+        name its saga does not declare, or data that does not fit the model of the wait open
+        for it or, before the wait begins, the declared one. The saga's declaration is read
+        from this client's App if it declares the run's saga, else from the run's start."""
+        state = RunState(run.run_id)
+        for event in self.store.load_history(None, run.run_id):
+            state.apply(event)
+        mine = self.app is not None and run.app == self.app.name
+        saga = self.app.get_saga(run.saga) if self.app is not None and mine else None
+        check_event(state, name, data, saga.events if saga is not None else None)
+
+    def cancel(self, run_id: str, reason: str | None = None) -> None:
+        """Stop the run at its next suspension point and compensate its completed steps."""
+        self._send(self._message("cancel", run_id, {"reason": reason}), live=True)
+
+    def retry(self, run_id: str) -> None:
+        """Resume a run in ``needs_attention`` once its cause is fixed."""
+        run = self.get(run_id)
+        if run.status != s.NEEDS_ATTENTION:
+            raise RunStateError(f"run {run_id!r} is {run.status}, not needs_attention")
+        self._send(self._message("retry", run_id, {}), live=False, run=run)
+
+    def fork(self, source: str, /, at: int, *, run_id: str | None = None) -> str:
+        """Start a new run whose history is run ``source``'s up to command position ``at``,
+        and return its id. Nothing before the cut runs again: the new run gets a copy of every
+        command at a position before ``at`` whose outcome the history records, with that
+        outcome (:func:`~sagaloop.engine.fork.fork_history`); the rest (positions ``at`` and
+        after, and the commands still outstanding) is dropped, and the saga code as it is now
+        goes on from there, issuing again what it does next. The input is ``source``'s;
+        ``run_started`` records ``forked_from: {run_id, position}``. The copied steps' effects
+        stay ``source``'s: the fork never compensates them. Positions are those of ``sagaloop
+        status`` (the ``#`` of a step) and of ``sagaloop export`` (``pos``, and its
+        ``commands``).
+
+        Needs the App (``Client(store, app)``): the history kept is replayed against the saga
+        code first, and a fork that code could not continue is refused, as are a position
+        outside the history, a run of another app or of a saga the app does not declare, and a
+        ``run_id`` taken by another run (forking again with the same ``run_id``, source and
+        position returns it)."""
+        if self.app is None:
+            raise ValidationError("Client(store, app) needs the App to fork runs")
+        old = self.get(source)
+        saga = self.app.get_saga(old.saga) if old.app == self.app.name else None
+        if saga is None:
+            raise RunStateError(
+                f"run {source!r} is a run of saga {old.saga!r} of app {old.app!r}, which app "
+                f"{self.app.name!r} does not declare: fork it with the app that does"
+            )
+        if isinstance(at, bool) or not isinstance(at, int):
+            raise ValidationError(f"a position is a whole number, not {at!r:.60}")
+        kept = fork_history(self.store.load_history(None, source), at, run_id=source)
+        new_id = _check_text(uuid.uuid4().hex if run_id is None else run_id, "run_id")
+        if new_id == source:
+            raise RunStateError(f"a fork is a new run: give it another id than {source!r}")
+        link = {"run_id": source, "position": at}
+        first_pos = kept[0].data.get("first_pos")
+        input_json = kept[0].data.get("input")
+        now = self.clock.now()
+        shift = now - kept[-1].at  # the cut is now: timers issued after it count from now
+        with tracing.start(new_id, saga.name) as trace:
+            data = {
+                "input": input_json,
+                "forked_from": link,
+                **({"first_pos": first_pos} if first_pos else {}),
+                **({"trace": trace} if trace else {}),
+                **({"events": accepts} if (accepts := saga.recorded_events()) else {}),
+            }
+            events = [
+                Event(seq, e.kind, e.at + shift, e.pos, e.name, data if seq == 1 else e.data)
+                for seq, e in enumerate(kept, start=1)
+            ]
+            try:  # a fork the code as it is now cannot continue would park at once
+                check_replay(self.app, saga, new_id, events, whole=False)
+            except (NonDeterminismError, ActivationDeadlineError) as e:
+                reason = str(e).removeprefix(f"run {new_id!r}: ")
+                raise ValidationError(
+                    f"cannot fork run {source!r} at position {at}: the saga code does not "
+                    f"replay what the fork keeps ({reason}); fork at an earlier position"
+                ) from e
+            env = Envelope(
+                type="start",
+                message_id=derived_id("start", new_id),
+                run_id=new_id,
+                saga=saga.name,
+                payload={"input": input_json},
+                created_at=now,
+                trace=trace,
+            )
+            _check_message(env)
+            record = RunRecord(new_id, self.app.name, saga.name, s.RUNNING, input_json, now, now)
+            # Processed but the last event: the engine's activation replays the copy (the saga's
+            # logger silent), gives the code that last event, and records what it does next.
+            # The engine expects no command among the events it has not processed: if the last
+            # is one, the whole copy is given as new (the saga's log lines said again).
+            record.last_seq = len(events)
+            record.processed_seq = 0 if events[-1].kind in h.COMMAND_KINDS else len(events) - 1
+            with self.store.transaction() as tx:
+                if not self.store.create_run(tx, record):
+                    first = self.store.load_history(tx, new_id)[:1]
+                    if first and first[0].data.get("forked_from") == link:
+                        return new_id  # this very fork, made already
+                    raise RunStateError(f"run id {new_id!r} is taken: choose another run id")
+                after = 0
+                for when, group in itertools.groupby(events, key=lambda e: e.at):
+                    batch = [NewEvent(e.kind, e.pos, e.name, e.data) for e in group]
+                    after = self.store.append_events(tx, new_id, after, batch, when)[-1].seq
+                self._index_open_approvals(tx, record, events, now)
+                self.store.enqueue(tx, [Outgoing(start_queue(self.app.name), env)], now)
+        return new_id
+
+    def _index_open_approvals(self, tx: Any, run: RunRecord, events: list[Event], now: Any) -> None:
+        """Index the approvals a fork's copied history leaves open, as the engine indexes
+        those it records: the fork's own requests, answered with its own request ids."""
+        state = RunState(run.run_id)
+        for event in events:
+            state.apply(event)
+        for key, value in state.published.items():
+            call_id = call_id_of(key)
+            if call_id and isinstance(value, dict) and value.get("status") in OPEN_STATUSES:
+                self.store.publish_approval(tx, run, call_id, value, now=now)
+
+    # --- approvals (``ctx.approval``; the rules are in ``answers``) ------------------------------
+
+    def approvals(
+        self, run_id: str | None = None, *, after: str | None = None, limit: int = 50
+    ) -> list[PendingApproval]:
+        """The approvals that runs wait for (pending or escalated), oldest request first, a
+        page of at most ``limit``: of ``run_id``, or of every unfinished run (of this
+        client's app, if it has one). ``after``: the ``cursor`` of the last approval of the
+        page before. Read from the approvals index, page by page."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= 1000:
+            raise ValidationError(f"a page holds 1 to 1000 approvals, not {limit!r:.20}")
+        if run_id is not None:
+            self.get(run_id)  # RunNotFoundError
+        rows = self.store.open_approvals(
+            app=self.app_name,
+            run_id=run_id,
+            after=None if after is None else answers.read_cursor(after),
+            limit=limit,
+        )
+        return [p for p in map(answers.pending, rows) if p is not None]
+
+    def approve(
+        self, run_id: str, call_id: str, *, args: Any = None, by: str | None = None
+    ) -> None:
+        """Approve the approval ``call_id`` that run ``run_id`` waits for; with ``args``,
+        approve these arguments in place of those asked about (checked against the action's
+        schema, when the run published one). Refused (ValidationError) unless the approval
+        is pending or escalated; ApprovalTakenError if another answer won it first."""
+        data: dict[str, Any] = {"approved": True, "by": by}
+        if args is not None:
+            data["args"] = args
+        self._answer(run_id, call_id, data, hashed=False)
+
+    def deny(self, run_id: str, call_id: str, *, reason: str, by: str | None = None) -> None:
+        """Deny the approval ``call_id`` that run ``run_id`` waits for, saying why. Refused
+        (ValidationError) unless the approval is pending or escalated; ApprovalTakenError if
+        another answer won it first."""
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValidationError("a denial needs a reason: say why (--reason TEXT)")
+        self._answer(run_id, call_id, {"approved": False, "reason": reason, "by": by}, hashed=False)
+
+    def _answer(
+        self,
+        run_id: str,
+        call_id: str,
+        data: Any,
+        *,
+        event_id: str | None = None,
+        hashed: bool = True,
+    ) -> None:
+        """Send ``data`` as the answer to approval ``call_id`` if it wins the request: the
+        claim and the queued event commit together, or neither does. ``hashed=False``: the
+        answer is to the arguments as asked (the request's hash is filled in)."""
+        check_call_id(call_id)
+        if isinstance(data, dict) and data.get("by") is not None:
+            if not isinstance(data["by"], str):
+                raise ValidationError(f"who answers (by) is text, not {data['by']!r:.60}")
+        elif isinstance(data, dict) and "by" in data:
+            data = {k: v for k, v in data.items() if k != "by"}
+        run = self.get(run_id)
+        row = self.store.approval(None, run_id, call_id)
+        sent = None if event_id is None else derived_id("event", run_id, event_id)
+        if row is not None and sent is not None and row.answer_id == sent:
+            return  # this very answer, sent already
+        request = answers.open_request(run, call_id, row)
+        assert row is not None
+        if not hashed:
+            data = {**data, "args_hash": request.args_hash}
+        answer = answers.checked_answer(request, row.request_id, data)
+        env = self._event(run_id, approval_key(call_id), answer, event_id=event_id)
+        with self.store.transaction() as tx:
+            won = self.store.claim_approval(
+                tx,
+                run_id,
+                call_id,
+                request_id=row.request_id,
+                message_id=env.message_id,
+                answer=answers.claim_answer(row, env, answer),
+            )
+            if won:
+                self.store.enqueue(tx, [Outgoing(engine_queue(run.app), env)], self.clock.now())
+        if not won:  # answered or settled since it was read: say which
+            now = self.store.approval(None, run_id, call_id)
+            answers.open_request(self.get(run_id), call_id, now)
+            raise answers.taken(now or row)
+
+    def _published(self, run_id: str) -> dict[str, Any]:
+        """The latest value of each key the run published, from its history."""
+        state = RunState(run_id)
+        for event in self.store.load_history(None, run_id):
+            state.apply(event)
+        return state.published
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def get(self, run_id: str) -> RunRecord:
+        run = self.store.get_run(_check_text(run_id, "run_id"))
+        if run is None or (self.own_app_only and run.app != self.app_name):
+            raise RunNotFoundError(run_id)
+        return run
+
+    def scoped(self) -> Client:
+        """This client, knowing only the runs of its app: another app's run is not found,
+        whatever is asked of it (the console and the MCP server are scoped so, on a database
+        that apps share)."""
+        if not self.app_name:
+            raise ValidationError("a scoped client needs its app: Client(store, app)")
+        client = Client(
+            self.store,
+            self.app or self.app_name,
+            clock=self.clock,
+            streams=self.streams,
+            start_backlog=self.start_backlog,
+        )
+        client.own_app_only = True
+        return client
+
+    def history(self, run_id: str) -> list[Event]:
+        self.get(run_id)
+        return self.store.load_history(None, run_id)
+
+    def get_published(self, run_id: str, key: str, default: Any = None) -> Any:
+        """The latest value the run published under ``key`` (``ctx.publish``), or
+        ``default`` if it published none."""
+        self.get(run_id)  # RunNotFoundError
+        return self._published(run_id).get(key, default)
+
+    def status(self, run_id: str) -> Timeline:
+        run = self.get(run_id)
+        now = self.clock.now()
+        found = timeline(run, self.store.load_history(None, run_id), now)
+        found.abandoned = self.store.abandoned_attempts(run_id, seen_after=now - LIVE)
+        return served(found, run.app, self.store, now)  # a queue nobody consumes; no engine
+
+    def list(
+        self, *, status: str | None = None, saga: str | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        if saga is not None:
+            _check_text(saga, "saga name")
+        app = self.app_name if self.own_app_only else None
+        return self.store.list_runs(status=status, saga=saga, app=app, limit=limit)
+
+    def count(self, *, saga: str | None = None) -> dict[str, int]:
+        """How many runs (of ``saga``, if given) there are in each status."""
+        app = self.app_name if self.own_app_only else None
+        return self.store.count_runs(saga=saga, app=app)
+
+    def stream(
+        self, run_id: str, *, follow: bool = True, poll: float = 0.2, timeout: float | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Follow a run: first what its history holds (``{"source": "history", "seq", "kind",
+        "name", "data"}``), then, while ``follow`` and until the run finishes, its new history
+        events and what its steps stream live (``{"source": "live", "step", "position",
+        "attempt", "data"}``: an agent's model tokens, say; never recorded, so a reader that
+        was not listening gets the recorded result from the history only)."""
+        self.get(run_id)  # RunNotFoundError
+        live = self.streams.subscribe(run_id) if follow and self.streams is not None else None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seq = 0
+        try:
+            while True:
+                # read before the history: a run that finished in between is read to its end
+                finished = not follow or self.get(run_id).status in s.FINAL_STATUSES
+                for ev in self.store.load_history(None, run_id, after_seq=seq):
+                    seq = ev.seq
+                    yield {
+                        "source": "history",
+                        "seq": ev.seq,
+                        "kind": ev.kind,
+                        "name": ev.name,
+                        "data": ev.data,
+                    }
+                if finished:
+                    return
+                if deadline is not None and time.monotonic() >= deadline:
+                    return
+                if live is None:
+                    time.sleep(poll)
+                    continue
+                for item in live.get(poll):
+                    yield {"source": "live", **item} if isinstance(item, dict) else item
+        finally:
+            if live is not None:
+                live.close()
+
+    def result(self, run_id: str, *, timeout: float | None = None, poll: float = 0.05) -> Any:
+        """Wait for the run to finish; return its output or raise SagaFailedError.
+
+        The output is of the type the saga declares (a pydantic model, a dataclass...) when
+        this client has the App that declares it (``Client(store, app)``); else it is the JSON
+        that was stored (``get(run_id).output``). An output that no longer fits the declared
+        type (changed since the run finished) raises ValidationError."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            run = self.get(run_id)
+            if run.status == s.COMPLETED:
+                saga = self.app.get_saga(run.saga) if self.app is not None else None
+                if saga is None or run.app != self.app_name:
+                    return run.output
+                try:
+                    return saga.output.from_json(run.output, what=f"the output of run {run_id!r}")
+                except ValidationError as e:
+                    raise ValidationError(
+                        f"{e} (saga {run.saga!r} declares another type now): read the stored "
+                        "JSON with Client.get(run_id).output"
+                    ) from e
+            if run.status in s.FINAL_STATUSES:
+                error = _ErrorInfo.from_json(run.error) if run.error else None
+                raise SagaFailedError(run_id, run.status, error)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"run {run_id!r} is still {run.status} after {timeout} s")
+            time.sleep(poll)
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """Whether two JSON values are equal as JSON (key order aside)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)

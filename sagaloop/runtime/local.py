@@ -1,0 +1,139 @@
+"""In-process steps: an app's ``local=True`` steps, run by its engine processes.
+
+A local step's message is an outbox row like any step's, written by the activation that decided
+it, but on the app's in-process lane (``local_queue``), which no relay publishes
+(``sagaloop.runtime.lane``): the process that committed it takes it in memory at once, and
+every engine process of the app takes from the database the lane's rows nobody holds (those of
+an engine that died, once their claim ran out).
+
+The step runs in a :class:`LocalWorker`, a worker consumer, so every rule of a remote step holds
+unchanged (the inbox, the start marker of a guarded step, in doubt, reconcile, retries,
+timeouts, heartbeats, rate limits). What differs is where its reply goes: the transaction that
+stores the reply also activates the run with it (:meth:`Engine.prepare` and
+:meth:`Engine.apply`) and deletes the step's row, so a step costs one commit and no broker
+hop. If that transaction cannot be made (the run changed under another engine, the database
+refused it), the reply goes the usual way: queued to the engine, whose consumer handles every
+case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Any
+
+from sagaloop.engine.messages import Envelope, step_result
+from sagaloop.engine.ports import Delivery
+from sagaloop.runtime.consumers import WORKER_CONSUMER, EngineConsumer, WorkerConsumer
+from sagaloop.runtime.crashpoints import crash_point
+
+logger = logging.getLogger(__name__)
+
+
+class LocalWorker(WorkerConsumer):
+    """Runs in-process steps as a worker runs its steps; the reply is stored and applied to the
+    run in one transaction with the engine's ``consumer`` (under its lock).
+
+    Group commit: replies that are ready while another thread holds the engine's lock wait for
+    it, and the thread that takes it next checkpoints all of them in one transaction (in order
+    of run id, as the engine's batches). If that transaction fails, each is tried alone, so a
+    bad one costs only itself."""
+
+    def __init__(self, *args: Any, consumer: EngineConsumer, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.consumer = consumer
+        self._ready: list[_Checkpoint] = []
+        self._ready_lock = threading.Lock()
+
+    def _store(
+        self, delivery: Delivery, env: Envelope, key: str, reply: dict[str, Any] | None
+    ) -> None:
+        if reply is None or not self._checkpoint(_Checkpoint(delivery, env, key, reply)):
+            super()._store(delivery, env, key, reply)
+
+    def _checkpoint(self, mine: _Checkpoint) -> bool:
+        """Checkpoint ``mine``, with whatever else is ready; True once it is committed, False
+        (nothing of it written) if it cannot be done here."""
+        with self._ready_lock:
+            self._ready.append(mine)
+        with self.consumer.gate.first(), self.consumer.lock:
+            if mine.done is None:  # no other thread took it: take every ready one
+                with self._ready_lock:
+                    group, self._ready = self._ready, []
+                self._commit_group(group)
+        if mine.done:
+            crash_point("local.after_commit")
+        return bool(mine.done)
+
+    def _commit_group(self, group: list[_Checkpoint]) -> None:
+        """Under the engine's lock: all in one transaction, else one at a time."""
+        group.sort(key=lambda c: c.env.run_id)
+        try:
+            if len(group) > 1:
+                try:
+                    self._transaction(group)
+                except Exception as e:
+                    logger.debug("a checkpoint of %d failed (%s); one at a time", len(group), e)
+                else:
+                    return
+            for one in group:
+                try:
+                    self._transaction([one])
+                except Exception as e:
+                    one.done = False
+                    logger.debug(
+                        "in-process step %s of run %s: its reply goes to the engine queue (%s)",
+                        one.env.payload.get("step"),
+                        one.env.run_id,
+                        e,
+                    )
+        finally:
+            for one in group:  # a thread that raised (a crash point) leaves the others waiting
+                if one.done is None:
+                    one.done = False
+
+    def _transaction(self, group: list[_Checkpoint]) -> None:
+        """Store the replies, activate their runs and settle their messages, in one
+        transaction (each sets ``done``), or raise with nothing written."""
+        engine = self.consumer.engine
+        try:
+            # The runs as this engine left them (a change by another engine since is found by
+            # apply: then the reply takes the usual way).
+            now = self.clock.now()
+            plans = [
+                engine.prepare(step_result(c.env, c.reply, now), trust_cache=True) for c in group
+            ]
+            with self.store.transaction() as tx:
+                for c, plan in zip(group, plans, strict=True):
+                    if plan.rejected is not None:
+                        raise _NotHere(plan.rejected)
+                    if not self.store.inbox_put(tx, WORKER_CONSUMER, c.key, c.reply, now):
+                        raise _NotHere("a copy of the message stored its reply already")
+                    engine.apply(tx, plan, inbox=False)  # the reply's own inbox row is above
+                    c.delivery.settle(tx)
+                for c in group:
+                    undo = c.env.payload.get("direction") == "undo"
+                    crash_point("local.undo_before_commit" if undo else "local.before_commit")
+        except BaseException:
+            engine.rolled_back()
+            raise
+        engine.committed()
+        for c in group:
+            c.done = True
+
+
+@dataclasses.dataclass(eq=False)
+class _Checkpoint:
+    """An in-process step's reply, waiting to be checkpointed."""
+
+    delivery: Delivery
+    env: Envelope
+    key: str
+    reply: dict[str, Any]
+    done: bool | None = None
+    """Set under the engine's lock: True, committed; False, to be queued instead."""
+
+
+class _NotHere(Exception):
+    """The reply cannot be applied in the step's own transaction: it is queued instead."""

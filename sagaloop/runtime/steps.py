@@ -1,0 +1,492 @@
+"""Executing one attempt of a step, its compensation or its reconcile function.
+
+This module knows nothing of queues or transactions: it turns a ``step`` message into the
+payload of its ``step_result`` reply. The worker service (and the engine, for local steps) wrap
+it with the inbox, the outbox and the acknowledgement.
+
+Whatever step code does ends as a reply: a result, or a failed attempt counted by the retry
+policy. That includes a ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``,
+``asyncio.CancelledError``, ``GeneratorExit``) raised by a step, its compensation or its
+reconcile function: steps run on consumer and pool threads, where no signal is delivered, so
+such an exception is the step's own doing and must not end the thread that runs it. (The one
+exception: :class:`~sagaloop.runtime.crashpoints.CrashPointRaised`, which tests raise to simulate
+the death of the process.) A result
+that cannot be stored or sent (a lone surrogate, an integer over Python's digit limit, NaN, over
+``MAX_VALUE_BYTES``) fails the attempt as ``UnencodableResult``, in doubt: the body ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import copy
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from types import CodeType
+from typing import Any
+
+from sagaloop.engine import tracing
+from sagaloop.engine.contract import DO, UNENCODABLE_RESULT, halts_in_doubt, idempotency_key
+from sagaloop.engine.history import Event
+from sagaloop.engine.messages import Envelope
+from sagaloop.engine.streams import Streams
+from sagaloop.errors import (
+    ErrorInfo,
+    NotAppliedError,
+    SagaloopError,
+    StepCancelled,
+    UnencodableError,
+    UnknownStepError,
+    ValidationError,
+)
+from sagaloop.runtime import aio
+from sagaloop.runtime.crashpoints import CrashPointRaised
+from sagaloop.runtime.slots import Job, Slots
+from sagaloop.sagas.app import App, StepDef
+from sagaloop.sagas.context import StepContext
+from sagaloop.sagas.convert import ANY
+
+logger = logging.getLogger("sagaloop.step")
+
+
+class StepTimeoutError(SagaloopError):
+    """An attempt ran past the step's timeout; it may still take effect (in doubt)."""
+
+
+class AttemptNotStarted(SagaloopError):
+    """The runner stopped (its process stops) before the attempt's body started: nothing ran,
+    so its message is given back, not answered."""
+
+
+Beat = Callable[["_StepContext"], None]
+"""What a heartbeat does besides recording the time (the worker's: renew the lease, look at
+the run); raises StepCancelled to stop the step."""
+
+
+History = Callable[[str], list[Event]]
+"""Reads a run's history (``Store.load_history``): how a step finds what earlier steps of its
+run were given, such as the transcript an agent's model step extends."""
+
+
+class _StepContext(StepContext):
+    def __init__(
+        self,
+        task: Envelope,
+        step: StepDef[Any, Any],
+        in_doubt: bool,
+        beat: Beat | None = None,
+        history: History | None = None,
+        streams: Streams | None = None,
+    ) -> None:
+        self._beat = beat
+        self._streams = streams
+        self.load_history = history
+        self.last_beat = time.monotonic()
+        self.details: Any = None
+        self.abandoned = False
+        """Set when the attempt ran past its timeout: its outcome is dropped, and
+        ``heartbeat()`` tells it to stop."""
+        deadline = task.payload.get("schedule_deadline")
+        self.deadline: float | None = None
+        """When all attempts must be over (monotonic), from the step's ``schedule_to_close``."""
+        if isinstance(deadline, str):
+            left = (datetime.fromisoformat(deadline) - datetime.now(UTC)).total_seconds()
+            self.deadline = time.monotonic() + left
+        self.run_id = task.run_id
+        self.saga = task.saga or ""
+        self.step = step.name
+        self.position = task.position or 0
+        self.attempt = task.attempt or 1
+        self.in_doubt = in_doubt
+        self.idempotency_key = task.idempotency_key or ""
+        self.logger = logging.LoggerAdapter(
+            logger,
+            {"run_id": self.run_id, "saga": self.saga, "step": self.step, "attempt": self.attempt},
+        )
+
+    def stream(self, data: Any) -> None:
+        if self._streams is None or self.abandoned:
+            return
+        item = {"step": self.step, "position": self.position, "attempt": self.attempt}
+        try:
+            item["data"] = ANY.to_json(data, what="a streamed item")
+        except ValidationError as e:
+            self.logger.warning("stream item of step %s dropped: %s", self.step, e)
+            return
+        self._streams.publish(self.run_id, item)
+
+    def heartbeat(self, details: Any = None) -> None:
+        self.last_beat = time.monotonic()
+        self.details = details
+        if self.abandoned:
+            raise StepCancelled(
+                f"step {self.step!r} ran past its timeout: the attempt was failed in doubt and "
+                "its outcome will be dropped, so it should stop"
+            )
+        if self._beat is not None:
+            self._beat(self)
+
+
+_current: contextvars.ContextVar[StepContext | None] = contextvars.ContextVar(
+    "sagaloop_current_step", default=None
+)
+
+
+def current_step() -> StepContext | None:
+    """The context of the step attempt whose code is running (its body, compensation or
+    reconcile function, and any code they call on the same thread or task), or None outside
+    one: how code that is not handed the context finds the attempt's ``idempotency_key``,
+    ``attempt`` and ``in_doubt`` (a framework's function tool run as a step, say)."""
+    return _current.get()
+
+
+def _in_step(fn: Callable[..., Any], ctx: StepContext) -> Callable[..., Any]:
+    """``fn`` with :func:`current_step` giving ``ctx`` while it runs (its coroutine too). An
+    async ``fn`` is called inside its task, so that a coroutine closed before it started
+    leaves nothing un-awaited behind."""
+
+    async def within(coro: Any) -> Any:
+        _current.set(ctx)  # in the task's own copy of the context
+        return await coro
+
+    async def call_async(*args: Any, **kwargs: Any) -> Any:
+        _current.set(ctx)
+        return await fn(*args, **kwargs)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        token = _current.set(ctx)
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            _current.reset(token)
+        return within(result) if asyncio.iscoroutine(result) else result
+
+    return call_async if inspect.iscoroutinefunction(fn) else call
+
+
+def _code_of(step: StepDef[Any, Any]) -> set[CodeType]:
+    """The code of the step's functions: where the traceback of an error they raise starts."""
+    fns = (step.fn, step.compensation_fn, step.reconcile_fn)
+    codes = (getattr(fn, "__code__", None) for fn in fns)
+    return {code for code in codes if isinstance(code, CodeType)}
+
+
+def _what(step: StepDef[Any, Any], direction: str) -> str:
+    return f"step {step.name!r}" if direction == DO else f"compensation of step {step.name!r}"
+
+
+def _attempt_of(step: StepDef[Any, Any], attempt: int) -> str:
+    limit = step.retry.max_attempts
+    return f"attempt {attempt} of {limit}" if limit is not None else f"attempt {attempt}, no limit"
+
+
+def _log_failure(
+    ctx: _StepContext, step: StepDef[Any, Any], direction: str, info: ErrorInfo, e: BaseException
+) -> None:
+    """One line for a failed attempt; at DEBUG (``-v``) with the traceback. The exception goes
+    on the attempt's span too."""
+    tracing.failed(e)
+    ctx.logger.warning(
+        "run %s: %s failed (%s): %s%s",
+        ctx.run_id,
+        _what(step, direction),
+        _attempt_of(step, ctx.attempt),
+        info.describe(),
+        "; not retryable" if info.non_retryable else "",
+        exc_info=e if ctx.logger.isEnabledFor(logging.DEBUG) else None,
+    )
+
+
+def _invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    result = fn(*args, **kwargs)
+    if asyncio.iscoroutine(result):
+        return _run_coroutine(result)
+    return result
+
+
+def _run_coroutine(coro: Any) -> Any:
+    """Run an async step's coroutine on the process's step loop (:mod:`aio`: one long-lived
+    loop, so that a client's connections outlive an attempt) and wait for it. Whatever it
+    raises, ``CancelledError`` included, comes out here, with its own cause chain."""
+    return aio.run(coro)
+
+
+class StepRunner:
+    """Runs the attempts of a step with a timeout on a pool of threads (:mod:`slots`), so that
+    the timeout can be enforced and a stuck step never blocks its consumer. The timeout starts
+    when the body starts (not while it waits for a thread). A timed-out attempt is failed *in
+    doubt*: an async one is cancelled; a sync one is abandoned (its late outcome is dropped,
+    its thread is replaced and reported by :meth:`abandoned` until it ends). Attempts of a
+    step without a timeout run on the caller's thread (nothing to enforce).
+
+    ``threads``: the pool's size; ``spare_threads`` (default: as many) more may replace the
+    threads of abandoned attempts. When all are held by abandoned attempts, attempts wait for
+    one and :meth:`problems` says so."""
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        threads: int = 8,
+        spare_threads: int | None = None,
+        worker: str = "worker",
+        inline: bool = False,
+        history: History | None = None,
+        streams: Streams | None = None,
+    ) -> None:
+        self.app = app
+        self.history = history
+        self.streams = streams
+        self.worker = worker
+        self.inline = inline
+        self._slots = Slots(threads, spare=spare_threads)
+
+    def stop_starting(self) -> None:
+        """Start no more attempts: those waiting for a thread raise :class:`AttemptNotStarted`
+        (their messages are given back); running ones go on."""
+        self._slots.close()
+
+    close = stop_starting
+
+    def waiting(self) -> int:
+        """Attempts waiting for a thread."""
+        return self._slots.waiting()
+
+    def running(self) -> list[str]:
+        """The attempts running on the pool and waited for (not abandoned), one line each."""
+        return [job.describe() for job in self._slots.running()]
+
+    def abandoned(self) -> list[dict[str, Any]]:
+        """The attempts abandoned past their timeouts whose threads still run: ``step``,
+        ``run_id``, ``position``, ``attempt`` and ``since`` (ISO time) each."""
+        return [
+            {**job.about, "since": job.started_at.isoformat() if job.started_at else None}
+            for job in self._slots.abandoned()
+        ]
+
+    def problems(self) -> list[str]:
+        """What is wrong: every thread of the pool held by an attempt past its timeout."""
+        if not self._slots.saturated():
+            return []
+        jobs = self._slots.abandoned()
+        return [
+            f"all {self._slots.cap} step threads are held by attempts past their timeouts "
+            f"({'; '.join(j.describe() for j in jobs)}); {self._slots.waiting()} attempt(s) "
+            "wait for a thread. Fix the steps that ignore their timeout (docs/concepts/steps.md, "
+            "'Timeouts and long steps'), then restart this process"
+        ]
+
+    def run(
+        self,
+        task: Envelope,
+        *,
+        redelivered: bool = False,
+        inline: bool = False,
+        beat: Beat | None = None,
+    ) -> dict[str, Any]:
+        """Run one attempt and return the ``step_result`` payload, in the attempt's span
+        (``sagaloop.step`` or ``sagaloop.compensation``: see ``tracing``)."""
+        step = self.app.get_step(str(task.payload.get("step")))
+        if step is None:
+            raise UnknownStepError(str(task.payload.get("step")))
+        with tracing.step_attempt(task) as span:
+            reply = self._attempt(task, step, redelivered, inline, beat)
+            span.done(reply)
+        return reply
+
+    def _attempt(
+        self,
+        task: Envelope,
+        step: StepDef[Any, Any],
+        redelivered: bool,
+        inline: bool,
+        beat: Beat | None,
+    ) -> dict[str, Any]:
+        p = task.payload
+        direction = p.get("direction", DO)
+        in_doubt = bool(p.get("in_doubt")) or redelivered
+        inline = inline or self.inline
+        ctx = _StepContext(task, step, in_doubt, beat, self.history, self.streams)
+        reply: dict[str, Any] = {"direction": direction, "worker": self.worker}
+        started = time.monotonic()
+        try:
+            args = step.signature.args_from_json(p.get("args", {}), what=f"step {step.name!r}")
+            if direction == DO:
+                reply.update(self._do(step, ctx, args, in_doubt, bool(p.get("force")), inline))
+            else:
+                reply.update(self._undo(step, ctx, args, p.get("result"), in_doubt, inline))
+        except UnencodableError as e:  # the body ran, so the next attempt is in doubt
+            info = ErrorInfo.from_exception(e)
+            info.type = UNENCODABLE_RESULT
+            _log_failure(ctx, step, direction, info, e)
+            reply.update(outcome="failed", error=info.to_json())
+        except ValidationError as e:
+            info = ErrorInfo.from_exception(e)
+            info.non_retryable = True
+            _log_failure(ctx, step, direction, info, e)
+            reply.update(outcome="failed", error=info.to_json())
+        except (CrashPointRaised, AttemptNotStarted):
+            raise  # a simulated death of the process (tests), or nothing ran: no reply
+        except BaseException as e:  # step code's, whatever it raises: see the module's doc
+            info = ErrorInfo.from_exception(e, with_traceback=True, called=_code_of(step))
+            if not info.message:
+                info.message = f"{info.type} raised by step {step.name!r}"
+            _log_failure(ctx, step, direction, info, e)
+            reply.update(outcome="failed", error=info.to_json())
+        else:
+            # what the attempt itself took: a reconciled step's duration (the message may have
+            # waited out a dead worker's lease first)
+            reply["took_s"] = round(time.monotonic() - started, 6)
+            ctx.logger.debug(
+                "run %s: %s %s (%s) in %.3f s",
+                ctx.run_id,
+                _what(step, direction),
+                "skipped" if reply.get("skipped") else reply.get("outcome"),
+                _attempt_of(step, ctx.attempt),
+                time.monotonic() - started,
+            )
+        return reply
+
+    def _do(
+        self,
+        step: StepDef[Any, Any],
+        ctx: _StepContext,
+        args: dict[str, Any],
+        in_doubt: bool,
+        force: bool,
+        inline: bool,
+    ) -> dict[str, Any]:
+        if in_doubt and not force:
+            if step.reconcile_fn is not None:
+                found = self._call(step, inline, step.reconcile_fn, ctx, **args)
+                if found is not None:
+                    ctx.logger.info(
+                        "run %s: step %r reconciled (attempt %d): an earlier attempt took "
+                        "effect, so it was not run again",
+                        ctx.run_id,
+                        step.name,
+                        ctx.attempt,
+                    )
+                    what = f"reconciled result of step {step.name!r}"
+                    result = step.result.to_json(found, what=what)
+                    return {"outcome": "completed", "result": result, "reconciled": True}
+                ctx.logger.info(
+                    "run %s: step %r in doubt (attempt %d): its reconcile found no effect of "
+                    "an earlier attempt; running it",
+                    ctx.run_id,
+                    step.name,
+                    ctx.attempt,
+                )
+            elif halts_in_doubt(step):  # no reconcile, and idempotent=False
+                reason = (
+                    f"step {step.name!r} is declared idempotent=False and has no reconcile; an "
+                    f"earlier attempt may have taken effect, so attempt {ctx.attempt} was not "
+                    "run. Check the effect by hand, then `sagaloop retry` the run."
+                )
+                ctx.logger.warning(
+                    "run %s: step %r in doubt (attempt %d): not run again, as it is "
+                    "idempotent=False without a reconcile",
+                    ctx.run_id,
+                    step.name,
+                    ctx.attempt,
+                )
+                return {"outcome": "halted", "error": ErrorInfo("InDoubt", reason).to_json()}
+            else:
+                ctx.logger.debug(
+                    "run %s: step %r in doubt (attempt %d): idempotent, so run again",
+                    ctx.run_id,
+                    step.name,
+                    ctx.attempt,
+                )
+        elif in_doubt:
+            ctx.logger.info(
+                "run %s: step %r run again although in doubt (attempt %d): `sagaloop retry` "
+                "forced it",
+                ctx.run_id,
+                step.name,
+                ctx.attempt,
+            )
+        value = self._call(step, inline, step.fn, ctx, **args)
+        return {
+            "outcome": "completed",
+            "result": step.result.to_json(value, what=f"result of step {step.name!r}"),
+        }
+
+    def _undo(
+        self,
+        step: StepDef[Any, Any],
+        ctx: _StepContext,
+        args: dict[str, Any],
+        result_json: Any,
+        in_doubt: bool,
+        inline: bool,
+    ) -> dict[str, Any]:
+        assert step.compensation_fn is not None
+        result: Any = None
+        if result_json is not None:
+            result = step.result.from_json(result_json, what=f"result of step {step.name!r}")
+        elif in_doubt and step.reconcile_fn is not None:
+            # The step failed after an attempt whose outcome is unknown: undo only what happened.
+            # The look-up is about the step's attempts, so it gets the step's own key.
+            look_up = copy.copy(ctx)
+            look_up.idempotency_key = idempotency_key(ctx.run_id, ctx.position, DO)
+            result = self._call(step, inline, step.reconcile_fn, look_up, **args)
+            if result is None:
+                return {"outcome": "completed", "result": None, "skipped": True}
+        self._call(step, inline, step.compensation_fn, ctx, *args.values(), result)
+        return {"outcome": "completed", "result": None}
+
+    def _call(
+        self, step: StepDef[Any, Any], inline: bool, fn: Callable[..., Any], *a: Any, **kw: Any
+    ) -> Any:
+        ctx = next((x for x in a if isinstance(x, _StepContext)), None)
+        if ctx is not None:
+            fn = _in_step(fn, ctx)
+        deadline = ctx.deadline if ctx is not None else None
+        limits = step.timeout is not None or step.heartbeat_timeout is not None or deadline
+        if inline or not limits:
+            return _invoke(fn, *a, **kw)
+        label = f"step {step.name!r}" + (f", run {ctx.run_id}" if ctx is not None else "")
+        about: dict[str, Any] = {"step": step.name}
+        if ctx is not None:
+            about.update(run_id=ctx.run_id, position=ctx.position, attempt=ctx.attempt)
+        job = self._slots.submit(fn, *a, label=label, about=about, **kw)
+        if not self._slots.wait_started(job, deadline):
+            if self._slots.closed:
+                raise AttemptNotStarted(f"{label}: the process stops; not started")
+            raise NotAppliedError(
+                f"step {step.name!r} did not start before its schedule_to_close: every step "
+                "thread of the process was busy",
+                type="StepTimeoutError",
+            )
+        return self._wait(step, ctx, deadline, job)
+
+    def _wait(
+        self, step: StepDef[Any, Any], ctx: _StepContext | None, deadline: float | None, job: Job
+    ) -> Any:
+        """The outcome of ``job``, which started; at its first limit it is abandoned (async:
+        cancelled) and the attempt fails in doubt."""
+        assert job.started is not None
+        started = job.started
+        while True:
+            ends = []  # (when, why) for each limit; the attempt fails in doubt at the first
+            if step.timeout is not None:
+                ends.append((started + step.timeout.total_seconds(), f"within {step.timeout}"))
+            if step.heartbeat_timeout is not None and ctx is not None:
+                silent = step.heartbeat_timeout
+                last = max(ctx.last_beat, started)
+                ends.append((last + silent.total_seconds(), f"a heartbeat in {silent}"))
+            if deadline is not None:
+                ends.append((deadline, "before its schedule_to_close"))
+            end, why = min(ends)
+            if self._slots.wait_done(job, end - time.monotonic()):
+                return job.outcome()
+            if time.monotonic() >= end:
+                if ctx is not None:
+                    ctx.abandoned = True
+                if not self._slots.abandon(job):  # it ended just now
+                    return job.outcome()
+                raise StepTimeoutError(f"step {step.name!r} did not finish {why}")
