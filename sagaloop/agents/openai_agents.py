@@ -38,22 +38,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from collections.abc import AsyncIterator, Mapping
-from contextlib import aclosing
-from contextvars import ContextVar
+from collections.abc import Mapping
 from datetime import timedelta
-from functools import partial
 from typing import Any, Literal
 
 import pydantic
 from agents import Agent, RunConfig, Runner, RunResult
-from agents.agent_output import AgentOutputSchemaBase
 from agents.exceptions import UserError
 from agents.handoffs import Handoff
-from agents.items import ModelResponse, TResponseInputItem, TResponseStreamEvent
+from agents.items import TResponseInputItem
 from agents.mcp import MCPServer
-from agents.model_settings import ModelSettings
-from agents.models.interface import Model, ModelProvider, ModelTracing
+from agents.models.interface import Model, ModelProvider
 from agents.models.multi_provider import MultiProvider
 from agents.run import DEFAULT_MAX_TURNS
 from agents.tool import (
@@ -70,8 +65,6 @@ from agents.tool import (
     set_function_tool_failure_error_function,
 )
 from agents.tool_context import ToolContext
-from mcp.types import CallToolResult, TextContent
-from mcp.types import Tool as MCPTool
 
 from sagaloop.agents import transcript
 from sagaloop.agents._core import (
@@ -80,20 +73,17 @@ from sagaloop.agents._core import (
     _jsonable,
     _run_plain,
     _step_part,
-    _timeout,
     _tool_step,
     _usage_of,
     ask,
     charge_tool_calls,
 )
 from sagaloop.agents._model_call import (
-    AgentRun,
     ModelStepOptions,
-    count_response,
     finish_run,
-    relay,
-    request_model,
 )
+from sagaloop.agents._openai_model import StepModel, model_ref, serve_request
+from sagaloop.agents._openai_run import OpenAIRun, StepMCPServer, current, in_run, unless_refused
 from sagaloop.agents.budgets import Budget
 from sagaloop.agents.tools import StepTool, StepTools, ToolCallError
 from sagaloop.engine import sandbox, tracing
@@ -104,13 +94,13 @@ from sagaloop.sagas.policy import RetryPolicy
 
 __all__ = ["SagaRunner", "step_as_function_tool"]
 
+_model_ref = model_ref  # its old name, which tests read
+
 # The SDK keys in-memory state with uuid4 from its own modules (the scope of an agent-as-tool's
 # state, occurrence keys of run items, a trace group): values that "never enter model payloads"
 # and never reach the history; tracing is off in saga code. User callbacks stay guarded.
 sandbox.trust_framework("agents")
 
-_RESPONSE: pydantic.TypeAdapter[ModelResponse] = pydantic.TypeAdapter(ModelResponse)
-_SETTINGS: pydantic.TypeAdapter[ModelSettings] = pydantic.TypeAdapter(ModelSettings)
 _HOSTED = (
     FileSearchTool,
     WebSearchTool,
@@ -121,199 +111,10 @@ _HOSTED = (
 )
 """Tools the provider runs inside the model call: sent to the model as they are."""
 _STEP_ATTR = "__sagaloop_step__"
-_decoder = transcript.Decoder()
-
-
-@dataclasses.dataclass(kw_only=True)
-class _Run(AgentRun):
-    """The saga side of one ``SagaRunner.run``."""
-
-    runner: SagaRunner
-    context: Any
-    model: str | None
-    last_text: str | None = None
-    edits: dict[str, str] = dataclasses.field(default_factory=dict)
-    """Arguments an approver edited, by tool call id."""
-
-
-_current: ContextVar[_Run | None] = ContextVar("sagaloop_openai_agents_run", default=None)
-
-
-def _in_run(what: str) -> _Run:
-    run = _current.get()
-    if run is None:
-        raise UserError(f"{what} of a SagaRunner's agent runs only inside SagaRunner.run")
-    return run
 
 
 def _encode_items(items: Any) -> list[Any]:
     return list(_jsonable(list(items), "the model's input"))
-
-
-def _text_of(response: ModelResponse) -> str | None:
-    texts = [
-        part.text
-        for item in response.output
-        if getattr(item, "type", None) == "message"
-        for part in getattr(item, "content", ())
-        if getattr(part, "type", None) == "output_text"
-    ]
-    return "\n".join(texts) or None
-
-
-class _Schema(AgentOutputSchemaBase):
-    """An agent's output schema, rebuilt on the worker from what the model needs of it."""
-
-    def __init__(self, spec: Mapping[str, Any]) -> None:
-        self._spec = spec
-
-    def is_plain_text(self) -> bool:
-        return bool(self._spec["plain"])
-
-    def name(self) -> str:
-        return str(self._spec["name"])
-
-    def json_schema(self) -> dict[str, Any]:
-        return dict(self._spec["schema"] or {})
-
-    def is_strict_json_schema(self) -> bool:
-        return bool(self._spec["strict"])
-
-    def validate_json(self, json_str: str) -> Any:
-        raise UserError("the output is validated in saga code, not on the worker")
-
-
-def _schema_spec(output_schema: AgentOutputSchemaBase) -> dict[str, Any]:
-    """What the worker needs of an agent's output schema (:class:`_Schema` rebuilds it)."""
-    return {
-        "plain": output_schema.is_plain_text(),
-        "name": output_schema.name(),
-        "schema": None if output_schema.is_plain_text() else output_schema.json_schema(),
-        "strict": output_schema.is_strict_json_schema(),
-    }
-
-
-async def _not_here(*_: Any) -> Any:
-    raise UserError("a tool or handoff the model is told about runs in saga code, not here")
-
-
-class _StepModel(Model):
-    """The model as saga code sees it: each call is the agent's model step."""
-
-    def __init__(self, runner: SagaRunner, agent: str) -> None:
-        self._runner = runner
-        self._agent = agent
-
-    async def get_response(
-        self,
-        system_instructions: str | None,
-        input: str | list[TResponseInputItem],
-        model_settings: ModelSettings,
-        tools: list[Tool],
-        output_schema: AgentOutputSchemaBase | None,
-        handoffs: list[Handoff],
-        tracing: ModelTracing,
-        *,
-        previous_response_id: str | None,
-        conversation_id: str | None,
-        prompt: Any,
-    ) -> ModelResponse:
-        run = _in_run("the model")
-        items: list[Any] = [{"role": "user", "content": input}] if isinstance(input, str) else input
-
-        def request() -> dict[str, Any]:
-            return {
-                "model": run.model,
-                "system": system_instructions,
-                "settings": model_settings.to_json_dict(),
-                "tools": [self._runner._tool_spec(self._agent, t) for t in tools],
-                "output_schema": None if output_schema is None else _schema_spec(output_schema),
-                "handoffs": [
-                    {
-                        "tool_name": h.tool_name,
-                        "tool_description": h.tool_description,
-                        "input_json_schema": h.input_json_schema,
-                        "agent_name": h.agent_name,
-                        "strict_json_schema": h.strict_json_schema,
-                    }
-                    for h in handoffs
-                ],
-                "previous_response_id": previous_response_id,
-                "conversation_id": conversation_id,
-                "prompt": _jsonable(prompt, "the prompt"),
-            }
-
-        reply = await request_model(run, self._runner.model_steps[self._agent], items, request)
-        response = _RESPONSE.validate_python(_aliased(reply["response"]))
-        run.last_text = _text_of(response)
-        names = {t.name for t in tools if isinstance(t, FunctionTool)}  # MCP tools included
-        await count_response(
-            run,
-            reply,
-            input_tokens=response.usage.input_tokens,
-            output_tokens=response.usage.output_tokens,
-            tool_calls=sum(
-                getattr(i, "type", None) == "function_call" and getattr(i, "name", None) in names
-                for i in response.output
-            ),
-        )
-        return response
-
-    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[TResponseStreamEvent]:
-        raise UserError(
-            "Runner.run_streamed is not durable in a saga: use SagaRunner.run, and "
-            "SagaRunner(stream=True) to stream the model's events to the run's live channel"
-        )
-
-
-class _StepMCPServer(MCPServer):
-    """An MCP server as saga code sees it: listing and calling its tools are steps."""
-
-    def __init__(self, runner: SagaRunner, agent: str, server: MCPServer) -> None:
-        super().__init__(
-            use_structured_content=server.use_structured_content,
-            failure_error_function=server._failure_error_function,
-            tool_input_guardrails=server.tool_input_guardrails,
-            tool_output_guardrails=server.tool_output_guardrails,
-        )
-        # the server's approval policy, as the SDK normalised it: its tools ask a person
-        self._needs_approval_policy = server._needs_approval_policy
-        self._runner = runner
-        self._key = (agent, server.name)
-
-    @property
-    def name(self) -> str:
-        return self._key[1]
-
-    async def connect(self) -> None:
-        """The worker connects, in each step."""
-
-    async def cleanup(self) -> None:
-        """The worker disconnects, in each step."""
-
-    async def list_tools(self, run_context: Any = None, agent: Any = None) -> list[MCPTool]:
-        run = _in_run("an MCP server")
-        listed = await run.saga.call(self._runner.mcp_steps[self._key][0], {})
-        return [MCPTool.model_validate(t) for t in listed]
-
-    async def call_tool(
-        self, tool_name: str, arguments: dict[str, Any] | None, meta: dict[str, Any] | None = None
-    ) -> CallToolResult:
-        run = _in_run("an MCP server")
-        if run.refusal is not None:
-            return CallToolResult(
-                content=[TextContent(type="text", text=run.refusal)], isError=True
-            )
-        charge_tool_calls(run.saga, 1, run.conversation)
-        call = {"tool": tool_name, "args": arguments or {}, "meta": meta}
-        reply = await run.saga.call(self._runner.mcp_steps[self._key][1], call)
-        return CallToolResult.model_validate(reply)
-
-    async def list_prompts(self) -> Any:
-        raise UserError("MCP prompts are not served to an agent in a saga (only tools are)")
-
-    async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None) -> Any:
-        raise UserError("MCP prompts are not served to an agent in a saga (only tools are)")
 
 
 def step_as_function_tool(
@@ -332,7 +133,7 @@ def step_as_function_tool(
     (tool_name,) = tools.names
 
     async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
-        run = _current.get()
+        run = current.get()
         if run is not None:  # an approver may have edited the arguments
             if run.refusal is not None:
                 return run.refusal
@@ -355,7 +156,7 @@ def step_as_function_tool(
         params_json_schema=schema["parameters"],
         on_invoke_tool=invoke,
         strict_json_schema=True,
-        needs_approval=_unless_refused(needs_approval),
+        needs_approval=unless_refused(needs_approval),
     )
     setattr(tool, _STEP_ATTR, step.name)
     return tool
@@ -532,10 +333,10 @@ class SagaRunner:
                 "SagaRunner(app, ...) so that its steps are registered"
             )
         clone = agent.clone(
-            model=_StepModel(self, agent.name),
+            model=StepModel(self, agent.name),
             model_settings=agent.model_settings,
             tools=[self._durable_tool(agent, t) for t in agent.tools],
-            mcp_servers=[_StepMCPServer(self, agent.name, s) for s in agent.mcp_servers],
+            mcp_servers=[StepMCPServer(self, agent.name, s) for s in agent.mcp_servers],
             handoffs=[],
         )
         self._clones[id(agent)] = clone
@@ -560,7 +361,7 @@ class SagaRunner:
         policy = self.policies[tool.name]
 
         async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
-            run = _in_run(f"tool {tool.name!r}")
+            run = in_run(f"tool {tool.name!r}")
             if run.refusal is not None:
                 return run.refusal
             arguments = run.edits.pop(ctx.tool_call_id, arguments)
@@ -590,21 +391,8 @@ class SagaRunner:
             tool,
             on_invoke_tool=invoke,
             timeout_seconds=None,  # the step's timeout, on the worker
-            needs_approval=_unless_refused(tool.needs_approval if needs is None else needs),
+            needs_approval=unless_refused(tool.needs_approval if needs is None else needs),
         )
-
-    def _tool_spec(self, agent: str, tool: Tool) -> dict[str, Any]:
-        if isinstance(tool, FunctionTool):
-            return {
-                "function": {
-                    "name": tool.name,
-                    "description": tool.description,
-                    "params_json_schema": tool.params_json_schema,
-                    "strict_json_schema": tool.strict_json_schema,
-                    "defer_loading": tool.defer_loading,
-                }
-            }
-        return {"hosted": tool.name}
 
     async def run(
         self,
@@ -647,7 +435,7 @@ class SagaRunner:
         model_name = config.model
         # no trace is exported from saga code (a replay would send it again)
         config = dataclasses.replace(config, model=None, tracing_disabled=True)
-        run = _Run(
+        run = OpenAIRun(
             saga=saga,
             runner=self,
             conversation=f"{saga.run_id}/{saga.uuid4()}",
@@ -664,7 +452,7 @@ class SagaRunner:
         )
         _usage_of(saga)
         agent = self._durable(starting_agent)
-        token = _current.set(run)
+        token = current.set(run)
         try:
             result = await Runner.run(
                 agent,
@@ -684,10 +472,10 @@ class SagaRunner:
                 )
             return result
         finally:
-            _current.reset(token)
+            current.reset(token)
             finish_run(run)
 
-    async def _answer(self, run: _Run, state: Any, item: Any) -> None:
+    async def _answer(self, run: OpenAIRun, state: Any, item: Any) -> None:
         """Ask a person about the tool call ``item``, and tell the SDK's run state."""
         if run.refusal is not None:  # its batch is over the budget: nobody is asked
             state.reject(item, rejection_message=run.refusal)
@@ -718,87 +506,17 @@ class SagaRunner:
 
     # --- the worker side ---------------------------------------------------------------------
 
-    def _model(self, agent: Agent[Any], name: str | None) -> Model:
-        if name is None and isinstance(agent.model, Model):
-            return agent.model
-        return self.model_provider.get_model(name or agent.model)  # type: ignore[arg-type]
-
     async def _model_request(
         self, agent_name: str, ctx: StepContext, request: dict[str, Any]
     ) -> dict[str, Any]:
-        agent = self.agents[agent_name]
-        items = _decoder.messages(
-            ctx.run_id,
-            request["transcript"],
-            step=self.model_steps[agent_name].name,
-            history=getattr(ctx, "load_history", None),
+        return await serve_request(
+            ctx,
+            request,
+            agent=self.agents[agent_name],
+            step=self.model_steps[agent_name],
+            provider=self.model_provider,
+            stream=self.stream,
         )
-        tools: list[Tool] = []
-        for spec in request.get("tools") or []:
-            if "function" in spec:
-                tools.append(FunctionTool(on_invoke_tool=_not_here, **spec["function"]))
-            else:
-                hosted = [t for t in agent.tools if getattr(t, "name", None) == spec["hosted"]]
-                if not hosted:
-                    raise UserError(f"agent {agent_name!r} has no tool {spec['hosted']!r} here")
-                tools.append(hosted[0])
-        handoffs: list[Handoff[Any, Any]] = [
-            Handoff(on_invoke_handoff=_not_here, **spec) for spec in request.get("handoffs") or []
-        ]
-        schema = request.get("output_schema")
-        args: tuple[Any, ...] = (
-            request.get("system"),
-            items,
-            _SETTINGS.validate_python(request.get("settings") or {}),
-            tools,
-            None if schema is None else _Schema(schema),
-            handoffs,
-            ModelTracing.DISABLED,
-        )
-        options: dict[str, Any] = {
-            "previous_response_id": request.get("previous_response_id"),
-            "conversation_id": request.get("conversation_id"),
-            "prompt": request.get("prompt"),
-        }
-        model = self._model(agent, request.get("model"))
-        if self.stream:
-            response = None
-            stream: Any = model.stream_response(*args, **options)  # an async generator
-            # closed (its connection too) when the run ends (the heartbeat raises
-            # StepCancelled) or the step's timeout passes: nothing reads, or pays for, the rest
-            async with _timeout(self._model_step.timeout), aclosing(stream) as events:
-                async for event in events:
-                    relay(
-                        ctx,
-                        agent_name,
-                        getattr(event, "delta", None)
-                        if event.type == "response.output_text.delta"
-                        else None,
-                        partial(_jsonable, event, "a stream event"),
-                    )
-                    if event.type == "response.completed":
-                        response = ModelResponse(
-                            output=list(event.response.output),
-                            usage=_usage_from(event.response.usage),
-                            response_id=event.response.id,
-                        )
-            if response is None:
-                raise UserError(f"the model of agent {agent_name!r} ended its stream unfinished")
-        else:
-            response = await model.get_response(*args, **options)
-        ref, provider = _model_ref(request.get("model") or agent.model, model)
-        usage = response.usage  # on the step's span (GenAI semantic conventions):
-        tracing.model_call(
-            model=ref,
-            provider=provider,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-        )
-        cost = _price(request.get("model") or agent.model, model, response)
-        # by alias: a field named ``async_`` is ``async`` in the API's JSON, and only that
-        # name loads back into the field (else it comes back as an extra too)
-        dumped = _RESPONSE.dump_python(response, mode="json", by_alias=True)
-        return {"response": dumped, "cost": cost}
 
     async def _run_tool(
         self, key: tuple[str, str], ctx: StepContext, call: dict[str, Any]
@@ -833,38 +551,6 @@ class SagaRunner:
                 await server.cleanup()  # type: ignore[no-untyped-call]
 
 
-def _aliased(recorded: Any) -> Any:
-    """A response recorded before it was stored by alias: its items' ``async_`` (the field's
-    name) as ``async`` (its alias), which the SDK needs to tell parallel approvals apart."""
-    output = recorded.get("output") if isinstance(recorded, dict) else None
-    if not isinstance(output, list) or not any(
-        isinstance(i, dict) and "async_" in i for i in output
-    ):
-        return recorded
-    items = [
-        {("async" if k == "async_" else k): v for k, v in i.items()}
-        if isinstance(i, dict) and "async" not in i
-        else i
-        for i in output
-    ]
-    return {**recorded, "output": items}
-
-
-def _unless_refused(needs: Any) -> Any:
-    """A tool's ``needs_approval`` that asks nobody about a call whose batch the budget
-    refused (the call answers with the refusal, and does not run)."""
-    if needs is False:
-        return False
-
-    async def gated(ctx: Any, params: dict[str, Any], call_id: str) -> bool:
-        run = _current.get()
-        if run is not None and run.refusal is not None:
-            return False
-        return bool(needs if isinstance(needs, bool) else await needs(ctx, params, call_id))
-
-    return gated
-
-
 def _handoff_target(handoff: Handoff[Any, Any]) -> Agent[Any] | None:
     ref = getattr(handoff, "_agent_ref", None)
     target = ref() if callable(ref) else None
@@ -879,58 +565,6 @@ def _call_id(item: Any) -> str | None:
 
 def _same_item(a: Any, b: Any) -> bool:
     return a is b or a == b
-
-
-def _usage_from(usage: Any) -> Any:
-    from agents.usage import Usage
-
-    if usage is None:
-        return Usage(requests=1)
-    return Usage(
-        requests=1,
-        input_tokens=usage.input_tokens,
-        output_tokens=usage.output_tokens,
-        total_tokens=usage.total_tokens,
-    )
-
-
-def _model_ref(name: Any, model: Model) -> tuple[str | None, str | None]:
-    """The model's name and its provider, when known: ``openai`` for the SDK's OpenAI models,
-    or the prefix of MultiProvider's ``provider/model``."""
-    ref = name if isinstance(name, str) else getattr(model, "model", None)
-    if not isinstance(ref, str) or not ref:
-        return None, None
-    provider, _, bare = ref.rpartition("/")
-    if not provider and type(model).__module__.startswith("agents.models.openai"):
-        provider = "openai"
-    return bare, provider or None
-
-
-def _price(name: Any, model: Model, response: ModelResponse) -> float | None:
-    """What the response cost, priced on the worker with genai-prices (None when the package,
-    the model's name or its price is not known)."""
-    try:
-        import genai_prices
-    except ImportError:
-        return None
-    ref = name if isinstance(name, str) else getattr(model, "model", None)
-    if not isinstance(ref, str) or not ref:
-        return None
-    provider, _, bare = ref.rpartition("/")  # MultiProvider's "openai/gpt-5"
-    usage = response.usage
-    try:
-        price = genai_prices.calc_price(
-            genai_prices.Usage(
-                input_tokens=usage.input_tokens,
-                cache_read_tokens=usage.input_tokens_details.cached_tokens or None,
-                output_tokens=usage.output_tokens,
-            ),
-            model_ref=bare,
-            provider_id=provider or None,
-        )
-        return float(price.total_price)
-    except Exception:  # no price known for this model: counted as 0
-        return None
 
 
 def _schema_of(item: Any, name: str) -> dict[str, Any] | None:
