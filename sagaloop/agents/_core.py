@@ -251,11 +251,11 @@ async def ask(
     )
 
 
-def _tool_step(
+def policy_step(
     app: App, name: str, policy: ToolPolicy, queue: str
 ) -> Callable[[Callable[..., Any]], StepDef[Any, Any]]:
-    """Declares the step of a tool (its call is ``{"args", ...}``, its result ``{"value"}``)
-    with the tool's policy; its compensation and reconcile get the tool's arguments."""
+    """Declares a step with a tool's (or an MCP server's) policy: its retry, timeout,
+    idempotence and rate limit, on ``queue``."""
 
     def register(fn: Callable[..., Any]) -> StepDef[Any, Any]:
         step: StepDef[Any, Any] = app.step(
@@ -267,6 +267,40 @@ def _tool_step(
             rate_limit=policy.rate_limit,
             rate_key=policy.rate_key,
         )(fn)
+        return step
+
+    return register
+
+
+def server_steps(
+    app: App,
+    prefix: str,
+    policy: ToolPolicy,
+    queue: str,
+    listing: tuple[str, Callable[..., Any]],
+    calling: Callable[..., Any],
+) -> tuple[StepDef[Any, Any], StepDef[Any, Any]]:
+    """The two steps of an agent's MCP server, with the server's policy: ``{prefix}__{name}``
+    lists its tools (``listing``: its name and function; idempotent, as listing changes
+    nothing), ``{prefix}__call_tool`` calls one of them."""
+    listed: StepDef[Any, Any] = app.step(
+        name=f"{prefix}__{listing[0]}",
+        queue=queue,
+        retry=policy.retry,
+        timeout=policy.timeout,
+        idempotent=True,
+    )(listing[1])
+    return listed, policy_step(app, f"{prefix}__call_tool", policy, queue)(calling)
+
+
+def _tool_step(
+    app: App, name: str, policy: ToolPolicy, queue: str
+) -> Callable[[Callable[..., Any]], StepDef[Any, Any]]:
+    """Declares the step of a tool (its call is ``{"args", ...}``, its result ``{"value"}``)
+    with the tool's policy; its compensation and reconcile get the tool's arguments."""
+
+    def register(fn: Callable[..., Any]) -> StepDef[Any, Any]:
+        step = policy_step(app, name, policy, queue)(fn)
         if policy.compensation is not None:
             undo = policy.compensation
 

@@ -51,6 +51,7 @@ from sagaloop.agents._core import (
     _step_part,
     _tool_step,
     _usage_of,
+    server_steps,
 )
 from sagaloop.agents._pydantic_run import (
     TOOL_SIGNALS,
@@ -208,22 +209,9 @@ def _declare_server(
                 return signal_of(e)
         return _encode(value, name)
 
-    get_tools_step: StepDef[Any, Any] = agent.app.step(
-        name=f"{prefix}__get_tools",
-        queue=queue,
-        retry=policy.retry,
-        timeout=policy.timeout,
-        idempotent=True,  # listing changes nothing
-    )(get_tools)
-    call_tool_step: StepDef[Any, Any] = agent.app.step(
-        name=f"{prefix}__call_tool",
-        queue=queue,
-        retry=policy.retry,
-        timeout=policy.timeout,
-        idempotent=policy.idempotent,
-        rate_limit=policy.rate_limit,
-        rate_key=policy.rate_key,
-    )(call_tool)
+    get_tools_step, call_tool_step = server_steps(
+        agent.app, prefix, policy, queue, ("get_tools", get_tools), call_tool
+    )
     tool_steps = {
         # the server's policy is the default of its tools'
         tool_name: _tool_step(

@@ -77,6 +77,7 @@ from sagaloop.agents._core import (
     _usage_of,
     ask,
     charge_tool_calls,
+    server_steps,
 )
 from sagaloop.agents._model_call import (
     ModelStepOptions,
@@ -308,16 +309,9 @@ class SagaRunner:
             )
             return result.model_dump(mode="json", by_alias=True, exclude_none=True)
 
-        listing = self.app.step(
-            name=f"{step_prefix}__list_tools", queue=queue, retry=policy.retry,
-            timeout=policy.timeout,
-        )(list_tools)  # fmt: skip
-        calling = self.app.step(
-            name=f"{step_prefix}__call_tool", queue=queue, retry=policy.retry,
-            timeout=policy.timeout, idempotent=policy.idempotent,
-            rate_limit=policy.rate_limit, rate_key=policy.rate_key,
-        )(call_tool)  # fmt: skip
-        self.mcp_steps[key] = (listing, calling)
+        self.mcp_steps[key] = server_steps(
+            self.app, step_prefix, policy, queue, ("list_tools", list_tools), call_tool
+        )
 
     # --- the saga side -----------------------------------------------------------------------
 
