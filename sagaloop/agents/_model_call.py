@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sagaloop.agents import transcript
 from sagaloop.agents._core import _usage_of, check_batch, check_budget, publish_usage
@@ -82,20 +82,26 @@ async def request_model(
     return reply
 
 
+class TokenUsage(Protocol):
+    """A response's usage as both frameworks report it."""
+
+    @property
+    def input_tokens(self) -> int: ...
+
+    @property
+    def output_tokens(self) -> int: ...
+
+
 async def count_response(
-    run: AgentRun,
-    reply: dict[str, Any],
-    *,
-    input_tokens: int,
-    output_tokens: int,
-    tool_calls: int,
+    run: AgentRun, reply: dict[str, Any], usage: TokenUsage, tool_calls: int
 ) -> None:
-    """Count a response's usage for the saga run (and show it), then gate its ``tool_calls``
-    as one batch, before any of them runs (sets ``run.refusal`` when the budget refuses it)."""
+    """Count a response's ``usage`` (and its recorded cost) for the saga run, and show it; then
+    gate its ``tool_calls`` as one batch, before any of them runs (sets ``run.refusal`` when
+    the budget refuses it)."""
     used = _usage_of(run.saga).usage
     used.requests += 1
-    used.input_tokens += input_tokens
-    used.output_tokens += output_tokens
+    used.input_tokens += usage.input_tokens
+    used.output_tokens += usage.output_tokens
     used.cost += float(reply.get("cost") or 0.0)
     publish_usage(run.saga, run.budget)
     run.budget, run.refusal = await check_batch(run.saga, run.budget, tool_calls, run.conversation)

@@ -133,16 +133,11 @@ class StepModel(Model):
         response = RESPONSE.validate_python(_aliased(reply["response"]))
         run.last_text = _text_of(response)
         names = {t.name for t in tools if isinstance(t, FunctionTool)}  # MCP tools included
-        await count_response(
-            run,
-            reply,
-            input_tokens=response.usage.input_tokens,
-            output_tokens=response.usage.output_tokens,
-            tool_calls=sum(
-                getattr(i, "type", None) == "function_call" and getattr(i, "name", None) in names
-                for i in response.output
-            ),
+        calls = sum(
+            getattr(i, "type", None) == "function_call" and getattr(i, "name", None) in names
+            for i in response.output
         )
+        await count_response(run, reply, response.usage, calls)
         return response
 
     def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[TResponseStreamEvent]:

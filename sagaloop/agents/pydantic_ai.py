@@ -206,16 +206,10 @@ class _SagaModel(WrapperModel):
         response = _RESPONSE.validate_python(reply["response"])
         run.last_response = response
         names = {t.name for t in model_request_parameters.function_tools}
-        await count_response(
-            run,
-            reply,
-            input_tokens=response.usage.input_tokens,
-            output_tokens=response.usage.output_tokens,
-            tool_calls=sum(
-                isinstance(p, _messages.ToolCallPart) and p.tool_name in names
-                for p in response.parts
-            ),
+        calls = sum(
+            isinstance(p, _messages.ToolCallPart) and p.tool_name in names for p in response.parts
         )
+        await count_response(run, reply, response.usage, calls)
         return response
 
     @asynccontextmanager
