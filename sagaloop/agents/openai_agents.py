@@ -79,10 +79,7 @@ from sagaloop.agents._core import (
     charge_tool_calls,
     server_steps,
 )
-from sagaloop.agents._model_call import (
-    ModelStepOptions,
-    finish_run,
-)
+from sagaloop.agents._model_call import ModelStepOptions, finish_run
 from sagaloop.agents._openai_model import StepModel, model_ref, serve_request
 from sagaloop.agents._openai_run import OpenAIRun, StepMCPServer, current, in_run, unless_refused
 from sagaloop.agents.budgets import Budget
