@@ -30,6 +30,7 @@ seen_at_second: list[int] = []
 def first(ctx: StepContext, name: str) -> str:
     if name == "A":
         held.set()
+    if name == "A" or name.startswith("held"):  # running until released
         release.wait(60)
     return name
 
@@ -106,7 +107,7 @@ def test_an_engine_takes_up_new_runs_within_its_start_window(
     try:
         a = client.start(pair, "A")  # holds a running run until released
         assert held.wait(30)
-        runs = [client.start(pair, f"B{i}") for i in range(4)]
+        runs = [client.start(pair, f"held{i}") for i in range(4)]  # each runs until released
 
         def started() -> int:
             with store.engine.connect() as conn:
