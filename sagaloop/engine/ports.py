@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import Envelope
@@ -131,17 +131,47 @@ class Handoff(Protocol):
     def take(self, rows: Sequence[QueuedMessage]) -> None: ...
 
 
-class Store(Protocol):
+# --- the store port, by role ----------------------------------------------------------------
+# Each caller needs one or a few of these roles; ``Store`` is their union, implemented by
+# ``sagaloop.store.sql.SqlStore`` (one mixin per role under ``sagaloop/store/``).
+
+
+@runtime_checkable
+class Transactions(Protocol):
+    """Opening a transaction of the store, or adopting the caller's."""
+
     def transaction(self) -> AbstractContextManager[Tx]: ...
     def attach(self, conn: Any) -> Tx: ...
 
-    def check_schema(self) -> None: ...
 
-    # runs
+@runtime_checkable
+class Maintenance(Protocol):
+    """The schema check, retention and shutting down."""
+
+    def check_schema(self) -> None: ...
+    def prune(self, *, before: datetime, batch: int = 1000) -> int: ...
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class RunStore(Protocol):
+    """Runs and their histories, written and read by the engine."""
+
     def create_run(self, tx: Tx, run: RunRecord) -> bool: ...
     def lock_run(self, tx: Tx, run_id: str) -> RunRecord | None: ...
     def get_run(self, run_id: str) -> RunRecord | None: ...
     def save_run(self, tx: Tx, run: RunRecord, *, if_last_seq: int | None = None) -> bool: ...
+    def load_history(self, tx: Tx | None, run_id: str, after_seq: int = 0) -> list[Event]: ...
+    def delete_history(self, tx: Tx, run_id: str) -> None: ...
+    def append_events(
+        self, tx: Tx, run_id: str, after_seq: int, events: Sequence[NewEvent], at: datetime
+    ) -> list[Event]: ...
+
+
+@runtime_checkable
+class RunQueries(Protocol):
+    """The read models over runs: listings and counts (the client, admission, the CLI)."""
+
     def list_runs(
         self,
         *,
@@ -156,14 +186,9 @@ class Store(Protocol):
         took up (``started``), or those whose start no engine took up yet."""
         ...
 
-    # history
-    def load_history(self, tx: Tx | None, run_id: str, after_seq: int = 0) -> list[Event]: ...
-    def delete_history(self, tx: Tx, run_id: str) -> None: ...
-    def append_events(
-        self, tx: Tx, run_id: str, after_seq: int, events: Sequence[NewEvent], at: datetime
-    ) -> list[Event]: ...
 
-    # timers
+@runtime_checkable
+class TimerStore(Protocol):
     def add_timer(self, tx: Tx, timer: Timer) -> None:
         """Set the timer, for the app of its run."""
         ...
@@ -177,7 +202,9 @@ class Store(Protocol):
 
     def next_timer_at(self, *, app: str | None = None) -> datetime | None: ...
 
-    # inbox
+
+@runtime_checkable
+class InboxStore(Protocol):
     def inbox_get(self, tx: Tx | None, consumer: str, message_id: str) -> tuple[bool, Any]:
         """Whether the message was processed, and the result stored with it (``tx`` None:
         a read of committed state, outside any transaction)."""
@@ -187,7 +214,11 @@ class Store(Protocol):
         """Insert the row; False when it already existed (the message was processed)."""
         ...
 
-    # outbox (and, for the database broker, the queue itself)
+
+@runtime_checkable
+class OutboxQueue(Protocol):
+    """The outbox (and, for the database broker, the queue itself)."""
+
     def enqueue(self, tx: Tx, messages: Sequence[Outgoing], now: datetime) -> None:
         """Queue the messages; their large payload values go by reference (see resolve)."""
         ...
@@ -227,7 +258,13 @@ class Store(Protocol):
     def extend_claim(self, id: int, claim_token: str, until: datetime) -> bool: ...
     def dead_letter(self, id: int, claim_token: str, reason: str, now: datetime) -> None: ...
     def dead_letters(self) -> list[tuple[str, bytes, str]]: ...
-    # rate limits shared by every worker of the database (see ``store/limits.py``)
+    def oldest_outbox_message(self) -> datetime | None: ...
+
+
+@runtime_checkable
+class RateLimits(Protocol):
+    """Rate limits shared by every worker of the database (see ``store/limits.py``)."""
+
     def reserve_slot(self, key: str, interval: float, now: datetime) -> datetime:
         """Reserve the next start slot of the rate limit ``key`` (one start every ``interval``
         seconds, no burst), atomically: ``slot = max(next_free, now)``, then ``next_free =
@@ -252,7 +289,11 @@ class Store(Protocol):
         """What :meth:`hold_slot` kept for ``message_id``, marked as taken (None: nothing)."""
         ...
 
-    # approvals (see ``store/approvals.py``)
+
+@runtime_checkable
+class ApprovalStore(Protocol):
+    """The approvals index (see ``store/approvals.py``)."""
+
     def publish_approval(
         self,
         tx: Tx,
@@ -288,6 +329,11 @@ class Store(Protocol):
         limit: int = 50,
     ) -> list[ApprovalRow]: ...
 
+
+@runtime_checkable
+class ProcessRegistry(Protocol):
+    """What the process registry tells about live processes (see ``store/processes.py``)."""
+
     def abandoned_attempts(self, run_id: str, *, seen_after: datetime) -> list[dict[str, Any]]:
         """The attempts of ``run_id`` that live processes (seen after ``seen_after``) abandoned
         past their timeouts and whose threads still run: ``step``, ``position``,
@@ -299,9 +345,37 @@ class Store(Protocol):
         consumes and the step queues its app declares (empty without a registry)."""
         ...
 
-    def prune(self, *, before: datetime, batch: int = 1000) -> int: ...
-    def oldest_outbox_message(self) -> datetime | None: ...
-    def close(self) -> None: ...
+
+STORE_ROLES: tuple[type, ...] = (
+    Transactions,
+    Maintenance,
+    RunStore,
+    RunQueries,
+    TimerStore,
+    InboxStore,
+    OutboxQueue,
+    RateLimits,
+    ApprovalStore,
+    ProcessRegistry,
+)
+"""The roles of the store port, in the order ``Store`` unites them."""
+
+
+class Store(
+    Transactions,
+    Maintenance,
+    RunStore,
+    RunQueries,
+    TimerStore,
+    InboxStore,
+    OutboxQueue,
+    RateLimits,
+    ApprovalStore,
+    ProcessRegistry,
+    Protocol,
+):
+    """Every role of the store: what the engine's composition root passes around. A caller
+    that needs less takes the role it uses (``RunStore``, ``OutboxQueue``...)."""
 
 
 def batched(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:

@@ -1,0 +1,83 @@
+"""The store port by role: ``Store`` is exactly the union of its role protocols, and
+``SqlStore`` implements every role (checked at run time here, and statically by mypy)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from typing import Protocol
+
+import pytest
+
+from sagaloop.engine import ports
+from sagaloop.engine.ports import (
+    STORE_ROLES,
+    ApprovalStore,
+    InboxStore,
+    Maintenance,
+    OutboxQueue,
+    ProcessRegistry,
+    RateLimits,
+    RunQueries,
+    RunStore,
+    Store,
+    TimerStore,
+    Transactions,
+)
+from sagaloop.store.sql import SqlStore
+
+
+def _methods(cls: type) -> set[str]:
+    """The methods a protocol declares itself (not those it inherits)."""
+    return {
+        name
+        for name, value in vars(cls).items()
+        if inspect.isfunction(value) and not name.startswith("_")
+    }
+
+
+@pytest.fixture
+def store() -> Iterator[SqlStore]:
+    store = SqlStore("sqlite://")
+    yield store
+    store.close()
+
+
+def test_store_is_the_union_of_its_roles() -> None:
+    assert Store.__bases__ == (*STORE_ROLES, Protocol)
+    assert not _methods(Store), "declare a store method in one of the role protocols"
+    every = [name for role in STORE_ROLES for name in _methods(role)]
+    assert len(every) == len(set(every)), "a method belongs to one role"
+    assert all(_methods(role) for role in STORE_ROLES)
+
+
+def test_every_role_protocol_is_exported_by_ports() -> None:
+    roles = {name for name, value in vars(ports).items() if value in STORE_ROLES}
+    assert len(roles) == len(STORE_ROLES)
+
+
+@pytest.mark.parametrize("role", STORE_ROLES, ids=lambda role: role.__name__)
+def test_sql_store_plays_every_role(store: SqlStore, role: type) -> None:
+    assert isinstance(store, role)
+    for name in _methods(role):
+        declared = inspect.signature(getattr(role, name))
+        implemented = inspect.signature(getattr(SqlStore, name))
+        assert list(implemented.parameters) == list(declared.parameters), name
+
+
+def test_sql_store_satisfies_the_roles_statically(store: SqlStore) -> None:
+    """mypy checks these assignments: a SqlStore method that drifts from its role fails it."""
+    transactions: Transactions = store
+    maintenance: Maintenance = store
+    runs: RunStore = store
+    queries: RunQueries = store
+    timers: TimerStore = store
+    inbox: InboxStore = store
+    outbox: OutboxQueue = store
+    limits: RateLimits = store
+    approvals: ApprovalStore = store
+    registry: ProcessRegistry = store
+    whole: Store = store
+    assert whole is store
+    roles = (transactions, maintenance, runs, queries, timers, inbox, outbox, limits)
+    assert all(role is store for role in (*roles, approvals, registry))
