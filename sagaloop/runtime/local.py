@@ -25,8 +25,9 @@ from typing import Any
 
 from sagaloop.engine.messages import Envelope, step_result
 from sagaloop.engine.ports import Delivery
-from sagaloop.runtime.consumers import WORKER_CONSUMER, EngineConsumer, WorkerConsumer
+from sagaloop.runtime.consumers import EngineConsumer
 from sagaloop.runtime.crashpoints import crash_point
+from sagaloop.runtime.worker import WORKER_CONSUMER, WorkerConsumer
 
 logger = logging.getLogger(__name__)
 

@@ -28,13 +28,16 @@ from sagaloop.engine.streams import LOCAL, Streams
 from sagaloop.engine.watchdog import DEADLINE, Watchdog
 from sagaloop.errors import BrokerError
 from sagaloop.runtime import liveness
-from sagaloop.runtime.consumers import EngineConsumer, TimerScheduler, WorkerConsumer, log_failure
+from sagaloop.runtime.consumers import EngineConsumer
+from sagaloop.runtime.delivery import log_failure
 from sagaloop.runtime.lane import LOCAL_LEASE, Handoffs, LocalLane
 from sagaloop.runtime.local import LocalWorker
 from sagaloop.runtime.registry import SEEN_EVERY, ProcessRegistry, Registration, describe
 from sagaloop.runtime.relay import Relay
 from sagaloop.runtime.steps import StepRunner
 from sagaloop.runtime.takeover import Takeover, host_identity, start_of
+from sagaloop.runtime.timers import TimerScheduler
+from sagaloop.runtime.worker import WorkerConsumer
 from sagaloop.sagas.app import App
 from sagaloop.store.processes import Identity
 from sagaloop.store.sql import SqlStore
