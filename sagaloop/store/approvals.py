@@ -1,6 +1,6 @@
 """The SQL of the approvals index (``sagaloop_approvals``): one row per approval a run asked
 for, written in the transaction of the activation that published it, claimed by the answer
-that wins, deleted when the run finishes. ``SqlStore`` wraps these functions."""
+that wins, deleted when the run finishes: the store's ``ApprovalStore`` role."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from sqlalchemy import Connection
 from sagaloop.engine.ports import ApprovalRow, RunRecord
 from sagaloop.sagas.approvals import OPEN_STATUSES
 from sagaloop.store import tables as t
+from sagaloop.store.core import SqlCore, conn_of
 
 _c = t.approvals.c
 _OPEN = sorted(OPEN_STATUSES)
@@ -23,43 +24,6 @@ _COUNTED = {"preserve_rowcount": True}
 
 def _key(run_id: str, call_id: str) -> Any:
     return (_c.run_id == run_id) & (_c.call_id == call_id)
-
-
-def publish(
-    conn: Connection,
-    run: RunRecord,
-    call_id: str,
-    request: dict[str, Any],
-    *,
-    now: datetime,
-    release: str | None = None,
-) -> None:
-    """Record the request as the run published it now. A request seen for the first time
-    gets its random ``request_id``. ``release``: the message id of the answer this activation
-    gave the run; if the request is still open after it (the run refused that answer), its
-    claim is released, so that another answer may win."""
-    status = str(request.get("status", ""))
-    values: dict[str, Any] = {"status": status, "request": request, "updated_at": now}
-    if release is not None and status in OPEN_STATUSES:
-        values["answer_id"] = sa.case((_c.answer_id == release, None), else_=_c.answer_id)
-        values["answer"] = sa.case((_c.answer_id == release, None), else_=_c.answer)
-    q = t.approvals.update().where(_key(run.run_id, call_id)).values(values)
-    if conn.execute(q.execution_options(**_COUNTED)).rowcount == 1:
-        return
-    requested_at = _requested_at(request, now)
-    conn.execute(
-        t.approvals.insert().values(
-            run_id=run.run_id,
-            call_id=call_id,
-            app=run.app,
-            saga=run.saga,
-            status=status,
-            request=request,
-            request_id=secrets.token_hex(16),
-            requested_at=requested_at,
-            updated_at=now,
-        )
-    )
 
 
 def _requested_at(request: dict[str, Any], default: datetime) -> datetime:
@@ -75,60 +39,109 @@ def end(conn: Connection, run_ids: Sequence[str]) -> None:
     conn.execute(t.approvals.delete().where(_c.run_id.in_(list(run_ids))))
 
 
-def get(conn: Connection, run_id: str, call_id: str) -> ApprovalRow | None:
-    row = conn.execute(sa.select(t.approvals).where(_key(run_id, call_id))).mappings().first()
-    return None if row is None else _row(row)
+class SqlApprovals(SqlCore):
+    """The approvals index on SQL."""
 
-
-def claim(
-    conn: Connection,
-    run_id: str,
-    call_id: str,
-    *,
-    request_id: str,
-    message_id: str,
-    answer: dict[str, Any],
-) -> bool:
-    """Make ``message_id`` the answer of the open request ``request_id``, unless another
-    answer holds it; True when it does now (also when it already did)."""
-    q = (
-        t.approvals.update()
-        .where(
-            _key(run_id, call_id),
-            _c.request_id == request_id,
-            _c.status.in_(_OPEN),
-            sa.or_(_c.answer_id.is_(None), _c.answer_id == message_id),
-        )
-        .values(answer_id=message_id, answer=answer)
-    )
-    return conn.execute(q.execution_options(**_COUNTED)).rowcount == 1
-
-
-def open_page(
-    conn: Connection,
-    *,
-    app: str | None,
-    run_id: str | None,
-    after: tuple[datetime, str, str] | None,
-    limit: int,
-) -> list[ApprovalRow]:
-    """Open approvals (pending or escalated), oldest request first, after the cursor
-    ``(requested_at, run_id, call_id)``: a page through the index, never a scan of runs."""
-    q = sa.select(t.approvals).where(_c.status.in_(_OPEN))
-    if app is not None:
-        q = q.where(_c.app == app)
-    if run_id is not None:
-        q = q.where(_c.run_id == run_id)
-    if after is not None:
-        at, run, call = after
-        q = q.where(
-            sa.or_(
-                _c.requested_at > at,
-                sa.and_(_c.requested_at == at, sa.tuple_(_c.run_id, _c.call_id) > (run, call)),
+    def publish_approval(
+        self,
+        tx: Any,
+        run: RunRecord,
+        call_id: str,
+        request: dict[str, Any],
+        *,
+        now: datetime,
+        release: str | None = None,
+    ) -> None:
+        """Record the request as ``run`` published it now. A request seen for the first time
+        gets its random ``request_id``. ``release``: the message id of the answer this activation
+        gave the run; if the request is still open after it (the run refused that answer), its
+        claim is released, so that another answer may win."""
+        conn = conn_of(tx)
+        status = str(request.get("status", ""))
+        values: dict[str, Any] = {"status": status, "request": request, "updated_at": now}
+        if release is not None and status in OPEN_STATUSES:
+            values["answer_id"] = sa.case((_c.answer_id == release, None), else_=_c.answer_id)
+            values["answer"] = sa.case((_c.answer_id == release, None), else_=_c.answer)
+        q = t.approvals.update().where(_key(run.run_id, call_id)).values(values)
+        if conn.execute(q.execution_options(**_COUNTED)).rowcount == 1:
+            return
+        requested_at = _requested_at(request, now)
+        conn.execute(
+            t.approvals.insert().values(
+                run_id=run.run_id,
+                call_id=call_id,
+                app=run.app,
+                saga=run.saga,
+                status=status,
+                request=request,
+                request_id=secrets.token_hex(16),
+                requested_at=requested_at,
+                updated_at=now,
             )
         )
-    q = q.order_by(_c.requested_at, _c.run_id, _c.call_id).limit(limit)
-    return [_row(r) for r in conn.execute(q).mappings()]
+
+    def end_approvals(self, tx: Any, run_id: str) -> None:
+        end(conn_of(tx), [run_id])
+
+    def approval(self, tx: Any, run_id: str, call_id: str) -> ApprovalRow | None:
+        q = sa.select(t.approvals).where(_key(run_id, call_id))
+        if tx is not None:
+            row = conn_of(tx).execute(q).mappings().first()
+        else:
+            with self._read() as conn:
+                row = conn.execute(q).mappings().first()
+        return None if row is None else _row(row)
+
+    def claim_approval(
+        self,
+        tx: Any,
+        run_id: str,
+        call_id: str,
+        *,
+        request_id: str,
+        message_id: str,
+        answer: dict[str, Any],
+    ) -> bool:
+        """Make ``message_id`` the answer of the open request ``request_id``, unless another
+        answer holds it; True when it does now (also when it already did)."""
+        q = (
+            t.approvals.update()
+            .where(
+                _key(run_id, call_id),
+                _c.request_id == request_id,
+                _c.status.in_(_OPEN),
+                sa.or_(_c.answer_id.is_(None), _c.answer_id == message_id),
+            )
+            .values(answer_id=message_id, answer=answer)
+        )
+        return conn_of(tx).execute(q.execution_options(**_COUNTED)).rowcount == 1
+
+    def open_approvals(
+        self,
+        *,
+        app: str | None,
+        run_id: str | None = None,
+        after: tuple[datetime, str, str] | None = None,
+        limit: int = 50,
+    ) -> list[ApprovalRow]:
+        """Open approvals (pending or escalated), oldest request first, after the cursor
+        ``(requested_at, run_id, call_id)``: a page through the index, never a scan of runs."""
+        q = sa.select(t.approvals).where(_c.status.in_(_OPEN))
+        if app is not None:
+            q = q.where(_c.app == app)
+        if run_id is not None:
+            q = q.where(_c.run_id == run_id)
+        if after is not None:
+            at, run, call = after
+            q = q.where(
+                sa.or_(
+                    _c.requested_at > at,
+                    sa.and_(_c.requested_at == at, sa.tuple_(_c.run_id, _c.call_id) > (run, call)),
+                )
+            )
+        q = q.order_by(_c.requested_at, _c.run_id, _c.call_id).limit(limit)
+        with self._read() as conn:
+            return [_row(r) for r in conn.execute(q).mappings()]
 
 
 def _row(row: Any) -> ApprovalRow:

@@ -15,7 +15,7 @@ attempt was already in doubt, and how often it was given back. Taking a hold add
 ``turn`` (0 when given back), so the delivery that follows a give-back sees 1, and a later one
 (the holder died after taking it) sees more: its attempt may have run.
 
-Functions of an open connection; :class:`~sagaloop.store.sql.SqlStore` owns the transactions.
+The store's ``RateLimits`` role; each operation is one statement (autocommit on PostgreSQL).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from sagaloop.engine.ports import HeldSlot
 from sagaloop.store import tables as t
+from sagaloop.store.core import SqlCore
 
 _limits, _holds = t.rate_limits.c, t.rate_holds.c
 
@@ -93,44 +94,50 @@ def statements(dialect: str) -> Statements:
     return found
 
 
-def reserve(conn: Connection, dialect: str, key: str, interval: float, now: datetime) -> datetime:
-    """Reserve the next start slot of ``key`` (one start per ``interval`` seconds); one
-    statement, atomic by itself."""
-    params = {"p_key": key, "p_now": _seconds(now), "p_interval": interval}
-    next_free = conn.execute(statements(dialect).reserve, params).scalar_one()
-    return _datetime(float(next_free) - interval)
+class SqlRateLimits(SqlCore):
+    """The rate limits of the database, and the slots held by given-back step messages."""
 
+    def reserve_slot(self, key: str, interval: float, now: datetime) -> datetime:
+        """Reserve the next start slot of ``key`` (one start per ``interval`` seconds); one
+        statement, atomic by itself."""
+        params = {"p_key": key, "p_now": _seconds(now), "p_interval": interval}
+        with self._one_write() as conn:
+            next_free = conn.execute(statements(self.dialect).reserve, params).scalar_one()
+        return _datetime(float(next_free) - interval)
 
-def hold(
-    conn: Connection,
-    dialect: str,
-    message_id: str,
-    key: str,
-    slot: datetime,
-    *,
-    in_doubt: bool,
-    give_backs: int,
-    now: datetime,
-) -> None:
-    """Keep ``slot`` for the message ``message_id`` (replacing what it held before)."""
-    params = {
-        "p_message_id": message_id,
-        "p_key": key,
-        "p_slot": _seconds(slot),
-        "p_in_doubt": in_doubt,
-        "p_give_backs": give_backs,
-        "p_at": now,
-    }
-    conn.execute(statements(dialect).hold, params)
+    def hold_slot(
+        self,
+        message_id: str,
+        key: str,
+        slot: datetime,
+        *,
+        in_doubt: bool,
+        give_backs: int,
+        now: datetime,
+    ) -> None:
+        """Keep ``slot`` for the message ``message_id`` (replacing what it held before)."""
+        params = {
+            "p_message_id": message_id,
+            "p_key": key,
+            "p_slot": _seconds(slot),
+            "p_in_doubt": in_doubt,
+            "p_give_backs": give_backs,
+            "p_at": now,
+        }
+        with self._one_write() as conn:
+            conn.execute(statements(self.dialect).hold, params)
 
-
-def take(conn: Connection, dialect: str, message_id: str) -> HeldSlot | None:
-    """The slot held for ``message_id``, marked as taken (None: it holds none)."""
-    row = conn.execute(statements(dialect).take, {"p_message_id": message_id}).first()
-    if row is None:
-        return None
-    key, slot, in_doubt, give_backs, turn = row
-    return HeldSlot(str(key), _datetime(float(slot)), bool(in_doubt), int(give_backs), turn == 1)
+    def take_held_slot(self, message_id: str) -> HeldSlot | None:
+        """The slot held for ``message_id``, marked as taken (None: it holds none)."""
+        take = statements(self.dialect).take
+        with self._one_write() as conn:
+            row = conn.execute(take, {"p_message_id": message_id}).first()
+        if row is None:
+            return None
+        key, slot, in_doubt, give_backs, turn = row
+        return HeldSlot(
+            str(key), _datetime(float(slot)), bool(in_doubt), int(give_backs), turn == 1
+        )
 
 
 def prune(conn: Connection, before: datetime) -> int:

@@ -1,6 +1,6 @@
 """The SQL of the process registry (``sagaloop_processes``): which service processes run, since
-when, when each was last seen, and what is wrong with it. ``SqlStore`` wraps these functions;
-``sagaloop.runtime.registry`` writes and judges the rows."""
+when, when each was last seen, and what is wrong with it (the store's ``ProcessRegistry`` role,
+and what ``sagaloop health`` reads); ``sagaloop.runtime.registry`` writes and judges the rows."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import Connection
 
+from sagaloop.store import queue
 from sagaloop.store import tables as t
+from sagaloop.store.core import SqlCore
 
 
 @dataclass(frozen=True)
@@ -53,84 +54,101 @@ class Identity:
     host: dict[str, Any] | None = None
 
 
-def started(
-    conn: Connection,
-    name: str,
-    app: str,
-    role: str,
-    now: datetime,
-    identity: Identity | None = None,
-) -> None:
-    """Insert the row of ``name``, replacing an earlier process's with the same name."""
-    who = identity or Identity()
-    conn.execute(t.processes.delete().where(_c.name == name))
-    conn.execute(
-        t.processes.insert().values(
-            name=name,
-            app=app,
-            role=role,
-            started_at=now,
-            seen_at=now,
-            problem=None,
-            queues=list(who.queues) or None,
-            app_queues=list(who.app_queues) or None,
-            token=who.token,
-            host=who.host,
+class SqlRegistry(SqlCore):
+    """The process registry on SQL; each write is a transaction of its own."""
+
+    def process_started(
+        self,
+        name: str,
+        app: str,
+        role: str,
+        now: datetime,
+        identity: Identity | None = None,
+    ) -> None:
+        """Register process ``name`` (``role@host:pid``) as running since ``now``, with what
+        it consumes and what proves it dead (``identity``), replacing an earlier process's row
+        with the same name."""
+        who = identity or Identity()
+        with self.transaction() as tx:
+            tx.conn.execute(t.processes.delete().where(_c.name == name))
+            tx.conn.execute(
+                t.processes.insert().values(
+                    name=name,
+                    app=app,
+                    role=role,
+                    started_at=now,
+                    seen_at=now,
+                    problem=None,
+                    queues=list(who.queues) or None,
+                    app_queues=list(who.app_queues) or None,
+                    token=who.token,
+                    host=who.host,
+                )
+            )
+
+    def take_over(self, name: str, token: str) -> list[queue.Released]:
+        """Release every outbox row that process ``name``, proven dead, claimed (tokens
+        prefixed ``token``), and forget its token (the row stays, for health); return the
+        rows released."""
+        forget = t.processes.update().where(_c.name == name, _c.token == token)
+        with self.transaction() as tx:
+            rows = queue.release_owned(tx.conn, token)
+            tx.conn.execute(forget.values(token=None))
+            tx.enqueued = bool(rows)
+            return rows
+
+    def process_seen(
+        self,
+        name: str,
+        now: datetime,
+        problem: str | None,
+        abandoned: Sequence[dict[str, Any]] = (),
+    ) -> bool:
+        """Refresh the process's row with its current problem (None: healthy) and the
+        attempts it abandoned whose threads still run; False when it has no row (never
+        written, or pruned)."""
+        values = {"seen_at": now, "problem": problem, "abandoned": list(abandoned) or None}
+        q = t.processes.update().where(_c.name == name).values(values)
+        with self.transaction() as tx:
+            return tx.conn.execute(q.execution_options(preserve_rowcount=True)).rowcount == 1
+
+    def abandoned_attempts(self, run_id: str, *, seen_after: datetime) -> list[dict[str, Any]]:
+        """The abandoned attempts of run ``run_id`` that processes seen after ``seen_after``
+        report, each with the ``process`` that runs it."""
+        q = sa.select(_c.name, _c.abandoned).where(
+            _c.seen_at > seen_after, _c.stopped_at.is_(None), _c.abandoned.is_not(None)
         )
-    )
+        with self._read() as conn:
+            return [
+                {**item, "process": name}
+                for name, items in conn.execute(q)
+                for item in items or []
+                if isinstance(item, dict) and item.get("run_id") == run_id
+            ]
 
+    def live_queues(self, *, seen_after: datetime) -> list[tuple[str, list[str], list[str]]]:
+        """``(app, queues it consumes, its app's step queues)`` of each process seen after
+        ``seen_after`` that did not stop."""
+        q = sa.select(_c.app, _c.queues, _c.app_queues).where(
+            _c.seen_at > seen_after, _c.stopped_at.is_(None)
+        )
+        with self._read() as conn:
+            return [(str(app), list(qs or []), list(aqs or [])) for app, qs, aqs in conn.execute(q)]
 
-def forget_token(conn: Connection, name: str, token: str) -> None:
-    """Its claims were taken over: nothing more to take (the row stays, for health)."""
-    conn.execute(t.processes.update().where(_c.name == name, _c.token == token).values(token=None))
+    def process_stopped(self, name: str, now: datetime, problem: str | None) -> None:
+        """Mark the process as exited, with the problem it exits because of (None: cleanly)."""
+        q = t.processes.update().where(_c.name == name)
+        with self.transaction() as tx:
+            tx.conn.execute(q.values(seen_at=now, stopped_at=now, problem=problem, abandoned=None))
 
+    def prune_processes(self, before: datetime) -> int:
+        """Delete the rows of processes last seen before ``before``; return how many."""
+        q = t.processes.delete().where(_c.seen_at < before)
+        with self.transaction() as tx:
+            return int(tx.conn.execute(q.execution_options(preserve_rowcount=True)).rowcount)
 
-def seen(
-    conn: Connection,
-    name: str,
-    now: datetime,
-    problem: str | None,
-    abandoned: Sequence[dict[str, Any]] = (),
-) -> bool:
-    """Refresh the row; False when there is none (never written, or pruned)."""
-    values = {"seen_at": now, "problem": problem, "abandoned": list(abandoned) or None}
-    q = t.processes.update().where(_c.name == name).values(values)
-    return conn.execute(q.execution_options(preserve_rowcount=True)).rowcount == 1
-
-
-def stopped(conn: Connection, name: str, now: datetime, problem: str | None) -> None:
-    q = t.processes.update().where(_c.name == name)
-    conn.execute(q.values(seen_at=now, stopped_at=now, problem=problem, abandoned=None))
-
-
-def prune(conn: Connection, before: datetime) -> int:
-    q = t.processes.delete().where(_c.seen_at < before)
-    return int(conn.execute(q.execution_options(preserve_rowcount=True)).rowcount)
-
-
-def rows(conn: Connection) -> list[ProcessRecord]:
-    q = sa.select(t.processes).order_by(_c.started_at, _c.name)
-    return [ProcessRecord(**r) for r in conn.execute(q).mappings()]
-
-
-def abandoned(conn: Connection, run_id: str, seen_after: datetime) -> list[dict[str, Any]]:
-    """The abandoned attempts of run ``run_id`` that processes seen after ``seen_after``
-    report, each with the ``process`` that runs it."""
-    q = sa.select(_c.name, _c.abandoned).where(
-        _c.seen_at > seen_after, _c.stopped_at.is_(None), _c.abandoned.is_not(None)
-    )
-    return [
-        {**item, "process": name}
-        for name, items in conn.execute(q)
-        for item in items or []
-        if isinstance(item, dict) and item.get("run_id") == run_id
-    ]
-
-
-def live_queues(conn: Connection, seen_after: datetime) -> list[tuple[str, list[str], list[str]]]:
-    """``(app, queues it consumes, its app's step queues)`` of each process seen after
-    ``seen_after`` that did not stop."""
-    q = sa.select(_c.app, _c.queues, _c.app_queues).where(
-        _c.seen_at > seen_after, _c.stopped_at.is_(None)
-    )
-    return [(str(app), list(qs or []), list(aqs or [])) for app, qs, aqs in conn.execute(q)]
+    def processes(self) -> list[ProcessRecord]:
+        """Every registered process, oldest first."""
+        q = sa.select(t.processes).order_by(_c.started_at, _c.name)
+        with self._read() as conn:
+            return [ProcessRecord(**r) for r in conn.execute(q).mappings()]

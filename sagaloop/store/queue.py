@@ -1,6 +1,6 @@
-"""The outbox table as SQL: messages to send and, for the database broker, the queue itself.
+"""The outbox table: messages to send and, for the database broker, the queue itself (the
+store's ``OutboxQueue`` role, and the dead letters of the database queues).
 
-Functions of an open connection; :class:`~sagaloop.store.sql.SqlStore` owns the transactions.
 Claims lock their rows with ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so that concurrent
 claimers take disjoint rows without waiting for each other; SQLite serializes write
 transactions instead. A claim is a lease: a claim token and a deadline, after which the row is
@@ -18,69 +18,283 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
-from sagaloop.engine.messages import LOCAL_SUFFIX
-from sagaloop.engine.ports import Outgoing, QueuedMessage
+from sagaloop.engine.messages import LOCAL_SUFFIX, Envelope
+from sagaloop.engine.ports import Handoff, Outgoing, QueuedMessage, batched
 from sagaloop.store import payloads
 from sagaloop.store import tables as t
+from sagaloop.store.core import SqlCore, SqlTx, conn_of
 
 c = t.outbox.c
 RAW_PREFIX = "raw:"
 """Starts the ``message_id`` column of rows put by ``enqueue_raw``: bodies nobody checked, so
 not trusted as internal messages. (Rows of ``enqueue`` carry their envelope's id; sagaloop's
 internal ids start with their kind, ``step:``, ``result:``, ``timer:``.)"""
+DELETE_CHUNK = 1000
+"""The most published rows one statement deletes."""
 
 
-def enqueue(
-    conn: Connection,
-    messages: Sequence[Outgoing],
-    now: datetime,
-    claim: tuple[str, Callable[[str], datetime | None]] | None = None,
-) -> list[QueuedMessage]:
-    """Insert the messages. With ``claim`` (a token, and the deadline of a row's claim by its
-    queue: None, not claimed), the rows available now that get a deadline are inserted
-    already claimed with the token, and returned, so that their writer can hand them over.
-    Large payload values go to the payload table (see ``payloads.py``)."""
-    offload = payloads.Offloader()
-    bodies = [offload.message(m.envelope) for m in messages]
-    rows = [
-        _row(m.queue, m.envelope.message_id, body, m.available_at or now, now)
-        for m, body in zip(messages, bodies, strict=True)
-    ]
-    offload.flush(conn, now)
-    if claim is None:
-        if rows:
-            conn.execute(t.outbox.insert(), rows)
-        return []
-    token, until_of = claim
-    ready, later = [], []
-    for r in rows:
-        until = until_of(r["queue"]) if r["available_at"] <= now else None
-        if until is None:
-            later.append(r)
-        else:
-            r.update(claim_token=token, claimed_until=until, deliveries=1)
-            ready.append(r)
-    if later:
-        conn.execute(t.outbox.insert(), later)
-    if not ready:
-        return []
-    ids = conn.execute(_INSERT_CLAIMED, ready).scalars().all()
-    return [
-        QueuedMessage(i, r["queue"], r["body"], 1, token) for i, r in zip(ids, ready, strict=True)
-    ]
+class Released(NamedTuple):
+    id: int
+    queue: str
+    message_id: str
+
+
+class DeadLetterRow(NamedTuple):
+    id: int
+    queue: str
+    body: bytes
+    reason: str
+    at: datetime
+
+
+class SqlOutbox(SqlCore):
+    """The outbox on SQL: enqueued in the writer's transaction, claimed with a lease, deleted
+    by claim token; and its dead letters."""
+
+    def enqueue(self, tx: Any, messages: Sequence[Outgoing], now: datetime) -> None:
+        """Insert the messages. Rows available now, written in a transaction of the store while
+        a handoff is set (see :meth:`hand_over_to`), are inserted already claimed with the
+        handoff's token when their queue has a lease, and handed over after the commit. Large
+        payload values go to the payload table (see ``payloads.py``)."""
+        if not messages:
+            return
+        conn = conn_of(tx)
+        handoff = self.handoff if tx.own else None
+        offload = payloads.Offloader()
+        bodies = [offload.message(m.envelope) for m in messages]
+        rows = [
+            _row(m.queue, m.envelope.message_id, body, m.available_at or now, now)
+            for m, body in zip(messages, bodies, strict=True)
+        ]
+        offload.flush(conn, now)
+        tx.enqueued = True
+        if handoff is None:
+            if rows:
+                conn.execute(t.outbox.insert(), rows)
+            return
+        until_of = _deadlines(handoff, now)
+        ready, later = [], []
+        for r in rows:
+            until = until_of(r["queue"]) if r["available_at"] <= now else None
+            if until is None:
+                later.append(r)
+            else:
+                r.update(claim_token=handoff.token, claimed_until=until, deliveries=1)
+                ready.append(r)
+        if later:
+            conn.execute(t.outbox.insert(), later)
+        if not ready:
+            return
+        ids = conn.execute(_INSERT_CLAIMED, ready).scalars().all()
+        tx.handed.extend(
+            QueuedMessage(i, r["queue"], r["body"], 1, handoff.token)
+            for i, r in zip(ids, ready, strict=True)
+        )
+
+    def resolve(self, tx: Any, env: Envelope) -> Envelope:
+        """``env`` with the values that :meth:`enqueue` moved to the payload table back in
+        place (``env`` itself, without a query, when it holds none). MessageError if one is
+        missing or a reference is malformed."""
+        if not payloads.marked_fields(env.payload):
+            return env
+        if tx is not None:
+            return payloads.resolve_message(conn_of(tx), env)
+        with self._read() as conn:
+            return payloads.resolve_message(conn, env)
+
+    def enqueue_raw(
+        self, batch: Sequence[tuple[str, bytes]], now: datetime, *, trusted: bool = False
+    ) -> None:
+        """Put bodies on database queues as they are (the database broker's publish): not
+        trusted as internal messages unless ``trusted``."""
+        if not batch:
+            return
+        prefix = "" if trusted else RAW_PREFIX
+        rows = [_row(queue, prefix + uuid.uuid4().hex, body, now, now) for queue, body in batch]
+        with self.transaction() as tx:
+            tx.conn.execute(t.outbox.insert(), rows)
+            tx.enqueued = True
+
+    def claim(
+        self,
+        queues: Sequence[str] | None,
+        limit: int,
+        now: datetime,
+        lease: timedelta,
+        *,
+        probe: bool = False,
+    ) -> list[QueuedMessage]:
+        """Claim up to ``limit`` available rows (oldest first) until ``now + lease`` with a
+        fresh token (:func:`claim_token` of the store's ``claim_owner``); first, delete the
+        published rows :meth:`delete_later` left pending. ``probe`` (a poll): with nothing to
+        delete and nothing to claim, one read and no transaction."""
+        with self._published_lock:
+            pending = bool(self._published)
+        if probe and not pending:
+            with self._read() as conn:
+                found = _claimable(sa.select(c.id), queues, now).limit(1)
+                if conn.execute(found).first() is None:
+                    return []
+        q = _claimable(sa.select(c.id, c.queue, c.body, c.deliveries, c.message_id), queues, now)
+        q = q.order_by(c.id).limit(limit)
+        if self.dialect == "postgresql":
+            q = q.with_for_update(skip_locked=True)
+        with self.transaction() as tx:
+            self._delete_published(tx)
+            rows = list(tx.conn.execute(q))
+            if not rows:
+                return []
+            token = claim_token(self.claim_owner)
+            tx.conn.execute(
+                t.outbox.update()
+                .where(c.id.in_([r.id for r in rows]))
+                .values(claimed_until=now + lease, claim_token=token, deliveries=c.deliveries + 1)
+            )
+            return [
+                QueuedMessage(r.id, r.queue, bytes(r.body), r.deliveries + 1, token, _trusted(r))
+                for r in rows
+            ]
+
+    def delete_claimed(self, tx: Any, ids: Sequence[int], claim_token: str) -> int:
+        """Delete the rows still claimed with ``claim_token`` (without ``tx``: in a transaction
+        of its own); return how many."""
+        if tx is not None:
+            return delete_claimed(conn_of(tx), ids, claim_token)
+        with self.transaction() as own:
+            return delete_claimed(own.conn, ids, claim_token)
+
+    def delete_later(self, ids: Sequence[int], claim_token: str) -> None:
+        """Delete these rows, if still claimed with ``claim_token``, with the next
+        :meth:`claim` (the relay's sweep) or :meth:`delete_published`: published rows need no
+        transaction of their own, on anyone's critical path. Until then a crash leaves them to
+        be published again, which consumers deduplicate."""
+        with self._published_lock:
+            self._published.append((list(ids), claim_token))
+
+    def delete_published(self) -> None:
+        """Commit the deletions :meth:`delete_later` left pending, now."""
+        with self._published_lock:
+            if not self._published:
+                return
+        with self.transaction() as tx:
+            self._delete_published(tx)
+
+    def _delete_published(self, tx: SqlTx) -> None:
+        """Delete the pending rows in ``tx``; if it does not commit, they stay pending."""
+        with self._published_lock:
+            published, self._published = self._published, []
+        tx.published = published
+        by_token: dict[str, list[int]] = {}
+        for ids, token in published:  # a relay publishes under one token: one statement
+            by_token.setdefault(token, []).extend(ids)
+        for token, ids in by_token.items():
+            for chunk in batched(ids, DELETE_CHUNK):
+                delete_claimed(tx.conn, chunk, token)
+
+    def release(self, ids: Sequence[int], claim_token: str, available_at: datetime) -> None:
+        q = (
+            t.outbox.update()
+            .where(c.id.in_(list(ids)), c.claim_token == claim_token)
+            .values(claimed_until=None, claim_token=None, available_at=available_at)
+        )
+        with self.transaction() as tx:
+            tx.enqueued = bool(tx.conn.execute(q).rowcount)
+
+    def extend_claim(self, id: int, claim_token: str, until: datetime) -> bool:
+        q = t.outbox.update().where(c.id == id, c.claim_token == claim_token)
+        with self.transaction() as tx:
+            return bool(tx.conn.execute(q.values(claimed_until=until)).rowcount)
+
+    def dead_letter(self, id: int, claim_token: str, reason: str, now: datetime) -> None:
+        """Move the row to the dead letters, unless its lease was lost (whoever holds it now
+        decides)."""
+        with self.transaction() as tx:
+            conn = tx.conn
+            row = conn.execute(
+                sa.select(c.queue, c.body).where(c.id == id, c.claim_token == claim_token)
+            ).first()
+            if row is None:
+                return
+            conn.execute(
+                t.dead_letters.insert().values(
+                    queue=row.queue, body=row.body, reason=reason, at=now
+                )
+            )
+            conn.execute(t.outbox.delete().where(c.id == id))
+
+    def dead_letters(self) -> list[tuple[str, bytes, str]]:
+        with self._read() as conn:
+            rows = conn.execute(sa.select(_d.queue, _d.body, _d.reason).order_by(_d.id))
+            return [(r.queue, bytes(r.body), r.reason) for r in rows]
+
+    def dead_letter_rows(
+        self, *, ids: Sequence[int] | None = None, limit: int | None = None
+    ) -> list[DeadLetterRow]:
+        """Dead letters, oldest first: those of ``ids`` (None: all), at most ``limit``."""
+        q = sa.select(*_DEAD_COLUMNS).order_by(_d.id).limit(limit)
+        if ids is not None:
+            q = q.where(_d.id.in_(list(ids)))
+        with self._read() as conn:
+            return [_dead_row(r) for r in conn.execute(q)]
+
+    def count_dead_letters(self) -> int:
+        q = sa.select(sa.func.count()).select_from(t.dead_letters)
+        with self._read() as conn:
+            return int(conn.execute(q).scalar_one())
+
+    def requeue_dead_letters(
+        self,
+        ids: Sequence[int] | None,
+        now: datetime,
+        *,
+        trusted: Callable[[str, bytes, str], bool],
+    ) -> list[DeadLetterRow]:
+        """Move dead letters (all when ``ids`` is None) back to their queues, bodies unchanged,
+        in one transaction; return them. What one transaction deleted it requeues, so a dead
+        letter resent twice at once goes out once. A row is trusted as sagaloop's own when
+        ``trusted(queue, body, reason)``; it then carries its envelope's ``message_id``, as
+        rows of :meth:`enqueue` do."""
+        with self.transaction() as tx:
+            rows = _take_dead_letters(tx.conn, ids)
+            if rows:
+                tx.conn.execute(
+                    t.outbox.insert(),
+                    [_row(r.queue, _requeued_id(r, trusted), r.body, now, now) for r in rows],
+                )
+            tx.enqueued = bool(rows)
+            return rows
+
+    def delete_dead_letters(self, ids: Sequence[int] | None) -> int:
+        """Delete dead letters for good (all when ``ids`` is None); return how many."""
+        with self.transaction() as tx:
+            return len(_take_dead_letters(tx.conn, ids))
+
+    def queue_depths(self) -> dict[str, int]:
+        q = sa.select(c.queue, sa.func.count()).group_by(c.queue)
+        with self._read() as conn:
+            return {str(name): int(n) for name, n in conn.execute(q)}
+
+    def oldest_outbox_message(self) -> datetime | None:
+        """Since when the longest-waiting row to publish has been available (None when empty):
+        not counting the in-process lanes, whose rows are never published (one stays while
+        its step runs)."""
+        q = sa.select(sa.func.min(c.available_at)).where(c.queue.not_like(f"%{LOCAL_SUFFIX}"))
+        with self._read() as conn:
+            value: datetime | None = conn.execute(q).scalar()
+            return value
 
 
 _INSERT_CLAIMED = t.outbox.insert().returning(c.id, sort_by_parameter_order=True)
 
 
-def enqueue_raw(
-    conn: Connection, batch: Sequence[tuple[str, bytes]], now: datetime, *, trusted: bool = False
-) -> None:
-    if not batch:
-        return
-    prefix = "" if trusted else RAW_PREFIX
-    rows = [_row(queue, prefix + uuid.uuid4().hex, body, now, now) for queue, body in batch]
-    conn.execute(t.outbox.insert(), rows)
+def _deadlines(handoff: Handoff, now: datetime) -> Callable[[str], datetime | None]:
+    """The claim deadline of a row handed over to ``handoff``, by its queue (None: not taken)."""
+
+    def until(queue: str) -> datetime | None:
+        lease = handoff.lease_for(queue)
+        return None if lease is None else now + lease
+
+    return until
 
 
 def _row(queue: str, message_id: str, body: bytes, available_at: datetime, now: datetime) -> Any:
@@ -105,51 +319,11 @@ def _claimable(q: sa.Select[Any], queues: Sequence[str] | None, now: datetime) -
     return q.where(c.queue.not_like(f"%{LOCAL_SUFFIX}"))
 
 
-def any_claimable(conn: Connection, queues: Sequence[str] | None, now: datetime) -> bool:
-    """Whether :func:`claim` would find a row now (without locking anything)."""
-    return conn.execute(_claimable(sa.select(c.id), queues, now).limit(1)).first() is not None
-
-
-def claim(
-    conn: Connection,
-    dialect: str,
-    queues: Sequence[str] | None,
-    limit: int,
-    now: datetime,
-    lease: timedelta,
-    owner: str | None = None,
-) -> list[QueuedMessage]:
-    """Claim up to ``limit`` rows with a fresh token (:func:`claim_token` of ``owner``)."""
-    q = _claimable(sa.select(c.id, c.queue, c.body, c.deliveries, c.message_id), queues, now)
-    q = q.order_by(c.id).limit(limit)
-    if dialect == "postgresql":
-        q = q.with_for_update(skip_locked=True)
-    rows = list(conn.execute(q))
-    if not rows:
-        return []
-    token = claim_token(owner)
-    conn.execute(
-        t.outbox.update()
-        .where(c.id.in_([r.id for r in rows]))
-        .values(claimed_until=now + lease, claim_token=token, deliveries=c.deliveries + 1)
-    )
-    return [
-        QueuedMessage(r.id, r.queue, bytes(r.body), r.deliveries + 1, token, _trusted(r))
-        for r in rows
-    ]
-
-
 def claim_token(owner: str | None) -> str:
     """A fresh claim token: ``<owner>.<random>`` for a registered process (whose claims are
     released by that prefix once it is proven dead: :func:`release_owned`), else random."""
     fresh = uuid.uuid4().hex
     return f"{owner}.{fresh}" if owner else fresh
-
-
-class Released(NamedTuple):
-    id: int
-    queue: str
-    message_id: str
 
 
 def release_owned(conn: Connection, owner: str) -> list[Released]:
@@ -182,52 +356,6 @@ _DELETE_CLAIMED = t.outbox.delete().where(
     c.id.in_(sa.bindparam("ids", expanding=True)), c.claim_token == sa.bindparam("token")
 )
 
-
-def release(conn: Connection, ids: Sequence[int], claim_token: str, available_at: datetime) -> bool:
-    result = conn.execute(
-        t.outbox.update()
-        .where(c.id.in_(list(ids)), c.claim_token == claim_token)
-        .values(claimed_until=None, claim_token=None, available_at=available_at)
-    )
-    return bool(result.rowcount)
-
-
-def extend_claim(conn: Connection, id: int, claim_token: str, until: datetime) -> bool:
-    result = conn.execute(
-        t.outbox.update()
-        .where(c.id == id, c.claim_token == claim_token)
-        .values(claimed_until=until)
-    )
-    return bool(result.rowcount)
-
-
-def dead_letter(conn: Connection, id: int, claim_token: str, reason: str, now: datetime) -> bool:
-    row = conn.execute(
-        sa.select(c.queue, c.body).where(c.id == id, c.claim_token == claim_token)
-    ).first()
-    if row is None:
-        return False  # the lease was lost: whoever holds it now decides
-    conn.execute(
-        t.dead_letters.insert().values(queue=row.queue, body=row.body, reason=reason, at=now)
-    )
-    conn.execute(t.outbox.delete().where(c.id == id))
-    return True
-
-
-def dead_letters(conn: Connection) -> list[tuple[str, bytes, str]]:
-    d = t.dead_letters.c
-    rows = conn.execute(sa.select(d.queue, d.body, d.reason).order_by(d.id))
-    return [(r.queue, bytes(r.body), r.reason) for r in rows]
-
-
-class DeadLetterRow(NamedTuple):
-    id: int
-    queue: str
-    body: bytes
-    reason: str
-    at: datetime
-
-
 _d = t.dead_letters.c
 _DEAD_COLUMNS = (_d.id, _d.queue, _d.body, _d.reason, _d.at)
 
@@ -236,45 +364,13 @@ def _dead_row(r: Any) -> DeadLetterRow:
     return DeadLetterRow(int(r.id), str(r.queue), bytes(r.body), str(r.reason), r.at)
 
 
-def dead_letter_rows(
-    conn: Connection, ids: Sequence[int] | None, limit: int | None
-) -> list[DeadLetterRow]:
-    q = sa.select(*_DEAD_COLUMNS).order_by(_d.id).limit(limit)
-    if ids is not None:
-        q = q.where(_d.id.in_(list(ids)))
-    return [_dead_row(r) for r in conn.execute(q)]
-
-
-def count_dead_letters(conn: Connection) -> int:
-    return int(conn.execute(sa.select(sa.func.count()).select_from(t.dead_letters)).scalar_one())
-
-
-def delete_dead_letters(conn: Connection, ids: Sequence[int] | None) -> list[DeadLetterRow]:
+def _take_dead_letters(conn: Connection, ids: Sequence[int] | None) -> list[DeadLetterRow]:
     """Delete them (all when ``ids`` is None); return the rows deleted. Of two transactions
     deleting the same row, one gets it: the other waits for its row lock, then finds it gone."""
     q = t.dead_letters.delete().returning(*_DEAD_COLUMNS)
     if ids is not None:
         q = q.where(_d.id.in_(list(ids)))
     return sorted((_dead_row(r) for r in conn.execute(q)), key=lambda r: r.id)
-
-
-def requeue_dead_letters(
-    conn: Connection,
-    ids: Sequence[int] | None,
-    now: datetime,
-    trusted: Callable[[str, bytes, str], bool],
-) -> list[DeadLetterRow]:
-    """Move dead letters back to their queue, bodies unchanged, in one statement pair: what one
-    transaction deleted it requeues, so a dead letter resent twice at once goes out once. A row
-    is trusted as sagaloop's own when ``trusted(queue, body, reason)``; it then carries its
-    envelope's ``message_id``, as rows of :func:`enqueue` do."""
-    rows = delete_dead_letters(conn, ids)
-    if rows:
-        conn.execute(
-            t.outbox.insert(),
-            [_row(r.queue, _requeued_id(r, trusted), r.body, now, now) for r in rows],
-        )
-    return rows
 
 
 def _requeued_id(row: DeadLetterRow, trusted: Callable[[str, bytes, str], bool]) -> str:
@@ -288,16 +384,3 @@ def _requeued_id(row: DeadLetterRow, trusted: Callable[[str, bytes, str], bool])
     if not usable or message_id.startswith(RAW_PREFIX):
         return uuid.uuid4().hex
     return str(message_id)
-
-
-def depths(conn: Connection) -> dict[str, int]:
-    q = sa.select(c.queue, sa.func.count()).group_by(c.queue)
-    return {str(name): int(n) for name, n in conn.execute(q)}
-
-
-def oldest_available(conn: Connection) -> datetime | None:
-    """Since when the longest-waiting row to publish has been available: not counting the
-    in-process lanes, whose rows are never published (one stays while its step runs)."""
-    q = sa.select(sa.func.min(c.available_at)).where(c.queue.not_like(f"%{LOCAL_SUFFIX}"))
-    value: datetime | None = conn.execute(q).scalar()
-    return value

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Protocol
 
 import pytest
 
+import sagaloop.store
 from sagaloop.engine import ports
 from sagaloop.engine.ports import (
     STORE_ROLES,
@@ -81,3 +83,10 @@ def test_sql_store_satisfies_the_roles_statically(store: SqlStore) -> None:
     assert whole is store
     roles = (transactions, maintenance, runs, queries, timers, inbox, outbox, limits)
     assert all(role is store for role in (*roles, approvals, registry))
+
+
+def test_no_store_module_is_over_600_lines() -> None:
+    """The store is split by role: a module that grows past this is a role to split again."""
+    folder = Path(sagaloop.store.__file__).parent
+    sizes = {p.name: len(p.read_text().splitlines()) for p in folder.glob("*.py")}
+    assert {name: n for name, n in sizes.items() if n > 600} == {}

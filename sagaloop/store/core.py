@@ -1,0 +1,236 @@
+"""The connection and transaction core of the SQL store: its engine and statement cache, write
+transactions, reads outside a transaction and the translation of driver errors.
+
+Each role of the store port (``runs.py``, ``timers.py``, ``inbox.py``, ``queue.py``,
+``limits.py``, ``approvals.py``, ``processes.py``, ``read.py``) is a mixin over
+:class:`SqlCore`; ``sql.py`` composes them into ``SqlStore``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+import sqlalchemy as sa
+from sqlalchemy import Connection, Table
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Engine as SAEngine
+from sqlalchemy.pool import StaticPool
+
+from sagaloop.engine.ports import Handoff, QueuedMessage
+from sagaloop.store import migrations
+from sagaloop.store import tables as t
+from sagaloop.store.connect import create_sa_engine, mask_url, translate
+
+DB_ERRORS = (sa_exc.DBAPIError, sa_exc.TimeoutError)
+
+
+class SqlTx:
+    """A transaction of the store: the connection, and what to do once it committed."""
+
+    __slots__ = ("conn", "enqueued", "handed", "own", "published")
+
+    def __init__(self, conn: Connection, *, own: bool) -> None:
+        self.conn = conn
+        self.enqueued = False
+        self.own = own
+        """Committed by the store (not an attached transaction): its rows can be handed over."""
+        self.handed: list[QueuedMessage] = []
+        self.published: list[tuple[list[int], str]] = []
+        """Deletions of published rows this transaction carries (see SqlStore.delete_later)."""
+
+
+class Statements:
+    """The statements of the hot path, built once with bound parameters: building an
+    SQLAlchemy statement costs more Python than executing its cached compilation."""
+
+    def __init__(self, dialect: str) -> None:
+        b = sa.bindparam
+        runs, history, inbox = t.runs.c, t.history.c, t.inbox.c
+        self.get_run = sa.select(t.runs).where(runs.run_id == b("key"))
+        self.lock_run = self.get_run.with_for_update() if dialect == "postgresql" else self.get_run
+        self.save_run = t.runs.update().where(runs.run_id == b("key"))  # SET: the values given
+        self.save_run_if = self.save_run.where(
+            runs.last_seq == b("expected_seq")
+        ).execution_options(preserve_rowcount=True)
+        self.load_history = (
+            sa.select(t.history)
+            .where(history.run_id == b("key"), history.seq > b("after_seq"))
+            .order_by(history.seq)
+        )
+        self.inbox_get = sa.select(inbox.result).where(
+            inbox.consumer == b("key_consumer"), inbox.message_id == b("key_message_id")
+        )
+        insert: Any = {"postgresql": pg_insert, "sqlite": sqlite_insert}.get(dialect)
+        self.insert_ignore = {
+            table: insert(table)
+            .on_conflict_do_nothing()
+            # without preserve_rowcount, SQLAlchemy reports -1 for an INSERT through psycopg
+            .execution_options(preserve_rowcount=True)
+            for table in (t.runs, t.inbox, t.secrets)
+            if insert is not None
+        }
+
+
+def conn_of(tx: Any) -> Connection:
+    """The connection of a transaction the store gave (``transaction()`` or ``attach()``)."""
+    assert isinstance(tx, SqlTx), "pass the transaction object given by store.transaction()"
+    return tx.conn
+
+
+class SqlCore:
+    """The engine, the transactions and the reads that every role of ``SqlStore`` uses.
+
+    The keyword options size and bound the connection pool (see :func:`create_sa_engine`);
+    they are ignored when an ``engine`` is given.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        engine: SAEngine | None = None,
+        pool_size: int = 5,
+        max_overflow: int = 10,
+        pool_timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+        busy_timeout: float = 30.0,
+    ) -> None:
+        self.url = mask_url(url)
+        """The URL without its password, for messages."""
+        self.engine = engine or create_sa_engine(
+            url,
+            pool_size=pool_size,
+            max_overflow=max_overflow,
+            pool_timeout=pool_timeout,
+            connect_timeout=connect_timeout,
+            busy_timeout=busy_timeout,
+        )
+        self.dialect = self.engine.dialect.name
+        self._sql = Statements(self.dialect)
+        self._memory_lock = threading.RLock() if isinstance(self.engine.pool, StaticPool) else None
+        self.wakeup = threading.Condition()
+        self.writes = 0
+        """Counts committed transactions of this process that queued messages; a consumer
+        reads it before looking for work and waits only if it has not moved since, so a
+        commit between the look and the wait is never missed."""
+        self.handoff: Handoff | None = None
+        self.claim_owner: str | None = None
+        """The registry token of the service process using this store: its claims' tokens
+        start with it, so that they are released once it is proven dead (``runtime.takeover``)."""
+        self._published: list[tuple[list[int], str]] = []
+        self._published_lock = threading.Lock()
+        self._read_options: dict[str, Any] = {"sagaloop_read": True}
+        if self.dialect == "postgresql":  # one statement each: no BEGIN and ROLLBACK around it
+            self._read_options["isolation_level"] = "AUTOCOMMIT"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    def _fail(self, e: BaseException, what: str) -> NoReturn:
+        raise translate(e, self.engine.url, what) from e
+
+    def upgrade(self) -> tuple[int, int]:
+        try:
+            return migrations.upgrade(self.engine)
+        except DB_ERRORS as e:
+            self._fail(e, "the schema upgrade")
+
+    def check_schema(self) -> None:
+        try:
+            migrations.verify(self.engine)
+        except DB_ERRORS as e:
+            self._fail(e, "the schema check")
+
+    def attach(self, conn: Connection) -> SqlTx:
+        """Use the caller's open transaction (a SQLAlchemy Connection) as a sagaloop one, so
+        that sagaloop's rows commit or roll back with the caller's own writes."""
+        return SqlTx(conn, own=False)
+
+    def hand_over_to(self, handoff: Handoff | None) -> None:
+        self.handoff = handoff
+
+    def nudge(self) -> None:
+        """Wake whoever waits in :meth:`wait_for_writes`."""
+        with self.wakeup:
+            self.writes += 1
+            self.wakeup.notify_all()
+
+    def wait_for_writes(self, seen: int, timeout: float) -> None:
+        """Wait until a transaction queued messages after ``writes`` was ``seen``, at most
+        ``timeout`` seconds (other processes' writes are only seen by looking again)."""
+        with self.wakeup:
+            self.wakeup.wait_for(lambda: self.writes != seen, timeout)
+
+    @contextmanager
+    def transaction(self) -> Iterator[SqlTx]:
+        """A write transaction, committed when the block ends without an exception.
+
+        Driver errors (raised by the store's methods inside the block, or by the commit) come
+        out as StoreError, or TransientStoreError when running the block again may succeed.
+        """
+        lock = self._memory_lock
+        if lock is not None:
+            lock.acquire()
+        tx: SqlTx | None = None
+        try:
+            with self.engine.begin() as conn:
+                tx = SqlTx(conn, own=True)
+                yield tx
+            tx.published = []
+            if tx.handed and self.handoff is not None:
+                self.handoff.take(tx.handed)
+            if tx.enqueued:
+                self.nudge()
+        except DB_ERRORS as e:
+            self._fail(e, "a transaction")
+        finally:
+            if tx is not None and tx.published:  # not committed: still pending
+                with self._published_lock:
+                    self._published.extend(tx.published)
+            if lock is not None:
+                lock.release()
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        lock = self._memory_lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            with self.engine.connect().execution_options(**self._read_options) as conn:
+                yield conn
+        except DB_ERRORS as e:
+            self._fail(e, "a read")
+        finally:
+            if lock is not None:
+                lock.release()
+
+    @contextmanager
+    def _one_write(self) -> Iterator[Connection]:
+        """A connection for one statement that writes: autocommit on PostgreSQL (one round
+        trip; the statement is atomic by itself), a write transaction on SQLite."""
+        if self.dialect != "postgresql":
+            with self.transaction() as tx:
+                yield tx.conn
+            return
+        with self._read() as conn:  # autocommit
+            yield conn
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def _insert_ignore(self, conn: Connection, table: Table, values: dict[str, Any]) -> bool:
+        """INSERT ... ON CONFLICT DO NOTHING; True when the row was inserted."""
+        stmt = self._sql.insert_ignore.get(table)
+        if stmt is None:
+            try:
+                with conn.begin_nested():
+                    conn.execute(table.insert(), values)
+            except sa_exc.IntegrityError:
+                return False
+            return True
+        return conn.execute(stmt, values).rowcount == 1

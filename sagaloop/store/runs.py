@@ -1,0 +1,212 @@
+"""Runs and their histories (the store's ``RunStore`` and ``RunQueries`` roles), and retention.
+
+On PostgreSQL, ``lock_run`` takes the run's row lock (``FOR UPDATE``); on SQLite the write
+transaction holds the database's write lock. Large values go to the payload table
+(``payloads.py``) and come back resolved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection
+
+from sagaloop.engine.history import Event, NewEvent, number
+from sagaloop.engine.ports import RunRecord
+from sagaloop.store import approvals, limits, payloads
+from sagaloop.store import tables as t
+from sagaloop.store.core import SqlCore, conn_of
+
+FINISHED = ("completed", "failed", "compensated", "cancelled")
+
+
+class SqlRuns(SqlCore):
+    """Runs and histories on SQL; ``prune`` deletes what retention no longer keeps."""
+
+    # --- runs --------------------------------------------------------------------------------
+
+    def create_run(self, tx: Any, run: RunRecord) -> bool:
+        """Insert the run; False when a run with that id exists (even one not yet committed
+        by a concurrent transaction: this one then waits for it)."""
+        offload = payloads.Offloader()
+        values = {
+            "run_id": run.run_id,
+            "app": run.app,
+            "saga": run.saga,
+            "status": run.status,
+            "input": offload.value(run.run_id, run.input),
+            "last_seq": run.last_seq,
+            "processed_seq": run.processed_seq,
+            "created_at": run.created_at,
+            "updated_at": run.updated_at,
+        }
+        offload.flush(conn_of(tx), run.created_at)
+        return self._insert_ignore(conn_of(tx), t.runs, values)
+
+    def lock_run(self, tx: Any, run_id: str) -> RunRecord | None:
+        """The run, locked until ``tx`` ends (SQLite: the transaction holds the write lock)."""
+        row = conn_of(tx).execute(self._sql.lock_run, {"key": run_id}).mappings().first()
+        return payloads.resolve_runs(conn_of(tx), [_run(row)])[0] if row else None
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        with self._read() as conn:
+            row = conn.execute(self._sql.get_run, {"key": run_id}).mappings().first()
+            return payloads.resolve_runs(conn, [_run(row)])[0] if row else None
+
+    def save_run(self, tx: Any, run: RunRecord, *, if_last_seq: int | None = None) -> bool:
+        """Update the run; with ``if_last_seq``, only if its ``last_seq`` is still that (the
+        row lock it takes serializes two engines activating the run). False: not updated."""
+        offload = payloads.Offloader()
+        values = {
+            "key": run.run_id,
+            "status": run.status,
+            "output": offload.value(run.run_id, run.output),
+            "error": run.error,
+            "reason": run.reason,
+            "last_seq": run.last_seq,
+            "processed_seq": run.processed_seq,
+            "updated_at": run.updated_at,
+        }
+        offload.flush(conn_of(tx), run.updated_at)
+        if if_last_seq is None:
+            return conn_of(tx).execute(self._sql.save_run, values).rowcount == 1
+        values["expected_seq"] = if_last_seq
+        return conn_of(tx).execute(self._sql.save_run_if, values).rowcount == 1
+
+    def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        saga: str | None = None,
+        app: str | None = None,
+        limit: int = 100,
+    ) -> list[RunRecord]:
+        q = sa.select(t.runs).order_by(t.runs.c.updated_at.desc()).limit(limit)
+        if app is not None:
+            q = q.where(t.runs.c.app == app)
+        if status:
+            q = q.where(t.runs.c.status == status)
+        if saga:
+            q = q.where(t.runs.c.saga == saga)
+        with self._read() as conn:
+            return payloads.resolve_runs(conn, [_run(r) for r in conn.execute(q).mappings()])
+
+    def count_running(self, app: str, *, started: bool, at_most: int) -> int:
+        """How many runs of ``app`` are ``running``, counted up to ``at_most``: those an engine
+        took up (``started``), or those whose start waits for one (the start backlog)."""
+        r = t.runs.c
+        runs = sa.select(r.app).where(r.app == app, r.status == "running")  # index only
+        runs = runs.where(r.processed_seq > 0 if started else r.processed_seq == 0)
+        counted = sa.select(sa.func.count()).select_from(runs.limit(at_most).subquery())
+        with self._read() as conn:
+            return int(conn.execute(counted).scalar_one())
+
+    def count_runs(self, *, saga: str | None = None, app: str | None = None) -> dict[str, int]:
+        q = sa.select(t.runs.c.status, sa.func.count()).group_by(t.runs.c.status)
+        if app is not None:
+            q = q.where(t.runs.c.app == app)
+        if saga:
+            q = q.where(t.runs.c.saga == saga)
+        with self._read() as conn:
+            return {str(status): int(n) for status, n in conn.execute(q)}
+
+    # --- history -----------------------------------------------------------------------------
+
+    def load_history(self, tx: Any, run_id: str, after_seq: int = 0) -> list[Event]:
+        q, params = self._sql.load_history, {"key": run_id, "after_seq": after_seq}
+        if tx is not None:
+            return _events(conn_of(tx), run_id, conn_of(tx).execute(q, params).mappings())
+        with self._read() as conn:
+            return _events(conn, run_id, conn.execute(q, params).mappings())
+
+    def delete_history(self, tx: Any, run_id: str) -> None:
+        """Delete the run's history (it continued as new: a fresh one starts at seq 1)."""
+        conn_of(tx).execute(t.history.delete().where(t.history.c.run_id == run_id))
+
+    def append_events(
+        self, tx: Any, run_id: str, after_seq: int, events: Sequence[NewEvent], at: datetime
+    ) -> list[Event]:
+        """Insert the events as ``after_seq + 1, ...``; a seq already used violates the primary
+        key, which fails the whole transaction (two activations raced)."""
+        out = number(after_seq, events, at)
+        if out:
+            offload = payloads.Offloader()
+            rows = [
+                {
+                    "run_id": run_id,
+                    "seq": e.seq,
+                    "kind": e.kind,
+                    "pos": e.pos,
+                    "name": e.name,
+                    "data": offload.data(run_id, e.data),
+                    "at": e.at,
+                }
+                for e in out
+            ]
+            offload.flush(conn_of(tx), at)
+            conn_of(tx).execute(t.history.insert(), rows)
+        return out
+
+    # --- retention ---------------------------------------------------------------------------
+
+    def prune(self, *, before: datetime, batch: int = 1000) -> int:
+        """Delete up to ``batch`` inbox rows older than ``before`` and up to ``batch`` finished
+        runs last updated before it (with their history and timers); return how many."""
+        with self.transaction() as tx:
+            conn = tx.conn
+            keys = [
+                tuple(k)
+                for k in conn.execute(
+                    sa.select(t.inbox.c.consumer, t.inbox.c.message_id)
+                    .where(t.inbox.c.at < before)
+                    .limit(batch)
+                )
+            ]
+            if keys:
+                key = sa.tuple_(t.inbox.c.consumer, t.inbox.c.message_id)
+                conn.execute(t.inbox.delete().where(key.in_(keys)))
+                payloads.delete(conn, [payloads.inbox_owner(*k) for k in keys])
+            ids = list(
+                conn.execute(
+                    sa.select(t.runs.c.run_id)
+                    .where(t.runs.c.status.in_(FINISHED), t.runs.c.updated_at < before)
+                    .limit(batch)
+                ).scalars()
+            )
+            if ids:
+                conn.execute(t.history.delete().where(t.history.c.run_id.in_(ids)))
+                conn.execute(t.timers.delete().where(t.timers.c.run_id.in_(ids)))
+                conn.execute(t.runs.delete().where(t.runs.c.run_id.in_(ids)))
+                approvals.end(conn, ids)
+                payloads.delete(conn, ids)
+            holds = limits.prune(conn, before)
+        return len(keys) + len(ids) + holds
+
+
+def _events(conn: Connection, run_id: str, rows: Iterable[Any]) -> list[Event]:
+    rows = list(rows)
+    datas = payloads.resolve_datas(conn, run_id, [r["data"] or {} for r in rows])
+    return [
+        Event(r["seq"], r["kind"], r["at"], r["pos"], r["name"], data)
+        for r, data in zip(rows, datas, strict=True)
+    ]
+
+
+def _run(row: Any) -> RunRecord:
+    return RunRecord(
+        run_id=row["run_id"],
+        app=row["app"],
+        saga=row["saga"],
+        status=row["status"],
+        input=row["input"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        last_seq=row["last_seq"],
+        processed_seq=row["processed_seq"],
+        output=row["output"],
+        error=row["error"],
+        reason=row["reason"],
+    )
