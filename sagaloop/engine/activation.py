@@ -16,27 +16,23 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from sagaloop.engine import gate, runlog, tracing
+from sagaloop.engine import decide, gate, runlog, tracing
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
-from sagaloop.engine.contract import DO, UNDO, halts_in_doubt, idempotency_key, task_message_id
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import (
     CancelPayload,
     Envelope,
     EventPayload,
     StartPayload,
-    derived_id,
     engine_queue,
     inbox_key,
-    local_queue,
     parse_payload,
-    step_queue,
 )
-from sagaloop.engine.ports import Clock, Outgoing, RunRecord, Store, SystemClock, Timer, Tx
+from sagaloop.engine.ports import Clock, RunRecord, Store, SystemClock, Tx
 from sagaloop.engine.replay import Replayer
 from sagaloop.engine.state import RunState
 from sagaloop.engine.watchdog import Watchdog
@@ -50,7 +46,6 @@ from sagaloop.errors import (
 )
 from sagaloop.sagas.app import App
 from sagaloop.sagas.approvals import call_id_of
-from sagaloop.sagas.policy import RetryPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -89,29 +84,6 @@ def _drop(live: _Live | None) -> None:
 
 
 @dataclasses.dataclass
-class _Effects:
-    """What an activation writes, all at once in :meth:`Engine.apply`."""
-
-    at: datetime
-    """When the activation happened: the time of all its events."""
-    after_seq: int
-    """The run's last stored event; ``events`` come after it."""
-    events: list[NewEvent] = dataclasses.field(default_factory=list)
-    messages: list[Outgoing] = dataclasses.field(default_factory=list)
-    timers: list[Timer] = dataclasses.field(default_factory=list)
-    clear_timers: bool = False
-    restart: NewEvent | None = None
-    """Continued as new: the history is deleted and starts again with this ``run_started``."""
-    trace: dict[str, str] | None = None
-    """The trace context the messages it sends carry (see ``tracing.activation``)."""
-
-    def send(self, queue: str, **envelope: Any) -> None:
-        """Queue a message, stamped with the activation's time and trace, for the outbox."""
-        message = Envelope(created_at=self.at, trace=self.trace, **envelope)
-        self.messages.append(Outgoing(queue, message))
-
-
-@dataclasses.dataclass
 class Plan:
     """What :meth:`Engine.prepare` decided for one message; :meth:`Engine.apply` writes it."""
 
@@ -124,7 +96,7 @@ class Plan:
     """Decided on the engine's cached run, not read: even a plan that writes nothing checks,
     when applied, that the run is still at ``base_seq`` (else a result the cached state does
     not expect yet would be taken for a late one and dropped)."""
-    effects: _Effects | None = None
+    effects: decide.Effects | None = None
     create: bool = False
     """The run does not exist yet: insert it (a start published without a client)."""
     rejected: str | None = None
@@ -245,7 +217,9 @@ class Engine:
         self.store.enqueue(tx, effects.messages, now)
         self._logs.extend(plan.logs)
 
-    def _index_approvals(self, tx: Tx, env: Envelope, run: RunRecord, effects: _Effects) -> None:
+    def _index_approvals(
+        self, tx: Tx, env: Envelope, run: RunRecord, effects: decide.Effects
+    ) -> None:
         if effects.restart is not None:  # continued as new: its approvals were the old run's
             self.store.end_approvals(tx, run.run_id)
             return
@@ -354,55 +328,22 @@ class Engine:
         first = self.store.load_history(None, run.run_id)[:1]
         if run.app == self.app.name and first and first[0].data.get("parent") == link:
             return self._activate(env, run, [lambda st: []])  # a duplicate: it runs already
-        reason = f"the child run id {env.run_id!r} is taken by another run"
-        error = ErrorInfo("ChildRunIdTaken", reason, non_retryable=True).to_json()
-        outcome = {"child": env.run_id, "status": s.FAILED, "error": error}
+        outcome = decide.child_id_taken(env.run_id)
         return self._activate(
-            env, self._read_run(parent_id), [lambda st: self._child_outcome(st, pos, outcome)]
+            env, self._read_run(parent_id), [lambda st: decide.child_outcome(st, pos, outcome)]
         )
 
     def _on_child_result(self, env: Envelope, run: RunRecord) -> list[Triggers]:
         pos = env.position
         if pos is None or not isinstance(env.payload.get("child"), str):
             raise MessageError("child_result needs a position and the child's run id")
-        return [lambda st: self._child_outcome(st, pos, env.payload)]
+        return [lambda st: decide.child_outcome(st, pos, env.payload)]
 
     def _on_undo_run(self, env: Envelope, run: RunRecord) -> list[Triggers]:
         """The parent compensates: undo this completed child run as a whole (its steps'
         compensations, newest first), then tell the parent. Only its parent may ask."""
         link = {"run_id": env.payload.get("parent"), "position": env.payload.get("position")}
-
-        def triggers(st: RunState) -> list[NewEvent]:
-            if st.finished != s.COMPLETED or st.undoing or st.parent != link:
-                return []
-            return [NewEvent(h.UNDO_REQUESTED, data={"parent": link})]
-
-        return [triggers]
-
-    def _child_outcome(self, st: RunState, pos: int, outcome: dict[str, Any]) -> list[NewEvent]:
-        """The event that settles the parent's call at ``pos`` with its child's outcome; none
-        if the call does not await that child (any more)."""
-        child = st.children.get(pos)
-        undone = st.steps.get(pos)
-        if child is None and undone is not None and undone.child == outcome.get("child"):
-            if undone.comp_status in s.IN_FLIGHT:  # the child run was undone as a whole
-                return [NewEvent(h.COMPENSATION_COMPLETED, pos, undone.name, {})]
-            return []
-        if child is None or child[0] != outcome.get("child"):
-            return []
-        run_id, name = child
-        if outcome.get("status") == s.COMPLETED:
-            return [NewEvent(h.CHILD_COMPLETED, pos, name, {"result": outcome.get("output")})]
-        error = outcome.get("error")
-        if not isinstance(error, dict):
-            error = {"type": "ChildRunFailed", "message": f"child run {run_id!r} ended"}
-        error = {
-            **error,
-            "message": f"child run {run_id!r} {outcome.get('status')}: {error.get('message', '')}",
-        }
-        return [
-            NewEvent(h.CHILD_FAILED, pos, name, {"error": error, "status": outcome.get("status")})
-        ]
+        return [lambda st: decide.undo_run_events(st, link)]
 
     def _reject_start(self, env: Envelope, run: RunRecord | None, reason: str) -> Plan:
         """A start the engine refuses fails its run with the reason (creating it if no client
@@ -410,11 +351,7 @@ class Engine:
         Either way the message is dead-lettered."""
         if run is not None and (run.processed_seq > 0 or run.app != self.app.name):
             raise MessageError(reason)
-        error = ErrorInfo("RejectedStart", f"the engine refused the start: {reason}").to_json()
-        finish = [
-            NewEvent(h.SAGA_FINISHED, data={"error": error}),
-            NewEvent(h.RUN_FINISHED, data={"status": s.FAILED}),
-        ]
+        finish = decide.rejected_start_events(reason)
         if run is None:
             now = self.clock.now()
             saga = (env.saga or "?")[:200]
@@ -437,13 +374,7 @@ class Engine:
 
     def _on_cancel(self, env: Envelope, run: RunRecord) -> list[Triggers]:
         payload: CancelPayload = parse_payload(CancelPayload, env)
-
-        def triggers(st: RunState) -> list[NewEvent]:
-            if st.cancel_reason is not None or st.saga_done:
-                return []
-            return [NewEvent(h.CANCEL_REQUESTED, data={"reason": payload.reason or "cancelled"})]
-
-        return [triggers]
+        return [lambda st: decide.cancel_events(st, payload.reason)]
 
     def _on_retry(self, env: Envelope, run: RunRecord) -> list[Triggers]:
         kept: list[Triggers] = []
@@ -473,40 +404,16 @@ class Engine:
             reply.get("outcome") == "halted" and not isinstance(error, dict)
         ):
             raise MessageError("invalid step_result payload: error must be an object")
-        return [lambda st: self._result_events(st, pos, attempt, reply)]
+        return [
+            lambda st: decide.result_events(self.app, st, pos, attempt, reply, now=self.clock.now())
+        ]
 
     def _on_timer(self, env: Envelope, run: RunRecord) -> list[Triggers]:
         pos, kind = env.position, env.payload.get("kind")
         if pos is None:
             raise MessageError("timer needs position")
         attempt = env.attempt or 0
-
-        def triggers(st: RunState) -> list[NewEvent]:
-            step = st.steps.get(pos)
-            if kind == "sleep" and pos in st.sleeps:
-                return [NewEvent(h.TIMER_FIRED, pos)]
-            wait = st.waits.get(pos)
-            if kind == "wait" and wait is not None and not wait.resolved:
-                return [NewEvent(h.TIMER_FIRED, pos, wait.name)]
-            if (
-                kind == "retry"
-                and step
-                and step.status == s.RETRYING
-                and step.attempt + 1 == attempt
-            ):
-                data = {"attempt": attempt, "in_doubt": step.in_doubt}
-                return [NewEvent(h.STEP_DISPATCHED, pos, step.name, data)]
-            if (
-                kind == "undo_retry"
-                and step
-                and step.comp_status == s.RETRYING
-                and step.comp_attempt + 1 == attempt
-            ):
-                data = {"attempt": attempt, "in_doubt": step.comp_in_doubt}
-                return [NewEvent(h.COMPENSATION_SCHEDULED, pos, step.name, data)]
-            return []  # stale: what the timer was for has already happened
-
-        return [triggers]
+        return [lambda st: decide.timer_events(st, pos, kind, attempt)]
 
     def committed(self) -> None:
         """Keep the runs activated in the transaction that just committed in the cache."""
@@ -542,7 +449,7 @@ class Engine:
             live = self._load(run, run_code=run_code)
             with tracing.activation(env, live.state.trace, run.saga, began) as trace:
                 if not live.state.finished or env.type == "undo_run":
-                    effects = _Effects(self.clock.now(), live.state.last_seq, trace=trace)
+                    effects = decide.Effects(self.clock.now(), live.state.last_seq, trace=trace)
                     reacted = False
                     for trigger in triggers:
                         pending = trigger(live.state)
@@ -631,7 +538,7 @@ class Engine:
             live.drop_code()
             live.divergence = _park_data(e)
 
-    def _react(self, live: _Live, pending: list[NewEvent], effects: _Effects) -> None:
+    def _react(self, live: _Live, pending: list[NewEvent], effects: decide.Effects) -> None:
         st = live.state
         if live.divergence is not None:  # found on load: record it first
             pending = [NewEvent(h.RUN_PARKED, data=live.divergence), *pending]
@@ -662,50 +569,10 @@ class Engine:
         st, code = live.state, live.code
         if st.finished or st.parked is not None:
             return []
-        if code is not None:
-            commands = code.take_new_commands()
-            if commands:
-                return commands
-            if code.outcome is not None and "continue_as_new" in code.outcome:
-                if st.continued is None:
-                    data = {"input": code.outcome["continue_as_new"]}
-                    return [NewEvent(h.RUN_CONTINUED, data={**data, **code.outcome})]
-                return []
-            if code.outcome is not None and not st.saga_done:
-                return [NewEvent(h.SAGA_FINISHED, data=code.outcome)]
-        elif not st.saga_done and not st.failing:
-            saga = self.app.get_saga(st.saga)
-            if saga is None:
-                reason = f"saga {st.saga!r} is not registered in app {self.app.name!r}"
-                return [NewEvent(h.RUN_PARKED, data={"reason": reason})]
-        if not st.failing:
-            if st.undo_requested is not None:  # ctx.compensate: undo, then let the code go on
-                undo = self._next_undo(st)
-                return [NewEvent(h.COMPENSATE_DONE, st.undo_requested)] if undo is None else undo
-            if st.saga_done:
-                return [NewEvent(h.RUN_FINISHED, data={"status": s.COMPLETED})]
-            return []
-        undo = self._next_undo(st)
-        if undo is not None:
-            return undo
-        if st.cancel_reason is not None:
-            status = s.CANCELLED
-        elif any(x.comp_status == s.DONE for x in st.steps.values()):
-            status = s.COMPENSATED
-        else:
-            status = s.FAILED
-        return [NewEvent(h.RUN_FINISHED, data={"status": status})]
-
-    def _cancel_children(self, st: RunState, effects: _Effects) -> None:
-        """Cancel the child runs still in flight: their parent is cancelled or has ended."""
-        for pos, (child, _) in st.children.items():
-            effects.send(
-                self.queue,
-                type="cancel",
-                message_id=derived_id("cancel-child", st.run_id, pos),
-                run_id=child,
-                payload={"reason": f"its parent run {st.run_id!r} was cancelled or ended"},
-            )
+        if code is None:
+            return decide.next_events(self.app, st, code=None)
+        commands = code.take_new_commands()  # then its outcome, if it returned
+        return decide.next_events(self.app, st, code=(commands, code.outcome))
 
     def _engine_queue_of(self, run_id: str) -> str:
         """The engine queue of the app that ``run_id`` belongs to (this app's if none does
@@ -713,123 +580,13 @@ class Engine:
         run = self.store.get_run(run_id)
         return engine_queue(run.app) if run is not None else self.queue
 
-    def _next_undo(self, st: RunState) -> list[NewEvent] | None:
-        """The next compensation to schedule, newest completed step first; ``[]`` while a
-        step or compensation is in flight (undo only once they settled); None: none left."""
-        if st.in_flight() or st.compensations_in_flight():
-            return []
-        for step_state in st.to_compensate():
-            step = self.app.get_step(step_state.name)
-            if step_state.child is not None or (step is not None and step.compensation_fn):
-                data = {"attempt": 1, "in_doubt": step_state.status != s.DONE}
-                return [NewEvent(h.COMPENSATION_SCHEDULED, step_state.pos, step_state.name, data)]
-        return None
-
-    def _effects_of(self, ev: Event, live: _Live, effects: _Effects) -> list[NewEvent]:
-        st = live.state
-        kind = ev.kind
-        if kind in (h.STEP_SCHEDULED, h.STEP_DISPATCHED, h.COMPENSATION_SCHEDULED):
-            assert ev.pos is not None
-            direction = UNDO if kind == h.COMPENSATION_SCHEDULED else DO
-            attempt, force = ev.data.get("attempt", 1), bool(ev.data.get("force"))
-            return self._dispatch(live, ev.pos, direction, attempt, force, effects)
-        if kind == h.TIMER_STARTED:
-            assert ev.pos is not None
-            effects.timers.append(Timer(st.run_id, ev.pos, "sleep", st.sleeps[ev.pos]))
-        elif kind == h.EVENT_WAITING:
-            assert ev.pos is not None
-            wait = st.waits[ev.pos]
-            if wait.until is not None and not wait.resolved:
-                effects.timers.append(Timer(st.run_id, ev.pos, "wait", wait.until))
-        elif kind in (h.STEP_RETRYING, h.COMPENSATION_RETRYING):
-            assert ev.pos is not None
-            step_state = st.steps[ev.pos]
-            if kind == h.STEP_RETRYING:
-                timer_kind, attempt = "retry", step_state.attempt + 1
-                fire_at = step_state.retry_at
-            else:
-                timer_kind, attempt = "undo_retry", step_state.comp_attempt + 1
-                fire_at = step_state.comp_retry_at
-            assert fire_at is not None
-            effects.timers.append(Timer(st.run_id, ev.pos, timer_kind, fire_at, attempt))
-        elif kind == h.EVENT_SENT:
-            assert ev.pos is not None and ev.name is not None
-            target = str(ev.data["run_id"])
-            effects.send(
-                self._engine_queue_of(target),
-                type="event",
-                message_id=derived_id("sent", st.run_id, ev.pos),
-                run_id=target,
-                payload={"name": ev.name, "data": ev.data.get("data")},
-            )
-        elif kind == h.RUN_SPAWNED:
-            assert ev.pos is not None and ev.name is not None
-            effects.send(
-                self.queue,
-                type="start",
-                message_id=derived_id("spawned", st.run_id, ev.pos),
-                run_id=str(ev.data["run_id"]),
-                saga=ev.name,
-                payload={"input": ev.data.get("input")},
-            )
-        elif kind == h.EVENT_REJECTED:  # the wait goes on: so does its timeout
-            rejected = st.waits.get(ev.pos) if ev.pos is not None else None
-            if rejected is not None and rejected.until is not None and not rejected.resolved:
-                effects.timers.append(Timer(st.run_id, rejected.pos, "wait", rejected.until))
-        elif kind == h.RUN_CONTINUED:  # a fresh history; a start message activates it
-            effects.clear_timers = True
-            data = {
-                "input": ev.data.get("input"),
-                "first_pos": ev.data.get("next_pos", 0),
-                "epoch": st.epoch + 1,
-                **({"trace": st.trace} if st.trace else {}),  # the same run: the same trace
-            }
-            effects.restart = NewEvent(h.RUN_STARTED, name=st.saga, data=data)
-            effects.send(
-                self.queue,
-                type="start",
-                message_id=derived_id("continued", st.run_id, st.epoch + 1),
-                run_id=st.run_id,
-                saga=st.saga,
-                payload={"input": ev.data.get("input")},
-            )
-            self._cancel_children(st, effects)
-        elif kind == h.CHILD_STARTED:
-            assert ev.pos is not None and ev.name is not None
-            effects.send(
-                self.queue,
-                type="child_start",
-                message_id=derived_id("child", st.run_id, ev.pos),
-                run_id=str(ev.data["run_id"]),
-                saga=ev.name,
-                position=ev.pos,
-                payload={"input": ev.data.get("input"), "parent": st.run_id},
-            )
-        elif kind == h.CANCEL_REQUESTED:
-            self._cancel_children(st, effects)
-        elif kind == h.RUN_FINISHED:
-            effects.clear_timers = True
-            self._cancel_children(st, effects)
-            if st.parent is not None:  # tell the parent's call how its child ended
-                outcome = {
-                    "child": st.run_id,
-                    "status": ev.data.get("status"),
-                    "output": st.saga_output,
-                    "error": st.saga_error,
-                }
-                effects.send(
-                    self.queue,
-                    type="child_result",
-                    message_id=derived_id("child-result", st.run_id, ev.data.get("status")),
-                    run_id=str(st.parent["run_id"]),
-                    position=int(st.parent["position"]),
-                    payload=outcome,
-                )
-        elif kind == h.RUN_RESUMED:
+    def _effects_of(self, ev: Event, live: _Live, effects: decide.Effects) -> list[NewEvent]:
+        if ev.kind == h.RUN_RESUMED:
             return self._resume(live, effects)
-        return []
+        now, queue_of = self.clock.now(), self._engine_queue_of
+        return decide.effects_of(self.app, live.state, ev, effects, now=now, queue_of=queue_of)
 
-    def _resume(self, live: _Live, effects: _Effects) -> list[NewEvent]:
+    def _resume(self, live: _Live, effects: decide.Effects) -> list[NewEvent]:
         st = live.state
         if live.code is None and not st.saga_done and not st.failing:
             # Replay from the start with the code now deployed; it may park the run again.
@@ -843,181 +600,7 @@ class Engine:
                 if live.divergence is not None:
                     parked, live.divergence = live.divergence, None
                     return [NewEvent(h.RUN_PARKED, data=parked)]
-        events: list[NewEvent] = []
-        for x in st.steps.values():
-            if x.status == s.HALTED:  # in doubt, or parked by a failure a person fixed
-                data = {"attempt": x.attempt + 1, "in_doubt": x.in_doubt, "force": True}
-                events.append(NewEvent(h.STEP_DISPATCHED, x.pos, x.name, data))
-            if x.comp_status == s.GAVE_UP:
-                data = {"attempt": x.comp_attempt + 1, "in_doubt": True}
-                events.append(NewEvent(h.COMPENSATION_SCHEDULED, x.pos, x.name, data))
-        return events
-
-    def _dispatch(
-        self,
-        live: _Live,
-        pos: int,
-        direction: str,
-        attempt: int,
-        force: bool,
-        effects: _Effects,
-    ) -> list[NewEvent]:
-        st = live.state
-        step_state = st.steps[pos]
-        if step_state.child is not None:  # undo the child run as a whole
-            effects.send(
-                self.queue,
-                type="undo_run",
-                message_id=derived_id("undo-child", st.run_id, pos, attempt),
-                run_id=step_state.child,
-                payload={"parent": st.run_id, "position": pos},
-            )
-            return []
-        step = self.app.get_step(step_state.name)
-        if step is None:
-            reason = f"step {step_state.name!r} is not registered in app {self.app.name!r}"
-            return [NewEvent(h.RUN_PARKED, data={"reason": reason})]
-        in_doubt = step_state.in_doubt if direction == DO else step_state.comp_in_doubt
-        payload: dict[str, Any] = {
-            "step": step.name,
-            "direction": direction,
-            "args": step_state.args,
-            "in_doubt": in_doubt,
-        }
-        if direction == UNDO:
-            payload["result"] = step_state.result if step_state.status == s.DONE else None
-        elif step.schedule_to_close is not None:
-            deadline = step_state.scheduled_at + step.schedule_to_close
-            payload["schedule_deadline"] = deadline.isoformat()
-        if force:
-            payload["force"] = True
-        task = Envelope(
-            type="step",
-            message_id=task_message_id(st.run_id, pos, direction, attempt),
-            run_id=st.run_id,
-            saga=st.saga,
-            position=pos,
-            attempt=attempt,
-            idempotency_key=idempotency_key(st.run_id, pos, direction),
-            payload=payload,
-            created_at=self.clock.now(),
-            trace=effects.trace,
-        )
-        queue = local_queue(self.app.name) if step.local else step_queue(self.app.name, step.queue)
-        effects.messages.append(Outgoing(queue, task))
-        return []
-
-    def _result_events(
-        self, st: RunState, pos: int, attempt: int, reply: dict[str, Any]
-    ) -> list[NewEvent]:
-        step_state = st.steps.get(pos)
-        if step_state is None:
-            return []
-        direction, outcome = reply.get("direction", DO), reply.get("outcome")
-        worker = {"worker": reply.get("worker")}
-        name = step_state.name
-        if direction == DO:
-            if step_state.status not in s.IN_FLIGHT or step_state.attempt != attempt:
-                return []  # a late or duplicate reply
-            if outcome == "completed":
-                data = {"result": reply.get("result"), "reconciled": bool(reply.get("reconciled"))}
-                took = reply.get("took_s")
-                if data["reconciled"] and isinstance(took, int | float):  # the attempt's time
-                    data["took_s"] = took  # (not the lease a dead worker's message waited)
-                return [NewEvent(h.STEP_COMPLETED, pos, name, {**data, **worker})]
-            if outcome == "halted":
-                reason = str(reply["error"].get("message"))
-                return [
-                    NewEvent(h.STEP_HALTED, pos, name, {"error": reply["error"], **worker}),
-                    NewEvent(h.RUN_PARKED, pos, name, {"reason": reason}),
-                ]
-        else:
-            if step_state.comp_status not in s.IN_FLIGHT or step_state.comp_attempt != attempt:
-                return []
-            if outcome == "completed":
-                return [NewEvent(h.COMPENSATION_COMPLETED, pos, name, {**worker})]
-            if outcome == "halted":  # the worker gave up on the message: `retry` undoes again
-                reason = f"compensation of step {name!r}: {reply['error'].get('message')}"
-                return [
-                    NewEvent(h.COMPENSATION_FAILED, pos, name, {"error": reply["error"], **worker}),
-                    NewEvent(h.RUN_PARKED, pos, name, {"reason": reason}),
-                ]
-        error = ErrorInfo.from_json(reply.get("error") or {"type": "Error", "message": "?"})
-        cancelling = st.cancel_reason is not None
-        return self._failure_events(step_state, direction, attempt, error, worker, cancelling)
-
-    def _failure_events(
-        self,
-        step_state: s.StepState,
-        direction: str,
-        attempt: int,
-        error: ErrorInfo,
-        extra: dict[str, Any],
-        cancelling: bool = False,
-    ) -> list[NewEvent]:
-        pos, name = step_state.pos, step_state.name
-        step = self.app.get_step(name)
-        policy = step.retry if step is not None else None
-        in_doubt = not (error.not_applied or error.non_retryable or error.needs_attention)
-        retryable = (
-            policy is not None
-            and not error.non_retryable
-            and not error.needs_attention  # a person must fix it first: no attempt helps
-            and policy.is_retryable(error.type)
-            and policy.allows(attempt)
-            # the run is cancelled: no new attempt of a step; undo what it may have done
-            and not (cancelling and direction == DO)
-        )
-        if retryable and direction == DO and step is not None and step.schedule_to_close:
-            assert policy is not None
-            retry_at = self.clock.now() + _delay(policy, attempt, error)
-            if retry_at >= step_state.scheduled_at + step.schedule_to_close:
-                retryable = False  # no attempt would start before the schedule_to_close
-        data = {"error": error.to_json(), "in_doubt": in_doubt, **extra}
-        if direction == UNDO:
-            if retryable:
-                assert policy is not None
-                data["retry_at"] = (self.clock.now() + _delay(policy, attempt, error)).isoformat()
-                return [NewEvent(h.COMPENSATION_RETRYING, pos, name, data)]
-            reason = f"compensation of step {name!r} failed for good: {error.type}: {error.message}"
-            return [
-                NewEvent(h.COMPENSATION_FAILED, pos, name, data),
-                NewEvent(h.RUN_PARKED, pos, name, {"reason": reason}),
-            ]
-        if retryable and in_doubt and step is not None and halts_in_doubt(step):
-            reason = (
-                f"step {name!r} (idempotent=False, no reconcile) failed in doubt with "
-                f"{error.type}: {error.message}; it was not re-attempted. Check the effect, "
-                "then `sagaloop retry` the run."
-            )
-            return [
-                NewEvent(h.STEP_HALTED, pos, name, data),
-                NewEvent(h.RUN_PARKED, pos, name, {"reason": reason}),
-            ]
-        if retryable:
-            assert policy is not None
-            data["retry_at"] = (self.clock.now() + _delay(policy, attempt, error)).isoformat()
-            return [NewEvent(h.STEP_RETRYING, pos, name, data)]
-        if not cancelling and (error.needs_attention or (policy and policy.give_up == "park")):
-            why = "needs a person" if error.needs_attention else "failed for good"
-            reason = (
-                f"step {name!r} {why}: {error.describe()}; nothing was undone. Fix the cause, "
-                "then `sagaloop retry` the run: the step runs again."
-            )
-            return [
-                NewEvent(h.STEP_HALTED, pos, name, data),
-                NewEvent(h.RUN_PARKED, pos, name, {"reason": reason}),
-            ]
-        return [NewEvent(h.STEP_FAILED, pos, name, data)]
-
-
-def _delay(policy: RetryPolicy, attempt: int, error: ErrorInfo) -> timedelta:
-    """The wait before the attempt after ``attempt``: the policy's, or longer when the error
-    asks it (a provider's ``Retry-After``)."""
-    delay = policy.delay(attempt)
-    if error.retry_after is not None:
-        delay = max(delay, timedelta(seconds=error.retry_after))
-    return delay
+        return decide.resume_events(st)
 
 
 def _park_data(e: NonDeterminismError | ActivationDeadlineError) -> dict[str, Any]:
