@@ -3,6 +3,8 @@ without the runtime. :class:`Client` writes to the store through the engine's po
 runs back as a :class:`~sagaloop.client.timeline.Timeline` (one status model for ``sagaloop
 status``, ``status --json`` and the console); ``serving`` tells whether a live process serves a
 run's waiting steps, and ``admission`` holds the start backlog limit ``Client.start``
-enforces."""
+enforces. ``Client`` (``client``) is carried out with ``checks`` (what it refuses before
+writing, by the engine's rules), ``fork`` (forking a run) and ``approvals`` (answering an
+approval)."""
 
 from sagaloop.client.client import Client as Client

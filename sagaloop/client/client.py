@@ -1,46 +1,33 @@
 """The client: start runs, send events, cancel, retry, and read status. It needs no saga code
 (pass a declared saga instead of its name to have the input validated before anything is
-written)."""
+written). What it checks before writing is in ``checks``; :meth:`Client.fork` is carried out by
+``fork``, and an approval's answer by ``approvals``."""
 
 from __future__ import annotations
 
-import itertools
-import json
 import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-import pydantic
-import pydantic_core
-from pydantic import BaseModel
-
 from sagaloop.client.admission import START_BACKLOG, limit_from_env
+from sagaloop.client.approvals import answer_approval
+from sagaloop.client.checks import check_message, check_text, same_json, to_json
+from sagaloop.client.fork import fork_run
 from sagaloop.client.serving import served
 from sagaloop.client.timeline import Timeline, timeline
 from sagaloop.engine import answers, tracing
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.event_fit import check_event
-from sagaloop.engine.fork import fork_history
 from sagaloop.engine.history import Event, NewEvent
-from sagaloop.engine.messages import (
-    MAX_MESSAGE_BYTES,
-    Envelope,
-    EventPayload,
-    derived_id,
-    engine_queue,
-    start_queue,
-)
+from sagaloop.engine.messages import Envelope, EventPayload, derived_id, engine_queue, start_queue
 from sagaloop.engine.ports import Clock, Outgoing, RunRecord, Store, SystemClock
-from sagaloop.engine.replay import check_replay
 from sagaloop.engine.state import RunState
 from sagaloop.engine.streams import Streams
+from sagaloop.errors import ErrorInfo as _ErrorInfo
 from sagaloop.errors import (
-    ActivationDeadlineError,
-    MessageError,
-    NonDeterminismError,
     OverloadedError,
     RunFinishedError,
     RunNotFoundError,
@@ -48,77 +35,12 @@ from sagaloop.errors import (
     SagaFailedError,
     ValidationError,
 )
-from sagaloop.errors import ErrorInfo as _ErrorInfo
 from sagaloop.sagas.app import App, SagaDef
-from sagaloop.sagas.approvals import (
-    OPEN_STATUSES,
-    PendingApproval,
-    approval_key,
-    call_id_of,
-    check_call_id,
-)
-from sagaloop.sagas.convert import ANY, Converter, encode_value
+from sagaloop.sagas.approvals import PendingApproval, call_id_of
+from sagaloop.sagas.convert import ANY
 
 LIVE = timedelta(seconds=15)
 """A process whose registry row was refreshed this recently runs (it refreshes every 5 s)."""
-
-# The client refuses, before anything is written, what the engine would refuse after: it
-# checks with the engine's own rules (the Envelope's fields, Envelope.from_bytes and the
-# converters' encode_value), so a run is never written whose start the engine dead-letters.
-
-
-def _check_text(
-    value: str, what: str, model: type[BaseModel] = Envelope, field: str = "run_id"
-) -> str:
-    """``value`` if the engine's ``model.field`` accepts it (for ids and names: 1 to 200
-    characters of text that UTF-8 can encode, without NUL), else one ValidationError line."""
-    try:
-        model.__pydantic_validator__.validate_assignment(model.model_construct(), field, value)
-    except pydantic.ValidationError as e:
-        shown = repr(value)
-        shown = shown if len(shown) <= 50 else shown[:45] + "...'"
-        error = e.errors()[0]
-        reason = (
-            "it holds invalid UTF-8 or a lone surrogate"
-            if error["type"] == "string_unicode"
-            else error["msg"].removeprefix("Value error, ")
-        )
-        raise ValidationError(
-            f"{what} must be 1 to 200 characters of valid UTF-8 text, without NUL: "
-            f"{shown} is refused ({reason})"
-        ) from e
-    return value
-
-
-def _to_json(value: Any, converter: Converter, what: str) -> Any:
-    """``value`` as the JSON that is stored and sent: valid for ``converter``'s type and
-    storable. NaN and Infinity are refused even where pydantic would quietly write null."""
-    try:
-        plain = pydantic_core.to_jsonable_python(value, inf_nan_mode="constants")
-    except (pydantic_core.PydanticSerializationError, ValueError):
-        pass  # not JSON-like at all: the converter says why
-    else:
-        encode_value(plain, what=what)
-    return converter.to_json(value, what=what)
-
-
-def _check_message(env: Envelope) -> None:
-    """Refuse, before anything is written, a message that consumers would dead-letter: its bytes
-    are read back as the engine reads them."""
-    try:
-        body = env.to_bytes()
-    except pydantic_core.PydanticSerializationError as e:
-        raise ValidationError(f"the {env.type} message of run {env.run_id!r}: {e}") from e
-    if len(body) > MAX_MESSAGE_BYTES:
-        raise ValidationError(
-            f"the {env.type} message of run {env.run_id!r} would be {len(body)} bytes, over the "
-            f"limit of {MAX_MESSAGE_BYTES}: keep large payloads out of messages (store them "
-            "and pass a reference)"
-        )
-    try:
-        Envelope.from_bytes(body)
-    except MessageError as e:
-        raise ValidationError(f"the engine would refuse the {env.type} message: {e}") from e
 
 
 class Client:
@@ -165,7 +87,7 @@ class Client:
         that starts it, or to the run already there (signal-with-start); ``event_id`` makes
         repeated calls deliver it once, as for :meth:`send_event`."""
         if isinstance(saga, str):
-            _check_text(saga, "saga name")
+            check_text(saga, "saga name")
             definition = self.app.get_saga(saga) if self.app is not None else None
             if self.app is not None and definition is None:
                 from sagaloop.errors import UnknownSagaError
@@ -176,9 +98,9 @@ class Client:
         name = definition.name if definition is not None else str(saga)
         if not self.app_name:
             raise ValidationError("Client(store, app) needs the app to start runs")
-        run_id = _check_text(uuid.uuid4().hex if run_id is None else run_id, "run_id")
+        run_id = check_text(uuid.uuid4().hex if run_id is None else run_id, "run_id")
         converter = definition.input if definition is not None else ANY
-        input_json = _to_json(input, converter, f"input of saga {name!r}")
+        input_json = to_json(input, converter, f"input of saga {name!r}")
         now = self.clock.now()
         with tracing.start(run_id, name) as trace:  # the span sagaloop.start: the run's trace
             env = Envelope(
@@ -190,7 +112,7 @@ class Client:
                 created_at=now,
                 trace=trace,
             )
-            _check_message(env)
+            check_message(env)
             first = [] if event is None else [self._event(run_id, *event, event_id=event_id)]
             if first and definition is not None:  # what the saga declares it accepts
                 state = RunState(run_id, saga=name)
@@ -213,7 +135,7 @@ class Client:
                         raise RunStateError(
                             f"run {run_id!r} already exists as a run of saga {existing.saga!r}"
                         )
-                    if existing is not None and not _same_json(existing.input, input_json):
+                    if existing is not None and not same_json(existing.input, input_json):
                         raise RunStateError(
                             f"run id {run_id!r} is taken by a run of saga {name!r} with another "
                             "input: choose another run id (a start is idempotent only for the "
@@ -245,10 +167,10 @@ class Client:
         self, run_id: str, name: str, data: Any = None, *, event_id: str | None = None
     ) -> Envelope:
         """The event message for ``run_id``, checked as the engine would check it."""
-        _check_text(name, "event name", EventPayload, "name")
+        check_text(name, "event name", EventPayload, "name")
         if event_id is not None:
-            _check_text(event_id, "event_id")
-        payload = {"name": name, "data": _to_json(data, ANY, "event data")}
+            check_text(event_id, "event_id")
+        payload = {"name": name, "data": to_json(data, ANY, "event data")}
         message_id = derived_id("event", run_id, event_id) if event_id else None
         return self._message("event", run_id, payload, message_id)
 
@@ -267,13 +189,13 @@ class Client:
         """A message to the engine, checked as the engine would check it."""
         env = Envelope(
             type=type,
-            run_id=_check_text(run_id, "run_id"),
+            run_id=check_text(run_id, "run_id"),
             payload=payload,
             created_at=self.clock.now(),
             message_id=message_id or uuid.uuid4().hex,
             trace=tracing.current(),  # the caller's span, if any: the activation links to it
         )
-        _check_message(env)
+        check_message(env)
         return env
 
     def send_event(
@@ -295,7 +217,8 @@ class Client:
         run = self.get(run_id)  # RunNotFoundError
         call_id = call_id_of(name) if isinstance(name, str) else None
         if call_id and isinstance(data, dict) and "request_id" in data:
-            return self._answer(run_id, call_id, data, event_id=event_id)  # checked, claimed
+            # an approval's answer: checked, and it claims the request
+            return answer_approval(self, run_id, call_id, data, event_id=event_id)
         env = self._event(run_id, name, data, event_id=event_id)
         self._check_fits(run, name, env.payload["data"])
         self._send(env, live=True, run=run)
@@ -340,87 +263,7 @@ class Client:
         outside the history, a run of another app or of a saga the app does not declare, and a
         ``run_id`` taken by another run (forking again with the same ``run_id``, source and
         position returns it)."""
-        if self.app is None:
-            raise ValidationError("Client(store, app) needs the App to fork runs")
-        old = self.get(source)
-        saga = self.app.get_saga(old.saga) if old.app == self.app.name else None
-        if saga is None:
-            raise RunStateError(
-                f"run {source!r} is a run of saga {old.saga!r} of app {old.app!r}, which app "
-                f"{self.app.name!r} does not declare: fork it with the app that does"
-            )
-        if isinstance(at, bool) or not isinstance(at, int):
-            raise ValidationError(f"a position is a whole number, not {at!r:.60}")
-        kept = fork_history(self.store.load_history(None, source), at, run_id=source)
-        new_id = _check_text(uuid.uuid4().hex if run_id is None else run_id, "run_id")
-        if new_id == source:
-            raise RunStateError(f"a fork is a new run: give it another id than {source!r}")
-        link = {"run_id": source, "position": at}
-        first_pos = kept[0].data.get("first_pos")
-        input_json = kept[0].data.get("input")
-        now = self.clock.now()
-        shift = now - kept[-1].at  # the cut is now: timers issued after it count from now
-        with tracing.start(new_id, saga.name) as trace:
-            data = {
-                "input": input_json,
-                "forked_from": link,
-                **({"first_pos": first_pos} if first_pos else {}),
-                **({"trace": trace} if trace else {}),
-                **({"events": accepts} if (accepts := saga.recorded_events()) else {}),
-            }
-            events = [
-                Event(seq, e.kind, e.at + shift, e.pos, e.name, data if seq == 1 else e.data)
-                for seq, e in enumerate(kept, start=1)
-            ]
-            try:  # a fork the code as it is now cannot continue would park at once
-                check_replay(self.app, saga, new_id, events, whole=False)
-            except (NonDeterminismError, ActivationDeadlineError) as e:
-                reason = str(e).removeprefix(f"run {new_id!r}: ")
-                raise ValidationError(
-                    f"cannot fork run {source!r} at position {at}: the saga code does not "
-                    f"replay what the fork keeps ({reason}); fork at an earlier position"
-                ) from e
-            env = Envelope(
-                type="start",
-                message_id=derived_id("start", new_id),
-                run_id=new_id,
-                saga=saga.name,
-                payload={"input": input_json},
-                created_at=now,
-                trace=trace,
-            )
-            _check_message(env)
-            record = RunRecord(new_id, self.app.name, saga.name, s.RUNNING, input_json, now, now)
-            # Processed but the last event: the engine's activation replays the copy (the saga's
-            # logger silent), gives the code that last event, and records what it does next.
-            # The engine expects no command among the events it has not processed: if the last
-            # is one, the whole copy is given as new (the saga's log lines said again).
-            record.last_seq = len(events)
-            record.processed_seq = 0 if events[-1].kind in h.COMMAND_KINDS else len(events) - 1
-            with self.store.transaction() as tx:
-                if not self.store.create_run(tx, record):
-                    first = self.store.load_history(tx, new_id)[:1]
-                    if first and first[0].data.get("forked_from") == link:
-                        return new_id  # this very fork, made already
-                    raise RunStateError(f"run id {new_id!r} is taken: choose another run id")
-                after = 0
-                for when, group in itertools.groupby(events, key=lambda e: e.at):
-                    batch = [NewEvent(e.kind, e.pos, e.name, e.data) for e in group]
-                    after = self.store.append_events(tx, new_id, after, batch, when)[-1].seq
-                self._index_open_approvals(tx, record, events, now)
-                self.store.enqueue(tx, [Outgoing(start_queue(self.app.name), env)], now)
-        return new_id
-
-    def _index_open_approvals(self, tx: Any, run: RunRecord, events: list[Event], now: Any) -> None:
-        """Index the approvals a fork's copied history leaves open, as the engine indexes
-        those it records: the fork's own requests, answered with its own request ids."""
-        state = RunState(run.run_id)
-        for event in events:
-            state.apply(event)
-        for key, value in state.published.items():
-            call_id = call_id_of(key)
-            if call_id and isinstance(value, dict) and value.get("status") in OPEN_STATUSES:
-                self.store.publish_approval(tx, run, call_id, value, now=now)
+        return fork_run(self, source, at, run_id)
 
     # --- approvals (``ctx.approval``; the rules are in ``answers``) ------------------------------
 
@@ -453,7 +296,7 @@ class Client:
         data: dict[str, Any] = {"approved": True, "by": by}
         if args is not None:
             data["args"] = args
-        self._answer(run_id, call_id, data, hashed=False)
+        answer_approval(self, run_id, call_id, data, hashed=False)
 
     def deny(self, run_id: str, call_id: str, *, reason: str, by: str | None = None) -> None:
         """Deny the approval ``call_id`` that run ``run_id`` waits for, saying why. Refused
@@ -461,52 +304,9 @@ class Client:
         another answer won it first."""
         if not isinstance(reason, str) or not reason.strip():
             raise ValidationError("a denial needs a reason: say why (--reason TEXT)")
-        self._answer(run_id, call_id, {"approved": False, "reason": reason, "by": by}, hashed=False)
-
-    def _answer(
-        self,
-        run_id: str,
-        call_id: str,
-        data: Any,
-        *,
-        event_id: str | None = None,
-        hashed: bool = True,
-    ) -> None:
-        """Send ``data`` as the answer to approval ``call_id`` if it wins the request: the
-        claim and the queued event commit together, or neither does. ``hashed=False``: the
-        answer is to the arguments as asked (the request's hash is filled in)."""
-        check_call_id(call_id)
-        if isinstance(data, dict) and data.get("by") is not None:
-            if not isinstance(data["by"], str):
-                raise ValidationError(f"who answers (by) is text, not {data['by']!r:.60}")
-        elif isinstance(data, dict) and "by" in data:
-            data = {k: v for k, v in data.items() if k != "by"}
-        run = self.get(run_id)
-        row = self.store.approval(None, run_id, call_id)
-        sent = None if event_id is None else derived_id("event", run_id, event_id)
-        if row is not None and sent is not None and row.answer_id == sent:
-            return  # this very answer, sent already
-        request = answers.open_request(run, call_id, row)
-        assert row is not None
-        if not hashed:
-            data = {**data, "args_hash": request.args_hash}
-        answer = answers.checked_answer(request, row.request_id, data)
-        env = self._event(run_id, approval_key(call_id), answer, event_id=event_id)
-        with self.store.transaction() as tx:
-            won = self.store.claim_approval(
-                tx,
-                run_id,
-                call_id,
-                request_id=row.request_id,
-                message_id=env.message_id,
-                answer=answers.claim_answer(row, env, answer),
-            )
-            if won:
-                self.store.enqueue(tx, [Outgoing(engine_queue(run.app), env)], self.clock.now())
-        if not won:  # answered or settled since it was read: say which
-            now = self.store.approval(None, run_id, call_id)
-            answers.open_request(self.get(run_id), call_id, now)
-            raise answers.taken(now or row)
+        answer_approval(
+            self, run_id, call_id, {"approved": False, "reason": reason, "by": by}, hashed=False
+        )
 
     def _published(self, run_id: str) -> dict[str, Any]:
         """The latest value of each key the run published, from its history."""
@@ -518,7 +318,7 @@ class Client:
     # --- reading -----------------------------------------------------------------------------
 
     def get(self, run_id: str) -> RunRecord:
-        run = self.store.get_run(_check_text(run_id, "run_id"))
+        run = self.store.get_run(check_text(run_id, "run_id"))
         if run is None or (self.own_app_only and run.app != self.app_name):
             raise RunNotFoundError(run_id)
         return run
@@ -560,7 +360,7 @@ class Client:
         self, *, status: str | None = None, saga: str | None = None, limit: int = 100
     ) -> list[RunRecord]:
         if saga is not None:
-            _check_text(saga, "saga name")
+            check_text(saga, "saga name")
         app = self.app_name if self.own_app_only else None
         return self.store.list_runs(status=status, saga=saga, app=app, limit=limit)
 
@@ -634,8 +434,3 @@ class Client:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"run {run_id!r} is still {run.status} after {timeout} s")
             time.sleep(poll)
-
-
-def _same_json(a: Any, b: Any) -> bool:
-    """Whether two JSON values are equal as JSON (key order aside)."""
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
