@@ -243,22 +243,10 @@ class Engine:
         code: ``env`` failed ``failures`` times. The message is kept with the run, and
         ``sagaloop retry`` processes it again."""
         run = self._read_run(env.run_id)
-        reason = (
-            f"the engine failed {failures} times on a {env.type} message of this run: "
-            f"{error.type}: {error.message}"
-        )
-        data = {
-            "reason": reason,
-            "error": error.to_json(),
-            "message": env.model_dump(mode="json", exclude_none=True),
-        }
-
-        def triggers(st: RunState) -> list[NewEvent]:
-            return [] if st.finished else [NewEvent(h.RUN_PARKED, data=data)]
-
+        parked = decide.engine_failed(env, error, failures)
         _drop(self._cache.pop(run.run_id, None))  # its state may be what failed: start afresh
         _drop(self._staged.pop(run.run_id, None))
-        return self._activate(env, run, [triggers], run_code=False)
+        return self._activate(env, run, [lambda st: [] if st.finished else parked], run_code=False)
 
     def _read_run(self, run_id: str) -> RunRecord:
         if run_id in self._restarted:
@@ -461,7 +449,7 @@ class Engine:
                             self._react(live, pending, effects)
                             reacted = True
                     if reacted:
-                        plan.run = self._updated(run, live.state)
+                        plan.run = decide.saved_run(run, live.state, now=self.clock.now())
                         plan.effects = effects
                         first = run.processed_seq == 0
                         plan.logs = runlog.lines(live.state, effects.events, first=first)
@@ -483,18 +471,6 @@ class Engine:
             self._staged_runs[run_id] = plan.run
         return plan
 
-    def _updated(self, run: RunRecord, st: RunState) -> RunRecord:
-        return dataclasses.replace(
-            run,
-            status=st.status(),
-            last_seq=st.last_seq,
-            processed_seq=st.last_seq,
-            updated_at=self.clock.now(),
-            output=st.saga_output,
-            error=st.saga_error,
-            reason=(st.parked or {}).get("reason"),
-        )
-
     def _load(self, run: RunRecord, *, run_code: bool = True) -> _Live:
         live = self._staged.get(run.run_id) or self._cache.pop(run.run_id, None)
         if live is not None and live.state.last_seq <= run.last_seq:
@@ -510,7 +486,9 @@ class Engine:
         for ev in events:
             live.state.apply(ev)
         st = live.state
-        if run_code and not (st.finished or st.saga_done or st.failing or _code_stopped(st.parked)):
+        if run_code and not (
+            st.finished or st.saga_done or st.failing or decide.code_stopped(st.parked)
+        ):
             live.code = self._new_code(live, run.saga)
             self._catch_up(live, events, run.processed_seq, fold=False)
         return live
@@ -536,7 +514,7 @@ class Engine:
             live.code.take_rejections()  # recorded when they happened
         except (NonDeterminismError, ActivationDeadlineError) as e:
             live.drop_code()
-            live.divergence = _park_data(e)
+            live.divergence = decide.code_parked(e)
 
     def _react(self, live: _Live, pending: list[NewEvent], effects: decide.Effects) -> None:
         st = live.state
@@ -555,7 +533,7 @@ class Engine:
                             live.code.feed([ev], replaying=False)
                         except (NonDeterminismError, ActivationDeadlineError) as e:
                             live.drop_code()
-                            pending.append(NewEvent(h.RUN_PARKED, data=_park_data(e)))
+                            pending.append(NewEvent(h.RUN_PARKED, data=decide.code_parked(e)))
                         else:
                             pending.extend(live.code.take_rejections())
                     pending.extend(self._effects_of(ev, live, effects))
@@ -601,18 +579,6 @@ class Engine:
                     parked, live.divergence = live.divergence, None
                     return [NewEvent(h.RUN_PARKED, data=parked)]
         return decide.resume_events(st)
-
-
-def _park_data(e: NonDeterminismError | ActivationDeadlineError) -> dict[str, Any]:
-    """The ``run_parked`` data for saga code that cannot go on: it is not run again (until a
-    retry replays it with the code then deployed)."""
-    if isinstance(e, ActivationDeadlineError):
-        return {"reason": str(e), "deadline": True, "stack": e.stack}
-    return {"reason": str(e), "nondeterminism": True}
-
-
-def _code_stopped(parked: dict[str, Any] | None) -> bool:
-    return bool(parked and (parked.get("nondeterminism") or parked.get("deadline")))
 
 
 _TRIGGERS: dict[str, Callable[[Engine, Envelope, RunRecord], list[Triggers]]] = {

@@ -20,9 +20,9 @@ from sagaloop.engine import state as s
 from sagaloop.engine.contract import DO, UNDO, halts_in_doubt, idempotency_key, task_message_id
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import Envelope, derived_id, engine_queue, local_queue, step_queue
-from sagaloop.engine.ports import Outgoing, Timer
+from sagaloop.engine.ports import Outgoing, RunRecord, Timer
 from sagaloop.engine.state import RunState
-from sagaloop.errors import ErrorInfo
+from sagaloop.errors import ActivationDeadlineError, ErrorInfo, NonDeterminismError
 from sagaloop.sagas.app import App
 from sagaloop.sagas.policy import RetryPolicy
 
@@ -268,6 +268,49 @@ def resume_events(st: RunState) -> list[NewEvent]:
             data = {"attempt": x.comp_attempt + 1, "in_doubt": True}
             events.append(NewEvent(h.COMPENSATION_SCHEDULED, x.pos, x.name, data))
     return events
+
+
+def engine_failed(env: Envelope, error: ErrorInfo, failures: int) -> list[NewEvent]:
+    """The engine failed ``failures`` times on ``env``: park the run with the message, which
+    ``sagaloop retry`` processes again."""
+    reason = (
+        f"the engine failed {failures} times on a {env.type} message of this run: "
+        f"{error.type}: {error.message}"
+    )
+    data = {
+        "reason": reason,
+        "error": error.to_json(),
+        "message": env.model_dump(mode="json", exclude_none=True),
+    }
+    return [NewEvent(h.RUN_PARKED, data=data)]
+
+
+def code_parked(e: NonDeterminismError | ActivationDeadlineError) -> dict[str, Any]:
+    """The ``run_parked`` data for saga code that cannot go on: it is not run again (until a
+    retry replays it with the code then deployed)."""
+    if isinstance(e, ActivationDeadlineError):
+        return {"reason": str(e), "deadline": True, "stack": e.stack}
+    return {"reason": str(e), "nondeterminism": True}
+
+
+def code_stopped(parked: dict[str, Any] | None) -> bool:
+    """Whether the run is parked because its saga code could not go on (see
+    :func:`code_parked`)."""
+    return bool(parked and (parked.get("nondeterminism") or parked.get("deadline")))
+
+
+def saved_run(run: RunRecord, st: RunState, *, now: datetime) -> RunRecord:
+    """The run's row as ``st`` leaves it, updated at ``now``."""
+    return dataclasses.replace(
+        run,
+        status=st.status(),
+        last_seq=st.last_seq,
+        processed_seq=st.last_seq,
+        updated_at=now,
+        output=st.saga_output,
+        error=st.saga_error,
+        reason=(st.parked or {}).get("reason"),
+    )
 
 
 # --- what the run does next ----------------------------------------------------------------------

@@ -15,7 +15,7 @@ from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.contract import DO, UNDO
 from sagaloop.engine.history import Event, NewEvent
-from sagaloop.engine.messages import engine_queue, step_queue
+from sagaloop.engine.messages import Envelope, engine_queue, step_queue
 from sagaloop.engine.state import RunState
 from sagaloop.errors import ErrorInfo
 
@@ -427,3 +427,16 @@ def test_an_event_sent_goes_to_the_target_runs_engine_queue() -> None:
     (out,) = effects.messages
     assert out.queue == "other"
     assert out.envelope.payload == {"name": "paid", "data": {"ok": True}}
+
+
+def test_a_message_the_engine_keeps_failing_on_parks_the_run_with_it() -> None:
+    env = Envelope(type="timer", message_id="m1", run_id="r1", position=2, payload={})
+    (ev,) = decide.engine_failed(env, ErrorInfo("KeyError", "'x'"), 3)
+    assert ev.kind == h.RUN_PARKED
+    assert (
+        ev.data["reason"]
+        == "the engine failed 3 times on a timer message of this run: KeyError: 'x'"
+    )
+    assert ev.data["message"]["message_id"] == "m1"
+    assert decide.code_stopped(ev.data) is False
+    assert decide.code_stopped({"reason": "?", "nondeterminism": True}) is True
