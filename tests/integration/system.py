@@ -150,8 +150,24 @@ class System:
         try:
             result: dict[str, str] = eventually(done, timeout, f"{len(run_ids)} runs to finish")
         except AssertionError as e:
-            raise AssertionError(f"{e}\n{self.logs()}") from None
+            raise AssertionError(f"{e}\n{self._unfinished(run_ids)}\n{self.logs()}") from None
         return result
+
+    def _unfinished(self, run_ids: list[str]) -> str:
+        """What a run that did not finish holds: its row, its last events, the outbox."""
+        lines = []
+        for run_id in run_ids:
+            run = self.store.get_run(run_id)
+            if run is None or run.status in FINAL:
+                continue
+            lines.append(f"--- run {run_id}: {run.status} seq {run.processed_seq}/{run.last_seq}")
+            for ev in self.store.load_history(None, run_id)[-12:]:
+                lines.append(f"  {ev.seq} {ev.kind} pos={ev.pos} {ev.name or ''} {ev.data}"[:300])
+        lines.append(f"--- outbox depths {self.store.queue_depths()}")
+        if self.broker_url != "database":
+            depths = {q: services.queue_depth(self.broker_url, q) for q in self.queue_names()}
+            lines.append(f"--- RabbitMQ ready messages {depths}, dead {self.dead_letter_count()}")
+        return "\n".join(lines)
 
     def ledger(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         if not self.ledger_path.exists():
