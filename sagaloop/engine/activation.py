@@ -189,6 +189,9 @@ class Engine:
             run_id = plan.env.run_id  # what prepare staged for it did not happen
             _drop(self._staged.pop(run_id, None))
             self._staged_runs.pop(run_id, None)
+            if plan.run is not None:  # its activation is not written, and later plans of
+                # this transaction may count on it (a start's catch-up): prepare them again
+                raise ActivationConflict(f"duplicate message {plan.env.message_id} moved the run")
             return
         run, effects = plan.run, plan.effects
         if run is None or effects is None:

@@ -15,8 +15,8 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from sagaloop.engine.activation import ActivationConflict, Engine, Plan
-from sagaloop.engine.messages import Envelope, start_queue
+from sagaloop.engine.activation import ENGINE_CONSUMER, ActivationConflict, Engine, Plan
+from sagaloop.engine.messages import Envelope, inbox_key, start_queue
 from sagaloop.engine.ports import Delivery, Store
 from sagaloop.errors import BrokerError, ErrorInfo, MessageError, TransientStoreError
 from sagaloop.runtime.admission import StartGate
@@ -107,13 +107,21 @@ class EngineConsumer:
             self._process(delivery, env)
 
     def _commit(
-        self, batch: Sequence[tuple[Delivery, Envelope]], *, trust_cache: bool = True
+        self,
+        batch: Sequence[tuple[Delivery, Envelope]],
+        *,
+        trust_cache: bool = True,
+        seen: bool = False,
     ) -> list[Plan]:
         """Prepare and apply the batch in one transaction. ``trust_cache``: runs this engine
         activated last are not read again (a change by another engine since is an
-        ActivationConflict, and the retry reads them)."""
+        ActivationConflict, and the retry reads them). ``seen``: the inbox has the batch's one
+        message already: it is settled as the duplicate it is, not prepared."""
         try:
-            plans = [self.engine.prepare(env, trust_cache=trust_cache) for _, env in batch]
+            plans = [
+                Plan(env) if seen else self.engine.prepare(env, trust_cache=trust_cache)
+                for _, env in batch
+            ]
             with self.store.transaction() as tx:
                 for (delivery, _), plan in zip(batch, plans, strict=True):
                     self.engine.apply(tx, plan)
@@ -129,8 +137,9 @@ class EngineConsumer:
 
     def _process(self, delivery: Delivery, env: Envelope) -> None:
         for tries in range(CONFLICT_RETRIES):
-            try:
-                plans = self._commit([(delivery, env)], trust_cache=tries == 0)
+            try:  # prepared again: a duplicate whose activation was not written is settled
+                seen = tries > 0 and self._processed(env)
+                plans = self._commit([(delivery, env)], trust_cache=tries == 0, seen=seen)
             except ActivationConflict as e:
                 logger.debug("%s; preparing again", e)
                 continue
@@ -150,6 +159,11 @@ class EngineConsumer:
                 _finish(delivery, plans[0])
             return
         delivery.retry_later(RETRY_DELAY)  # other engines kept changing the run
+
+    def _processed(self, env: Envelope) -> bool:
+        """Whether the inbox has ``env`` already (asked only when preparing it again)."""
+        key = inbox_key(self.engine.app.name, env)
+        return bool(self.store.inbox_get(None, ENGINE_CONSUMER, key)[0])
 
     def _failed(self, delivery: Delivery, env: Envelope, exc: Exception) -> None:
         """A failure that is no outage: retry it a few times, then park the run on it."""

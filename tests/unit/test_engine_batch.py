@@ -13,9 +13,9 @@ from sqlalchemy import event
 from sagaloop import App, Client, SagaContext, StepContext
 from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.engine import history as h
-from sagaloop.engine.activation import Engine
-from sagaloop.engine.messages import engine_queue, start_queue
-from sagaloop.engine.ports import Delivery
+from sagaloop.engine.activation import ENGINE_CONSUMER, Engine
+from sagaloop.engine.messages import Envelope, engine_queue, inbox_key, start_queue
+from sagaloop.engine.ports import Delivery, Outgoing
 from sagaloop.runtime.consumers import EngineConsumer
 from sagaloop.store.sql import SqlStore
 
@@ -107,3 +107,29 @@ def test_a_bad_message_costs_only_itself(store: SqlStore) -> None:
         (engine_queue(app.name), "no run with id 'no-such-run'")
     ]
     assert commits[0] >= 3, "the batch rolled back, then one transaction per message"
+
+
+def test_a_duplicate_ahead_of_a_live_message_of_its_run_does_not_swallow_its_activation(
+    store: SqlStore,
+) -> None:
+    """A run not yet activated (its start, or a continue-as-new's, still to be processed) and,
+    ahead of that message in one batch, a duplicate the inbox already holds (a copy
+    published again after a crash). The duplicate's activation is discarded at apply; the
+    live message must not be taken as done on the strength of it: the run is activated."""
+    client = Client(store, app)
+    dup = Envelope(
+        type="event",
+        message_id="copy-1",
+        run_id="r-1",
+        payload={"name": "go", "data": None},
+        created_at=client.clock.now(),
+    )
+    with store.transaction() as tx:
+        store.enqueue(tx, [Outgoing(engine_queue(app.name), dup)], client.clock.now())
+        store.inbox_put(tx, ENGINE_CONSUMER, inbox_key(app.name, dup), None, client.clock.now())
+    client.start("call", 5, run_id="r-1")
+    deliveries = _take(store, 2)  # the copy first (its row is older), then the start
+    EngineConsumer(Engine(app, store), store).process_batch(deliveries)
+    kinds = [e.kind for e in client.history("r-1")]
+    assert kinds[-1] == h.STEP_SCHEDULED, kinds
+    assert store.queue_depths() == {"batch.steps.q": 1}, "both settled, the step dispatched"
