@@ -346,21 +346,6 @@ class ProcessRegistry(Protocol):
         ...
 
 
-STORE_ROLES: tuple[type, ...] = (
-    Transactions,
-    Maintenance,
-    RunStore,
-    RunQueries,
-    TimerStore,
-    InboxStore,
-    OutboxQueue,
-    RateLimits,
-    ApprovalStore,
-    ProcessRegistry,
-)
-"""The roles of the store port, in the order ``Store`` unites them."""
-
-
 class Store(
     Transactions,
     Maintenance,
@@ -376,6 +361,10 @@ class Store(
 ):
     """Every role of the store: what the engine's composition root passes around. A caller
     that needs less takes the role it uses (``RunStore``, ``OutboxQueue``...)."""
+
+
+STORE_ROLES: tuple[type, ...] = tuple(b for b in Store.__bases__ if b is not Protocol)
+"""The roles of the store port, in the order ``Store`` unites them."""
 
 
 def batched(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
