@@ -44,6 +44,7 @@ from pydantic_ai.tools import RunContext, ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, CombinedToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
+from sagaloop import tracing
 from sagaloop.agents._core import (
     ToolPolicy,
     _denial,
@@ -61,7 +62,6 @@ from sagaloop.agents._pydantic_run import (
     run_context,
     signal_of,
 )
-from sagaloop.engine import tracing
 from sagaloop.errors import ValidationError
 from sagaloop.sagas.app import StepDef
 from sagaloop.sagas.context import StepContext

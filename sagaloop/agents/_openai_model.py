@@ -20,11 +20,11 @@ from agents.model_settings import ModelSettings
 from agents.models.interface import Model, ModelProvider, ModelTracing
 from agents.tool import FunctionTool, Tool
 
+from sagaloop import tracing
 from sagaloop.agents import transcript
 from sagaloop.agents._core import _jsonable, _timeout
 from sagaloop.agents._model_call import count_response, relay, request_model
 from sagaloop.agents._openai_run import in_run
-from sagaloop.engine import tracing
 from sagaloop.sagas.app import StepDef
 from sagaloop.sagas.context import StepContext
 

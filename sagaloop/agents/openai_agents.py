@@ -66,6 +66,7 @@ from agents.tool import (
 )
 from agents.tool_context import ToolContext
 
+from sagaloop import tracing
 from sagaloop.agents import transcript
 from sagaloop.agents._core import (
     ToolPolicy,
@@ -84,7 +85,7 @@ from sagaloop.agents._openai_model import StepModel, model_ref, serve_request
 from sagaloop.agents._openai_run import OpenAIRun, StepMCPServer, current, in_run, unless_refused
 from sagaloop.agents.budgets import Budget
 from sagaloop.agents.tools import StepTool, StepTools, ToolCallError
-from sagaloop.engine import sandbox, tracing
+from sagaloop.engine import sandbox
 from sagaloop.errors import StepFailedError, ValidationError
 from sagaloop.sagas.app import App, StepDef
 from sagaloop.sagas.context import StepContext, current_saga

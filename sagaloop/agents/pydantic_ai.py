@@ -47,6 +47,7 @@ from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext, Tool
 from pydantic_ai.toolsets import AbstractToolset, CombinedToolset, FunctionToolset
 
+from sagaloop import tracing
 from sagaloop.agents import _mcp, transcript
 from sagaloop.agents._core import (
     ToolPolicy,
@@ -74,7 +75,7 @@ from sagaloop.agents._pydantic_run import (
     signal_of,
 )
 from sagaloop.agents.budgets import Budget
-from sagaloop.engine import sandbox, tracing
+from sagaloop.engine import sandbox
 from sagaloop.errors import ValidationError
 from sagaloop.sagas.app import App, StepDef
 from sagaloop.sagas.context import StepContext, current_saga

@@ -53,8 +53,8 @@ from sagaloop.brokers.dead_letters import DeadLetter
 from sagaloop.brokers.signing import SIGNATURE_HEADER, sign, verify
 from sagaloop.engine.messages import CONTENT_TYPE, MAX_MESSAGE_BYTES
 from sagaloop.engine.ports import Clock, Delivery, SystemClock, Tx
-from sagaloop.engine.tracing import TRACEPARENT, TRACESTATE
 from sagaloop.errors import BrokerAccessRefused, BrokerError, UndeliverableError
+from sagaloop.tracing import TRACEPARENT, TRACESTATE
 
 logger = logging.getLogger(__name__)
 

@@ -11,13 +11,14 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+from sagaloop import tracing
 from sagaloop.client.admission import START_BACKLOG, limit_from_env
 from sagaloop.client.approvals import answer_approval
 from sagaloop.client.checks import check_message, check_text, same_json, to_json
 from sagaloop.client.fork import fork_run
 from sagaloop.client.serving import served
 from sagaloop.client.timeline import Timeline, timeline
-from sagaloop.engine import answers, tracing
+from sagaloop.engine import answers
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.event_fit import check_event

@@ -8,10 +8,10 @@ import itertools
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from sagaloop import tracing
 from sagaloop.client.checks import check_message, check_text
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
-from sagaloop.engine import tracing
 from sagaloop.engine.fork import fork_history
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import Envelope, derived_id, start_queue

@@ -19,7 +19,8 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from sagaloop.engine import decide, gate, runlog, tracing
+from sagaloop import tracing
+from sagaloop.engine import decide, gate, runlog
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.history import Event, NewEvent

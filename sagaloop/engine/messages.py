@@ -12,7 +12,7 @@ from typing import Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sagaloop.engine import tracing
+from sagaloop import tracing
 from sagaloop.errors import MessageError
 
 VERSION = 1

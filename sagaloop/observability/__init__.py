@@ -2,7 +2,7 @@
 
 Needs the ``metrics`` extra (``pip install 'sagaloop[metrics]'``); ``import sagaloop`` never
 imports this package. OpenTelemetry traces are made where the work happens, by
-:mod:`sagaloop.engine.tracing`: the engine, the workers and the relay call it, and they may not
+:mod:`sagaloop.tracing`: the engine, the workers and the relay call it, and they may not
 import this package, which reads the store (``tests/unit/test_layers.py``)."""
 
 from __future__ import annotations

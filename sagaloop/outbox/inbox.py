@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from sagaloop.engine import tracing
+from sagaloop import tracing
 from sagaloop.engine.contract import UNENCODABLE_RESULT
 from sagaloop.engine.messages import Envelope, engine_queue, inbox_key, step_result
 from sagaloop.engine.ports import Clock, Outgoing, Store, SystemClock

@@ -11,7 +11,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from sagaloop.engine import tracing
+from sagaloop import tracing
 from sagaloop.engine.messages import CONTENT_TYPE, INTERNAL_TYPES, Envelope
 from sagaloop.engine.ports import Delivery, Store
 from sagaloop.errors import MessageError, StoreError, TransientStoreError

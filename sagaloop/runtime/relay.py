@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 
-from sagaloop.engine import tracing
+from sagaloop import tracing
 from sagaloop.engine.ports import Broker, Clock, QueuedMessage, Store, SystemClock
 from sagaloop.errors import UndeliverableError
 from sagaloop.runtime.crashpoints import crash_point

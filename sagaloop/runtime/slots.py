@@ -25,7 +25,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from sagaloop.engine import tracing
+from sagaloop import tracing
 from sagaloop.runtime import aio
 
 logger = logging.getLogger("sagaloop.step")

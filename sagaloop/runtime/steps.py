@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from types import CodeType
 from typing import Any
 
-from sagaloop.engine import tracing
+from sagaloop import tracing
 from sagaloop.engine.contract import DO, UNENCODABLE_RESULT, halts_in_doubt, idempotency_key
 from sagaloop.engine.history import Event
 from sagaloop.engine.messages import Envelope

@@ -51,6 +51,7 @@ SHIMS = frozenset(
         "engine/serving.py",
         "engine/slots.py",
         "engine/steps.py",
+        "engine/tracing.py",
         "engine/timeline.py",
     }
 )

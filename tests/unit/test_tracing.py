@@ -1,4 +1,4 @@
-"""OpenTelemetry traces (``sagaloop.engine.tracing``): one run is one trace across the starter,
+"""OpenTelemetry traces (``sagaloop.tracing``): one run is one trace across the starter,
 the engine and the workers, checked with the SDK's in-memory exporter.
 
 The SDK's global tracer provider can be set once per process, so these tests hand a provider
@@ -26,9 +26,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from sagaloop import App, RetryPolicy, SagaContext, StepContext, StepFailedError
+from sagaloop import App, RetryPolicy, SagaContext, StepContext, StepFailedError, tracing
 from sagaloop.engine import history as h
-from sagaloop.engine import tracing
 from sagaloop.engine.messages import Envelope
 from sagaloop.runtime.consumers import decode
 from sagaloop.testing import Harness
@@ -395,7 +394,7 @@ def test_without_the_extra_nothing_is_imported_and_runs_work() -> None:
         run_id = env.start(s, 21)
         env.run_until_idle()
         assert env.result(run_id) == 42
-        from sagaloop.engine import tracing
+        from sagaloop import tracing
         assert tracing._loaded and tracing._api is None
         print("ok")
         """
