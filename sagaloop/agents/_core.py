@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections.abc
 import dataclasses
+import logging
 import re
 import weakref
 from collections.abc import Callable
@@ -52,13 +53,30 @@ class ToolPolicy:
     rate_key: str | None = None
 
 
+class _PlainStepContext(StepContext):
+    """What a step's function receives when a plain agent (no saga) calls it as a tool: one
+    attempt of no run, nothing to stream to and no one to heartbeat to."""
+
+    def __init__(self, step: StepDef[Any, Any]) -> None:
+        self.run_id = "local"
+        self.saga = ""
+        self.step = step.name
+        self.position = 0
+        self.attempt = 1
+        self.in_doubt = False
+        self.idempotency_key = ""
+        self.logger = logging.LoggerAdapter(logging.getLogger(__name__), {"step": step.name})
+
+    def stream(self, data: Any) -> None:
+        pass
+
+    def heartbeat(self, details: Any = None) -> None:
+        pass
+
+
 async def _run_plain(step: StepDef[Any, Any], kwargs: dict[str, Any]) -> Any:
     """A step's function run in-process, outside any saga (a tool used by a plain agent)."""
-    from sagaloop.engine.messages import Envelope
-    from sagaloop.engine.steps import _StepContext
-
-    env = Envelope(type="step", run_id="local", payload={}, position=0, attempt=1)
-    result = step.fn(_StepContext(env, step, False), **kwargs)
+    result = step.fn(_PlainStepContext(step), **kwargs)
     if isinstance(result, collections.abc.Awaitable):
         result = await result
     return result

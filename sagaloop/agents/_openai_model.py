@@ -186,7 +186,7 @@ async def serve_request(
         ctx.run_id,
         request["transcript"],
         step=step.name,
-        history=getattr(ctx, "load_history", None),
+        history=ctx.history,
     )
     tools: list[Tool] = []
     for spec in request.get("tools") or []:

@@ -109,9 +109,7 @@ class Conversation:
                 "made in saga code, given to this step as an argument of its own: "
                 f"ctx.call(step, conversation.request(messages)); got {_kind(request)}"
             )
-        full = _decoder.messages(
-            ctx.run_id, delta, step=None, history=getattr(ctx, "load_history", None)
-        )
+        full = _decoder.messages(ctx.run_id, delta, step=None, history=ctx.history)
         return copy.deepcopy(full)
 
 

@@ -483,7 +483,7 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
             ctx.run_id,
             delta,
             step=self.model_step.name,
-            history=getattr(ctx, "load_history", None),
+            history=ctx.history,
         )
         params = _PARAMS.validate_python(request.get("params") or {})
         model = self._model()

@@ -22,7 +22,7 @@ from typing import Any
 
 from sagaloop.engine import history as h
 from sagaloop.engine.history import Event
-from sagaloop.errors import SagaloopError
+from sagaloop.errors import SagaloopError, ValidationError
 
 Delta = dict[str, Any]
 """``{"prev": n | None, "keep": int, "append": [message JSON, ...]}`` for request ``n`` of an
@@ -119,12 +119,16 @@ class Decoder:
             if hit is not None and hit[0] == prev:
                 base = hit[2]
             else:
-                if history is None:
+                try:
+                    if history is None:
+                        raise ValidationError("no reader of histories was given")
+                    events = history(run_id)
+                except ValidationError as e:
                     raise TranscriptError(
                         f"the transcript of run {run_id!r} at position {prev} is not in this "
-                        "process and it cannot read the run's history"
-                    )
-                found = _from_history(history(run_id), step, delta.get("conversation"), prev)
+                        f"process and it cannot read the run's history ({e})"
+                    ) from None
+                found = _from_history(events, step, delta.get("conversation"), prev)
                 base = self._parse(found)
         if keep > len(base):
             raise TranscriptError(

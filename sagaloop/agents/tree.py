@@ -168,10 +168,7 @@ class BudgetTree:
 def _run_usage(ctx: StepContext, run_id: str) -> dict[str, Any] | None:
     """The usage a run published last (with what it reserved for its own children), once it
     has ended; None while it runs."""
-    load = getattr(ctx, "load_history", None)
-    if load is None:
-        raise ValidationError("reading a run's usage needs a worker that can read histories")
-    events = load(run_id)
+    events = ctx.history(run_id)
     if not any(e.kind in _ENDED for e in events):
         return None
     shown: dict[str, Any] = {}

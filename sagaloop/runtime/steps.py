@@ -83,7 +83,7 @@ class _StepContext(StepContext):
     ) -> None:
         self._beat = beat
         self._streams = streams
-        self.load_history = history
+        self._history = history
         self.last_beat = time.monotonic()
         self.details: Any = None
         self.abandoned = False
@@ -117,6 +117,11 @@ class _StepContext(StepContext):
             self.logger.warning("stream item of step %s dropped: %s", self.step, e)
             return
         self._streams.publish(self.run_id, item)
+
+    def history(self, run_id: str | None = None) -> list[Event]:
+        if self._history is None:
+            return super().history(run_id)
+        return self._history(run_id or self.run_id)
 
     def heartbeat(self, details: Any = None) -> None:
         self.last_beat = time.monotonic()

@@ -20,6 +20,8 @@ from typing import (
     overload,
 )
 
+from sagaloop.errors import ValidationError
+
 if TYPE_CHECKING:
     from sagaloop.sagas.app import SagaDef, StepDef
     from sagaloop.sagas.approvals import Approval
@@ -260,3 +262,15 @@ class StepContext(abc.ABC):
         ``heartbeat_timeout``). Raises ``StepCancelled`` when the run is being cancelled or
         undone, or the attempt was superseded: stop then (``finally`` runs). Cheap: it looks
         at the run at most once a second."""
+
+    def history(self, run_id: str | None = None) -> list[Any]:
+        """The events recorded so far of this step's run, or of the run ``run_id`` (a child's,
+        say), oldest first, read from the store when called: ``sagaloop.engine.history.Event``
+        records. How a step finds what earlier steps of its run were given (an agent's model
+        step rebuilds the transcript it extends) or what another run published. Raises
+        ``ValidationError`` where no store is at hand (a step function called in-process,
+        outside any saga)."""
+        raise ValidationError(
+            f"step {self.step!r} cannot read a run's history here: only a step run by a worker "
+            "(or the in-process lane) has the store at hand"
+        )

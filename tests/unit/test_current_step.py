@@ -3,10 +3,12 @@ idempotency key a ``ToolPolicy(reconcile=...)`` looks the effect up by (issue 23
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from agents import Agent as OAAgent
 from agents import function_tool
 from agents.items import ModelResponse as OAResponse
@@ -190,3 +192,53 @@ def test_on_the_step_threads_and_inside_a_running_loop_too() -> None:
     error = asyncio.run(in_a_loop())["error"]
     assert (error["type"], error.get("causes")) == ("ValueError", None), error
     assert current_step() is None
+
+
+def test_a_step_reads_its_runs_history_and_a_childs() -> None:
+    """``StepContext.history()``: the public way a step (an agent's model step, a budget
+    tree) reads what its run, or another run, recorded."""
+    app = App("hist")
+
+    @app.step
+    def note(ctx: StepContext, text: str) -> str:
+        return text
+
+    @app.step
+    def look(ctx: StepContext, child: str) -> dict[str, Any]:
+        own = ctx.history()
+        other = ctx.history(child)
+        return {
+            "own": [e.name for e in own if e.kind == "step_completed"],
+            "first": own[0].kind,
+            "child_done": any(e.kind == "run_finished" for e in other),
+        }
+
+    @app.saga(name="kid")
+    async def kid(ctx: SagaContext, x: int) -> int:
+        return x
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> dict[str, Any]:
+        await ctx.call(note, "a")
+        await ctx.call(kid, 1, run_id="kid-1")
+        return await ctx.call(look, "kid-1")
+
+    env = Harness(app)
+    rid = env.start(s, None)
+    env.run_until_idle()
+    result = env.result(rid)
+    assert result == {"own": ["note"], "first": "run_started", "child_done": True}
+
+
+def test_a_step_called_outside_a_saga_cannot_read_histories() -> None:
+    from sagaloop.agents._core import _run_plain
+    from sagaloop.errors import ValidationError
+
+    app = App("plain")
+
+    @app.step
+    def look(ctx: StepContext) -> int:
+        return len(ctx.history())
+
+    with pytest.raises(ValidationError, match="cannot read a run's history here"):
+        asyncio.run(_run_plain(look, {}))
