@@ -11,33 +11,29 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
-import dataclasses
 import functools
 import hashlib
 import logging
 import random as _random
-import uuid
-from collections.abc import Awaitable, Mapping, MutableMapping, Sequence
-from datetime import UTC, datetime, timedelta
-from typing import Any, NoReturn
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from sagaloop.engine import history as h
+from sagaloop.engine.commands import Context, ContinueAsNew, WaitSpec
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.loop import DeterministicLoop, refuse_threads_in_saga_code
-from sagaloop.engine.messages import derived_id
 from sagaloop.engine.watchdog import Watchdog
 from sagaloop.errors import (
-    ApprovalDenied,
     ErrorInfo,
     EventTimeoutError,
     NonDeterminismError,
     StepFailedError,
     ValidationError,
 )
-from sagaloop.sagas.app import App, SagaDef, StepDef, model_path
-from sagaloop.sagas.approvals import Approval, OnTimeout, request_approval, schema_error
-from sagaloop.sagas.context import Early, Received, SagaContext, _current
-from sagaloop.sagas.convert import ANY, Converter
+from sagaloop.sagas.app import App, SagaDef
+from sagaloop.sagas.context import Received, _current
+from sagaloop.sagas.convert import Converter
 
 logger = logging.getLogger("sagaloop.saga")
 
@@ -60,28 +56,6 @@ def seed_for(run_id: str) -> int:
     return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:8], "big")
 
 
-class _SagaLogger(logging.LoggerAdapter[logging.Logger]):
-    def __init__(self, replayer: Replayer) -> None:
-        super().__init__(logger, {"run_id": replayer.run_id, "saga": replayer.saga.name})
-        self._replayer = replayer
-
-    def isEnabledFor(self, level: int) -> bool:
-        return not self._replayer.replaying and super().isEnabledFor(level)
-
-    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, Any]:
-        kwargs["extra"] = {**self.extra, **kwargs.get("extra", {})}  # type: ignore[dict-item]
-        return msg, kwargs
-
-
-class _ContinueAsNew(BaseException):
-    """Raised by ``ctx.continue_as_new``; a BaseException so that ``except Exception`` in saga
-    code does not catch it."""
-
-    def __init__(self, input: Any) -> None:
-        super().__init__("continue as new")
-        self.input = input
-
-
 class _Pending:
     __slots__ = ("future", "kind", "model", "name")
 
@@ -89,35 +63,10 @@ class _Pending:
         self.kind, self.name, self.future, self.model = kind, name, future, model
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _WaitSpec:
-    """What a wait takes: events of these names, each validated with its model (if any)."""
-
-    names: tuple[str, ...]
-    models: dict[str, Any]
-    any_of: bool
-    """``wait_for_any``: the result is a ``Received(name, data)``, not the data alone."""
-    refuse_early: bool = False
-    """``early="refuse"``: events kept from before the wait began are refused, not taken."""
-
-
 EARLY: dict[str, Any] = {
     "reason": "it arrived before the wait began, and this wait takes only the events sent "
     "while it waits (early='refuse')"
 }
-
-
-def _fits(edit: Any, *, schema: dict[str, Any], what: str) -> None:
-    error = schema_error(edit, schema)
-    if error is not None:
-        raise ValidationError(f"{what}: {error}")
-
-
-def _early(early: Any) -> dict[str, Any]:
-    """What a wait records of its ``early`` option (nothing for the default)."""
-    if early not in ("keep", "refuse"):
-        raise ValidationError(f"early is 'keep' or 'refuse', not {early!r:.40}")
-    return {"early": "refuse"} if early == "refuse" else {}
 
 
 class Replayer:
@@ -154,7 +103,7 @@ class Replayer:
         """Events refused by the wait they reached (bad data), and the saga's declared events
         when the engine started the run: bookkeeping for the engine to record, never fed."""
         self.rng = _random.Random(seed_for(run_id))
-        self.ctx = _Context(self)
+        self.ctx = Context(self)
 
     def close(self) -> None:
         """Unwind the saga code left suspended (a run that waits, dropped between activations)
@@ -261,7 +210,7 @@ class Replayer:
         does not fit the wait's model is refused (recorded as ``event_rejected``) and consumed:
         the wait goes on."""
         pending = self.pending[pos]
-        spec: _WaitSpec = pending.model
+        spec: WaitSpec = pending.model
         model = spec.models.get(name)
         if model is not None:
             try:
@@ -278,13 +227,13 @@ class Replayer:
         self._forget_wait(pos, spec)
         pending.future.set_result(Received(name, data) if spec.any_of else data)
 
-    def _forget_wait(self, pos: int, spec: _WaitSpec) -> None:
+    def _forget_wait(self, pos: int, spec: WaitSpec) -> None:
         for name in spec.names:
             waiting = self.waiters.get(name)
             if waiting is not None and pos in waiting:
                 waiting.remove(pos)
 
-    def wait(self, spec: _WaitSpec, label: str, data: dict[str, Any]) -> asyncio.Future[Any]:
+    def wait(self, spec: WaitSpec, label: str, data: dict[str, Any]) -> asyncio.Future[Any]:
         """Issue the wait; if events it takes were kept, give it the earliest to arrive."""
         if spec.refuse_early:
             for name in spec.names:
@@ -340,7 +289,7 @@ class Replayer:
                 self.outcome = {"error": ErrorInfo.from_exception(e).to_json()}
         elif isinstance(exc, NonDeterminismError):
             self.nondeterminism = exc
-        elif isinstance(exc, _ContinueAsNew):
+        elif isinstance(exc, ContinueAsNew):
             self.outcome = {"continue_as_new": exc.input, "next_pos": self.next_pos}
         else:
             error = ErrorInfo.from_exception(exc, with_traceback=True)  # where saga code raised
@@ -398,216 +347,6 @@ class Replayer:
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.loop.time(), UTC)
-
-
-class _Context(SagaContext):
-    def __init__(self, replayer: Replayer) -> None:
-        self._r = replayer
-        self.run_id = replayer.run_id
-        self.saga = replayer.saga.name
-        self.logger = _SagaLogger(replayer)
-        self._approvals: set[str] = set()  # call ids used in this history
-
-    async def call(self, step: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(step, SagaDef):
-            return await self._child(step, *args, **kwargs)
-        if not isinstance(step, StepDef):
-            raise TypeError(f"ctx.call takes a step or saga declared on the app, not {step!r}")
-        if self._r.app.get_step(step.name) is not step:
-            raise ValidationError(
-                f"step {step.name!r} is not registered in app {self._r.app.name!r}"
-            )
-        args_json = step.signature.args_to_json(args, kwargs, what=f"step {step.name!r}")
-        if step.approval:
-            what = f"step {step.name!r} (edited arguments)"
-            decision = await request_approval(
-                self,
-                str(self._r.next_pos),
-                step.name,
-                args_json,
-                timeout=step.approval_timeout,
-                on_timeout="deny",
-                reason=None,
-                taken=self._approvals,
-                args_schema=step.signature.args_schema(),
-                check=lambda edit: step.signature.args_from_json(edit, what=what),
-            )
-            if not decision.approved:
-                raise ApprovalDenied(step.name, decision.reason)
-            if decision.edited:  # the approver's arguments, checked as the caller's were
-                edited = step.signature.args_from_json(decision.args, what=what)
-                args_json = step.signature.args_to_json((), edited, what=what)
-        data = {"args": args_json, "queue": step.queue}
-        _, future = self._r.command(h.STEP_SCHEDULED, step.name, data, step.result)
-        return await future
-
-    async def _child(self, saga: SagaDef[Any, Any], *args: Any, run_id: str | None = None) -> Any:
-        if self._r.app.get_saga(saga.name) is not saga:
-            raise ValidationError(
-                f"saga {saga.name!r} is not registered in app {self._r.app.name!r}"
-            )
-        if len(args) > 1 or (len(args) == 1 and not saga.has_input):
-            raise ValidationError(f"saga {saga.name!r} takes {int(saga.has_input)} input")
-        value = saga.input.to_json(args[0] if args else None, what=f"input of saga {saga.name!r}")
-        child = run_id or derived_id("child", self.run_id, self._r.next_pos)
-        if not isinstance(child, str) or len(child) > 200:
-            raise ValidationError("a child run id must be 1 to 200 characters")
-        data = {"run_id": child, "input": value}
-        _, future = self._r.command(h.CHILD_STARTED, saga.name, data, saga.output)
-        return await future
-
-    async def gather(self, *aws: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:
-        return await asyncio.gather(*aws, return_exceptions=return_exceptions)
-
-    async def sleep(self, duration: timedelta) -> None:
-        if duration <= timedelta(0):
-            return
-        fire_at = self.now() + duration
-        _, future = self._r.command(h.TIMER_STARTED, "sleep", {"fire_at": fire_at.isoformat()})
-        await future
-
-    async def wait_for_event(
-        self,
-        name: str,
-        *,
-        timeout: timedelta | None = None,
-        model: type[Any] | None = None,
-        prompt: Any = None,
-        early: Early = "keep",
-    ) -> Any:
-        data: dict[str, Any] = _early(early)
-        if prompt is not None:
-            data["prompt"] = ANY.to_json(prompt, what=f"the prompt of wait_for_event({name!r})")
-        if timeout is not None:
-            data["timeout_at"] = (self.now() + timeout).isoformat()
-        if model is None:  # the model the saga declares for it (@app.saga(events=...))
-            model = self._r.saga.events.get(name)
-        if (path := model_path(model)) is not None:  # a client checks events with it
-            data["model"] = path
-        spec = _WaitSpec((name,), {name: model}, False, early == "refuse")
-        return await self._r.wait(spec, name, data)
-
-    async def wait_for_any(
-        self,
-        names: Sequence[str],
-        *,
-        timeout: timedelta | None = None,
-        models: Mapping[str, type[Any]] | None = None,
-        prompt: Any = None,
-        early: Early = "keep",
-    ) -> Received:
-        names = tuple(dict.fromkeys(names))
-        label = "|".join(names)
-        if not names or not all(isinstance(n, str) and n for n in names) or len(label) > 200:
-            raise ValidationError(
-                "wait_for_any takes event names, at most 200 characters joined with '|'"
-            )
-        data: dict[str, Any] = {"names": list(names), **_early(early)}
-        if prompt is not None:
-            data["prompt"] = ANY.to_json(prompt, what=f"the prompt of wait_for_any({label!r})")
-        if timeout is not None:
-            data["timeout_at"] = (self.now() + timeout).isoformat()
-        given, declared = models or {}, self._r.saga.events  # declared: unless given here
-        checked = {n: m for n in names if (m := given.get(n, declared.get(n))) is not None}
-        found = {n: path for n, m in checked.items() if (path := model_path(m)) is not None}
-        if found:
-            data["models"] = found
-        spec = _WaitSpec(names, checked, True, early == "refuse")
-        result: Received = await self._r.wait(spec, label, data)
-        return result
-
-    def send_event(self, run_id: str, name: str, data: Any = None) -> None:
-        if not isinstance(run_id, str) or not 0 < len(run_id) <= 200:
-            raise ValidationError("ctx.send_event needs a run id of 1 to 200 characters")
-        if not isinstance(name, str) or not 0 < len(name) <= 200:
-            raise ValidationError("ctx.send_event needs an event name of 1 to 200 characters")
-        value = ANY.to_json(data, what=f"the data of event {name!r}")
-        self._r.command(h.EVENT_SENT, name, {"run_id": run_id, "data": value})
-
-    def start(
-        self, saga: SagaDef[Any, Any] | str, input: Any = None, *, run_id: str | None = None
-    ) -> str:
-        definition = self._r.app.get_saga(saga if isinstance(saga, str) else saga.name)
-        if definition is None:
-            raise ValidationError(f"ctx.start: no saga {saga!r} in app {self._r.app.name!r}")
-        value = definition.input.to_json(input, what=f"input of saga {definition.name!r}")
-        pos = self._r.next_pos
-        child = derived_id("spawned", self.run_id, pos) if run_id is None else run_id
-        if not isinstance(child, str) or not 0 < len(child) <= 200:
-            raise ValidationError("ctx.start needs a run id of 1 to 200 characters")
-        self._r.command(h.RUN_SPAWNED, definition.name, {"run_id": child, "input": value})
-        return child
-
-    def continue_as_new(self, input: Any = None) -> NoReturn:
-        saga = self._r.saga
-        value = saga.input.to_json(input, what=f"input of saga {saga.name!r}")
-        raise _ContinueAsNew(value)
-
-    async def compensate(self) -> None:
-        _, future = self._r.command(h.COMPENSATE_REQUESTED, "compensate", {})
-        await future
-
-    def publish(self, key: str, value: Any) -> None:
-        if not isinstance(key, str) or not key or len(key) > 200:
-            raise ValidationError("ctx.publish needs a key of 1 to 200 characters")
-        data = {"value": ANY.to_json(value, what=f"the value published as {key!r}")}
-        self._r.command(h.PUBLISHED, key, data)
-
-    async def approval(
-        self,
-        action: str,
-        args: Any = None,
-        *,
-        call_id: str | None = None,
-        timeout: timedelta | None = None,
-        on_timeout: OnTimeout = "deny",
-        reason: str | None = None,
-        args_type: Any = None,
-        args_schema: dict[str, Any] | None = None,
-    ) -> Approval:
-        what = f"the edited arguments of approval {action!r}"
-        schema, check = args_schema, None
-        if args_type is not None:
-            converter = Converter(args_type)
-            schema = converter.json_schema() if schema is None else schema
-            check = lambda edit: converter.from_json(edit, what=what)  # noqa: E731
-        elif schema is not None:
-            check = functools.partial(_fits, schema=schema, what=what)
-        return await request_approval(
-            self,
-            str(self._r.next_pos) if call_id is None else call_id,
-            action,
-            args,
-            timeout=timeout,
-            on_timeout=on_timeout,
-            reason=reason,
-            taken=self._approvals,
-            args_schema=schema,
-            check=check,
-        )
-
-    def now(self) -> datetime:
-        return self._r.now()
-
-    def uuid4(self) -> uuid.UUID:
-        return uuid.UUID(int=self._r.rng.getrandbits(128), version=4)
-
-    def random(self) -> float:
-        return self._r.rng.random()
-
-    def patched(self, change_id: str) -> bool:
-        recorded = self._r.recorded.get(self._r.next_pos)
-        if recorded is not None:
-            if recorded.kind == h.MARKER and recorded.name == change_id:
-                self._r.command(h.MARKER, change_id, {})
-                return True
-            return False  # the run passed here with code that did not have the change
-        self._r.command(h.MARKER, change_id, {})
-        return True
-
-    @property
-    def is_replaying(self) -> bool:
-        return self._r.replaying
 
 
 def check_replay(
