@@ -133,15 +133,26 @@ class Handoff(Protocol):
 
 # --- the store port, by role ----------------------------------------------------------------
 # Each caller needs one or a few of these roles; ``Store`` is their union, implemented by
-# ``sagaloop.store.sql.SqlStore`` (one mixin per role under ``sagaloop/store/``).
+# ``sagaloop.store.sql.SqlStore`` (one mixin per role under ``sagaloop/store/``, each a subclass
+# of the roles it plays, so that mypy checks it against them where it is written). What a method
+# promises is said here, once; an implementation's docstring says only how it keeps the promise.
 
 
 @runtime_checkable
 class Transactions(Protocol):
     """Opening a transaction of the store, or adopting the caller's."""
 
-    def transaction(self) -> AbstractContextManager[Tx]: ...
-    def attach(self, conn: Any) -> Tx: ...
+    def transaction(self) -> AbstractContextManager[Tx]:
+        """A write transaction, committed when the block ends without an exception. Driver
+        errors (raised by the store's methods inside the block, or by the commit) come out as
+        StoreError, or TransientStoreError when running the block again may succeed."""
+        ...
+
+    def attach(self, conn: Any) -> Tx:
+        """Use the caller's open transaction (``conn``, a connection of the store's driver) as
+        one of the store's, so that the store's rows commit or roll back with the caller's own
+        writes."""
+        ...
 
 
 @runtime_checkable
@@ -149,7 +160,11 @@ class Maintenance(Protocol):
     """The schema check, retention and shutting down."""
 
     def check_schema(self) -> None: ...
-    def prune(self, *, before: datetime, batch: int = 1000) -> int: ...
+    def prune(self, *, before: datetime, batch: int = 1000) -> int:
+        """Delete up to ``batch`` inbox rows older than ``before`` and up to ``batch`` finished
+        runs last updated before it (with all that is kept for them); return how many."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -157,15 +172,32 @@ class Maintenance(Protocol):
 class RunStore(Protocol):
     """Runs and their histories, written and read by the engine."""
 
-    def create_run(self, tx: Tx, run: RunRecord) -> bool: ...
-    def lock_run(self, tx: Tx, run_id: str) -> RunRecord | None: ...
+    def create_run(self, tx: Tx, run: RunRecord) -> bool:
+        """Insert the run; False when a run with that id exists (even one that a concurrent
+        transaction has not committed yet)."""
+        ...
+
+    def lock_run(self, tx: Tx, run_id: str) -> RunRecord | None:
+        """The run, locked until ``tx`` ends (None: no such run)."""
+        ...
+
     def get_run(self, run_id: str) -> RunRecord | None: ...
-    def save_run(self, tx: Tx, run: RunRecord, *, if_last_seq: int | None = None) -> bool: ...
+    def save_run(self, tx: Tx, run: RunRecord, *, if_last_seq: int | None = None) -> bool:
+        """Update the run; with ``if_last_seq``, only if its ``last_seq`` is still that (two
+        engines activating the run are serialized). False: not updated."""
+        ...
+
     def load_history(self, tx: Tx | None, run_id: str, after_seq: int = 0) -> list[Event]: ...
-    def delete_history(self, tx: Tx, run_id: str) -> None: ...
+    def delete_history(self, tx: Tx, run_id: str) -> None:
+        """Delete the run's history (it continued as new: a fresh one starts at seq 1)."""
+        ...
+
     def append_events(
         self, tx: Tx, run_id: str, after_seq: int, events: Sequence[NewEvent], at: datetime
-    ) -> list[Event]: ...
+    ) -> list[Event]:
+        """Record the events as ``after_seq + 1, ...``; a seq already used fails the whole
+        transaction (two activations raced)."""
+        ...
 
 
 @runtime_checkable
@@ -190,14 +222,17 @@ class RunQueries(Protocol):
 @runtime_checkable
 class TimerStore(Protocol):
     def add_timer(self, tx: Tx, timer: Timer) -> None:
-        """Set the timer, for the app of its run."""
+        """Set the timer, for the app of its run, replacing one with the same (run, pos,
+        kind)."""
         ...
 
     def delete_timers(self, tx: Tx, run_id: str) -> None: ...
     def take_due_timers(
         self, tx: Tx, now: datetime, limit: int, *, app: str | None = None
     ) -> list[Timer]:
-        """Remove and return the due timers of ``app``'s runs (None: of every app)."""
+        """Remove and return up to ``limit`` timers of ``app``'s runs (None: of every app) due
+        at ``now``, earliest first; timers that a concurrent transaction is taking are not
+        returned twice."""
         ...
 
     def next_timer_at(self, *, app: str | None = None) -> datetime | None: ...
@@ -244,21 +279,40 @@ class OutboxQueue(Protocol):
         *,
         probe: bool = False,
     ) -> list[QueuedMessage]:
-        """Claim up to ``limit`` available rows until ``now + lease``. ``probe``: a poll that
-        likely finds nothing: look first, without a transaction."""
+        """Claim up to ``limit`` available rows (oldest first) until ``now + lease``, with a
+        fresh claim token. ``probe``: a poll that likely finds nothing: look first, without a
+        transaction."""
         ...
 
-    def delete_claimed(self, tx: Tx | None, ids: Sequence[int], claim_token: str) -> int: ...
+    def delete_claimed(self, tx: Tx | None, ids: Sequence[int], claim_token: str) -> int:
+        """Delete the rows still claimed with ``claim_token`` (without ``tx``: in a transaction
+        of its own); return how many."""
+        ...
+
     def delete_later(self, ids: Sequence[int], claim_token: str) -> None:
-        """Delete these claimed rows with the next :meth:`claim` (the relay's sweep)."""
+        """Delete these rows, if still claimed with ``claim_token``, with the next
+        :meth:`claim` (the relay's sweep) or :meth:`delete_published`: published rows need no
+        transaction of their own, on anyone's critical path. Until then a crash leaves them to
+        be published again, which consumers deduplicate."""
         ...
 
-    def delete_published(self) -> None: ...
+    def delete_published(self) -> None:
+        """Commit the deletions :meth:`delete_later` left pending, now."""
+        ...
+
     def release(self, ids: Sequence[int], claim_token: str, available_at: datetime) -> None: ...
     def extend_claim(self, id: int, claim_token: str, until: datetime) -> bool: ...
-    def dead_letter(self, id: int, claim_token: str, reason: str, now: datetime) -> None: ...
+    def dead_letter(self, id: int, claim_token: str, reason: str, now: datetime) -> None:
+        """Move the row to the dead letters, unless its lease was lost (whoever holds it now
+        decides)."""
+        ...
+
     def dead_letters(self) -> list[tuple[str, bytes, str]]: ...
-    def oldest_outbox_message(self) -> datetime | None: ...
+    def oldest_outbox_message(self) -> datetime | None:
+        """Since when the longest-waiting row to publish has been available (None when empty):
+        not counting the in-process lanes, whose rows are never published (one stays while
+        its step runs)."""
+        ...
 
 
 @runtime_checkable
@@ -282,7 +336,7 @@ class RateLimits(Protocol):
         now: datetime,
     ) -> None:
         """Keep ``slot`` for the step message ``message_id`` (its inbox key) while it is given
-        back to its queue until then."""
+        back to its queue until then (replacing what it held before)."""
         ...
 
     def take_held_slot(self, message_id: str) -> HeldSlot | None:
@@ -292,7 +346,9 @@ class RateLimits(Protocol):
 
 @runtime_checkable
 class ApprovalStore(Protocol):
-    """The approvals index (see ``store/approvals.py``)."""
+    """The approvals index: one row per approval a run asked for, written in the transaction
+    of the activation that published it, claimed by the answer that wins, deleted when the run
+    finishes."""
 
     def publish_approval(
         self,
@@ -304,11 +360,16 @@ class ApprovalStore(Protocol):
         now: datetime,
         release: str | None = None,
     ) -> None:
-        """Index the request of approval ``call_id`` as ``run`` published it (``release``:
-        see ``store/approvals.py``)."""
+        """Index the request of approval ``call_id`` as ``run`` published it now. A request
+        seen for the first time gets its random ``request_id``. ``release``: the message id of
+        the answer this activation gave the run; if the request is still open after it (the
+        run refused that answer), its claim is released, so that another answer may win."""
         ...
 
-    def end_approvals(self, tx: Tx, run_id: str) -> None: ...
+    def end_approvals(self, tx: Tx, run_id: str) -> None:
+        """Forget the approvals of the run (it finished, or restarted)."""
+        ...
+
     def approval(self, tx: Tx | None, run_id: str, call_id: str) -> ApprovalRow | None: ...
     def claim_approval(
         self,
@@ -319,7 +380,11 @@ class ApprovalStore(Protocol):
         request_id: str,
         message_id: str,
         answer: dict[str, Any],
-    ) -> bool: ...
+    ) -> bool:
+        """Make ``message_id`` the answer of the open request ``request_id``, unless another
+        answer holds it; True when it does now (also when it already did)."""
+        ...
+
     def open_approvals(
         self,
         *,
@@ -327,7 +392,10 @@ class ApprovalStore(Protocol):
         run_id: str | None = None,
         after: tuple[datetime, str, str] | None = None,
         limit: int = 50,
-    ) -> list[ApprovalRow]: ...
+    ) -> list[ApprovalRow]:
+        """Open approvals (pending or escalated), oldest request first, after the cursor
+        ``(requested_at, run_id, call_id)``: a page of at most ``limit``."""
+        ...
 
 
 @runtime_checkable

@@ -12,7 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
-from sagaloop.engine.ports import ApprovalRow, RunRecord
+from sagaloop.engine.ports import ApprovalRow, ApprovalStore, RunRecord
 from sagaloop.sagas.approvals import OPEN_STATUSES
 from sagaloop.store import tables as t
 from sagaloop.store.core import SqlCore, conn_of
@@ -39,7 +39,7 @@ def end(conn: Connection, run_ids: Sequence[str]) -> None:
     conn.execute(t.approvals.delete().where(_c.run_id.in_(list(run_ids))))
 
 
-class SqlApprovals(SqlCore):
+class SqlApprovals(SqlCore, ApprovalStore):
     """The approvals index on SQL."""
 
     def publish_approval(
@@ -52,10 +52,7 @@ class SqlApprovals(SqlCore):
         now: datetime,
         release: str | None = None,
     ) -> None:
-        """Record the request as ``run`` published it now. A request seen for the first time
-        gets its random ``request_id``. ``release``: the message id of the answer this activation
-        gave the run; if the request is still open after it (the run refused that answer), its
-        claim is released, so that another answer may win."""
+        """An update, then an insert when there was no row (the request is new)."""
         conn = conn_of(tx)
         status = str(request.get("status", ""))
         values: dict[str, Any] = {"status": status, "request": request, "updated_at": now}
@@ -102,8 +99,7 @@ class SqlApprovals(SqlCore):
         message_id: str,
         answer: dict[str, Any],
     ) -> bool:
-        """Make ``message_id`` the answer of the open request ``request_id``, unless another
-        answer holds it; True when it does now (also when it already did)."""
+        """One conditional update."""
         q = (
             t.approvals.update()
             .where(
@@ -124,8 +120,7 @@ class SqlApprovals(SqlCore):
         after: tuple[datetime, str, str] | None = None,
         limit: int = 50,
     ) -> list[ApprovalRow]:
-        """Open approvals (pending or escalated), oldest request first, after the cursor
-        ``(requested_at, run_id, call_id)``: a page through the index, never a scan of runs."""
+        """A page through the index (``sagaloop_approvals_open``), never a scan of runs."""
         q = sa.select(t.approvals).where(_c.status.in_(_OPEN))
         if app is not None:
             q = q.where(_c.app == app)

@@ -21,7 +21,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine as SAEngine
 from sqlalchemy.pool import StaticPool
 
-from sagaloop.engine.ports import Handoff, QueuedMessage
+from sagaloop.engine.ports import Handoff, QueuedMessage, Transactions
 from sagaloop.store import migrations
 from sagaloop.store import tables as t
 from sagaloop.store.connect import create_sa_engine, mask_url, translate
@@ -82,7 +82,7 @@ def conn_of(tx: Any) -> Connection:
     return tx.conn
 
 
-class SqlCore:
+class SqlCore(Transactions):
     """The engine, the transactions and the reads that every role of ``SqlStore`` uses.
 
     The keyword options size and bound the connection pool (see :func:`create_sa_engine`);
@@ -147,8 +147,7 @@ class SqlCore:
             self._fail(e, "the schema check")
 
     def attach(self, conn: Connection) -> SqlTx:
-        """Use the caller's open transaction (a SQLAlchemy Connection) as a sagaloop one, so
-        that sagaloop's rows commit or roll back with the caller's own writes."""
+        """``conn``: a SQLAlchemy Connection in a transaction."""
         return SqlTx(conn, own=False)
 
     def hand_over_to(self, handoff: Handoff | None) -> None:
@@ -168,11 +167,8 @@ class SqlCore:
 
     @contextmanager
     def transaction(self) -> Iterator[SqlTx]:
-        """A write transaction, committed when the block ends without an exception.
-
-        Driver errors (raised by the store's methods inside the block, or by the commit) come
-        out as StoreError, or TransientStoreError when running the block again may succeed.
-        """
+        """``engine.begin()``; on SQLite in memory, one at a time (with the reads) under a lock.
+        After the commit, hand over the rows it enqueued and wake waiting consumers."""
         lock = self._memory_lock
         if lock is not None:
             lock.acquire()

@@ -6,12 +6,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from sagaloop.engine.ports import InboxStore
 from sagaloop.store import payloads
 from sagaloop.store import tables as t
 from sagaloop.store.core import SqlCore, conn_of
 
 
-class SqlInbox(SqlCore):
+class SqlInbox(SqlCore, InboxStore):
     def inbox_get(self, tx: Any, consumer: str, message_id: str) -> tuple[bool, Any]:
         q = self._sql.inbox_get
         params = {"key_consumer": consumer, "key_message_id": message_id}

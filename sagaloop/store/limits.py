@@ -28,7 +28,7 @@ from sqlalchemy import Connection
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from sagaloop.engine.ports import HeldSlot
+from sagaloop.engine.ports import HeldSlot, RateLimits
 from sagaloop.store import tables as t
 from sagaloop.store.core import SqlCore
 
@@ -94,12 +94,11 @@ def statements(dialect: str) -> Statements:
     return found
 
 
-class SqlRateLimits(SqlCore):
+class SqlRateLimits(SqlCore, RateLimits):
     """The rate limits of the database, and the slots held by given-back step messages."""
 
     def reserve_slot(self, key: str, interval: float, now: datetime) -> datetime:
-        """Reserve the next start slot of ``key`` (one start per ``interval`` seconds); one
-        statement, atomic by itself."""
+        """One statement (an upsert), atomic by itself."""
         params = {"p_key": key, "p_now": _seconds(now), "p_interval": interval}
         with self._one_write() as conn:
             next_free = conn.execute(statements(self.dialect).reserve, params).scalar_one()
@@ -115,7 +114,7 @@ class SqlRateLimits(SqlCore):
         give_backs: int,
         now: datetime,
     ) -> None:
-        """Keep ``slot`` for the message ``message_id`` (replacing what it held before)."""
+        """An upsert, its ``turn`` set to 0."""
         params = {
             "p_message_id": message_id,
             "p_key": key,
@@ -128,7 +127,7 @@ class SqlRateLimits(SqlCore):
             conn.execute(statements(self.dialect).hold, params)
 
     def take_held_slot(self, message_id: str) -> HeldSlot | None:
-        """The slot held for ``message_id``, marked as taken (None: it holds none)."""
+        """Adds 1 to the hold's ``turn``: the delivery that sees 1 follows the give-back."""
         take = statements(self.dialect).take
         with self._one_write() as conn:
             row = conn.execute(take, {"p_message_id": message_id}).first()

@@ -11,6 +11,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from sagaloop.engine.ports import ProcessRegistry
 from sagaloop.store import queue
 from sagaloop.store import tables as t
 from sagaloop.store.core import SqlCore
@@ -54,7 +55,7 @@ class Identity:
     host: dict[str, Any] | None = None
 
 
-class SqlRegistry(SqlCore):
+class SqlRegistry(SqlCore, ProcessRegistry):
     """The process registry on SQL; each write is a transaction of its own."""
 
     def process_started(
@@ -113,8 +114,7 @@ class SqlRegistry(SqlCore):
             return tx.conn.execute(q.execution_options(preserve_rowcount=True)).rowcount == 1
 
     def abandoned_attempts(self, run_id: str, *, seen_after: datetime) -> list[dict[str, Any]]:
-        """The abandoned attempts of run ``run_id`` that processes seen after ``seen_after``
-        report, each with the ``process`` that runs it."""
+        """Read from the rows of the live processes (their ``abandoned`` column)."""
         q = sa.select(_c.name, _c.abandoned).where(
             _c.seen_at > seen_after, _c.stopped_at.is_(None), _c.abandoned.is_not(None)
         )
@@ -127,8 +127,7 @@ class SqlRegistry(SqlCore):
             ]
 
     def live_queues(self, *, seen_after: datetime) -> list[tuple[str, list[str], list[str]]]:
-        """``(app, queues it consumes, its app's step queues)`` of each process seen after
-        ``seen_after`` that did not stop."""
+        """Read from the rows of the live processes (``queues``, ``app_queues``)."""
         q = sa.select(_c.app, _c.queues, _c.app_queues).where(
             _c.seen_at > seen_after, _c.stopped_at.is_(None)
         )

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from sagaloop.engine.messages import LOCAL_SUFFIX, Envelope
-from sagaloop.engine.ports import Handoff, Outgoing, QueuedMessage, batched
+from sagaloop.engine.ports import Handoff, OutboxQueue, Outgoing, QueuedMessage, batched
 from sagaloop.store import payloads
 from sagaloop.store import tables as t
 from sagaloop.store.core import SqlCore, SqlTx, conn_of
@@ -47,15 +47,15 @@ class DeadLetterRow(NamedTuple):
     at: datetime
 
 
-class SqlOutbox(SqlCore):
+class SqlOutbox(SqlCore, OutboxQueue):
     """The outbox on SQL: enqueued in the writer's transaction, claimed with a lease, deleted
     by claim token; and its dead letters."""
 
     def enqueue(self, tx: Any, messages: Sequence[Outgoing], now: datetime) -> None:
-        """Insert the messages. Rows available now, written in a transaction of the store while
-        a handoff is set (see :meth:`hand_over_to`), are inserted already claimed with the
-        handoff's token when their queue has a lease, and handed over after the commit. Large
-        payload values go to the payload table (see ``payloads.py``)."""
+        """Rows available now, written in a transaction of the store while a handoff is set
+        (see :meth:`hand_over_to`), are inserted already claimed with the handoff's token when
+        their queue has a lease, and handed over after the commit. Large payload values go to
+        the payload table (see ``payloads.py``)."""
         if not messages:
             return
         conn = conn_of(tx)
@@ -92,9 +92,7 @@ class SqlOutbox(SqlCore):
         )
 
     def resolve(self, tx: Any, env: Envelope) -> Envelope:
-        """``env`` with the values that :meth:`enqueue` moved to the payload table back in
-        place (``env`` itself, without a query, when it holds none). MessageError if one is
-        missing or a reference is malformed."""
+        """Reads the payload table; no query when ``env`` holds no reference."""
         if not payloads.marked_fields(env.payload):
             return env
         if tx is not None:
@@ -124,10 +122,9 @@ class SqlOutbox(SqlCore):
         *,
         probe: bool = False,
     ) -> list[QueuedMessage]:
-        """Claim up to ``limit`` available rows (oldest first) until ``now + lease`` with a
-        fresh token (:func:`claim_token` of the store's ``claim_owner``); first, delete the
-        published rows :meth:`delete_later` left pending. ``probe`` (a poll): with nothing to
-        delete and nothing to claim, one read and no transaction."""
+        """The token is :func:`claim_token` of the store's ``claim_owner``. In the same
+        transaction, first, delete the published rows :meth:`delete_later` left pending.
+        ``probe``: with nothing to delete and nothing to claim, one read and no transaction."""
         with self._published_lock:
             pending = bool(self._published)
         if probe and not pending:
@@ -156,23 +153,16 @@ class SqlOutbox(SqlCore):
             ]
 
     def delete_claimed(self, tx: Any, ids: Sequence[int], claim_token: str) -> int:
-        """Delete the rows still claimed with ``claim_token`` (without ``tx``: in a transaction
-        of its own); return how many."""
         if tx is not None:
             return delete_claimed(conn_of(tx), ids, claim_token)
         with self.transaction() as own:
             return delete_claimed(own.conn, ids, claim_token)
 
     def delete_later(self, ids: Sequence[int], claim_token: str) -> None:
-        """Delete these rows, if still claimed with ``claim_token``, with the next
-        :meth:`claim` (the relay's sweep) or :meth:`delete_published`: published rows need no
-        transaction of their own, on anyone's critical path. Until then a crash leaves them to
-        be published again, which consumers deduplicate."""
         with self._published_lock:
             self._published.append((list(ids), claim_token))
 
     def delete_published(self) -> None:
-        """Commit the deletions :meth:`delete_later` left pending, now."""
         with self._published_lock:
             if not self._published:
                 return
@@ -206,8 +196,6 @@ class SqlOutbox(SqlCore):
             return bool(tx.conn.execute(q.values(claimed_until=until)).rowcount)
 
     def dead_letter(self, id: int, claim_token: str, reason: str, now: datetime) -> None:
-        """Move the row to the dead letters, unless its lease was lost (whoever holds it now
-        decides)."""
         with self.transaction() as tx:
             conn = tx.conn
             row = conn.execute(
@@ -275,9 +263,6 @@ class SqlOutbox(SqlCore):
             return {str(name): int(n) for name, n in conn.execute(q)}
 
     def oldest_outbox_message(self) -> datetime | None:
-        """Since when the longest-waiting row to publish has been available (None when empty):
-        not counting the in-process lanes, whose rows are never published (one stays while
-        its step runs)."""
         q = sa.select(sa.func.min(c.available_at)).where(c.queue.not_like(f"%{LOCAL_SUFFIX}"))
         with self._read() as conn:
             value: datetime | None = conn.execute(q).scalar()

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from sagaloop.engine.history import Event, NewEvent, number
-from sagaloop.engine.ports import RunRecord
+from sagaloop.engine.ports import Maintenance, RunQueries, RunRecord, RunStore
 from sagaloop.store import approvals, limits, payloads
 from sagaloop.store import tables as t
 from sagaloop.store.core import SqlCore, conn_of
@@ -23,14 +23,14 @@ from sagaloop.store.core import SqlCore, conn_of
 FINISHED = ("completed", "failed", "compensated", "cancelled")
 
 
-class SqlRuns(SqlCore):
+class SqlRuns(SqlCore, RunStore, RunQueries, Maintenance):
     """Runs and histories on SQL; ``prune`` deletes what retention no longer keeps."""
 
     # --- runs --------------------------------------------------------------------------------
 
     def create_run(self, tx: Any, run: RunRecord) -> bool:
-        """Insert the run; False when a run with that id exists (even one not yet committed
-        by a concurrent transaction: this one then waits for it)."""
+        """An insert that ignores a conflict (waiting for a concurrent insert of the same id to
+        commit or roll back first)."""
         offload = payloads.Offloader()
         values = {
             "run_id": run.run_id,
@@ -47,7 +47,7 @@ class SqlRuns(SqlCore):
         return self._insert_ignore(conn_of(tx), t.runs, values)
 
     def lock_run(self, tx: Any, run_id: str) -> RunRecord | None:
-        """The run, locked until ``tx`` ends (SQLite: the transaction holds the write lock)."""
+        """``FOR UPDATE`` on PostgreSQL; on SQLite the transaction holds the write lock."""
         row = conn_of(tx).execute(self._sql.lock_run, {"key": run_id}).mappings().first()
         return payloads.resolve_runs(conn_of(tx), [_run(row)])[0] if row else None
 
@@ -57,8 +57,8 @@ class SqlRuns(SqlCore):
             return payloads.resolve_runs(conn, [_run(row)])[0] if row else None
 
     def save_run(self, tx: Any, run: RunRecord, *, if_last_seq: int | None = None) -> bool:
-        """Update the run; with ``if_last_seq``, only if its ``last_seq`` is still that (the
-        row lock it takes serializes two engines activating the run). False: not updated."""
+        """With ``if_last_seq``, a conditional update: the row lock it takes serializes two
+        engines activating the run."""
         offload = payloads.Offloader()
         values = {
             "key": run.run_id,
@@ -95,8 +95,7 @@ class SqlRuns(SqlCore):
             return payloads.resolve_runs(conn, [_run(r) for r in conn.execute(q).mappings()])
 
     def count_running(self, app: str, *, started: bool, at_most: int) -> int:
-        """How many runs of ``app`` are ``running``, counted up to ``at_most``: those an engine
-        took up (``started``), or those whose start waits for one (the start backlog)."""
+        """Counted in the (app, status, processed_seq) index, a limited subquery."""
         r = t.runs.c
         runs = sa.select(r.app).where(r.app == app, r.status == "running")  # index only
         runs = runs.where(r.processed_seq > 0 if started else r.processed_seq == 0)
@@ -123,14 +122,12 @@ class SqlRuns(SqlCore):
             return _events(conn, run_id, conn.execute(q, params).mappings())
 
     def delete_history(self, tx: Any, run_id: str) -> None:
-        """Delete the run's history (it continued as new: a fresh one starts at seq 1)."""
         conn_of(tx).execute(t.history.delete().where(t.history.c.run_id == run_id))
 
     def append_events(
         self, tx: Any, run_id: str, after_seq: int, events: Sequence[NewEvent], at: datetime
     ) -> list[Event]:
-        """Insert the events as ``after_seq + 1, ...``; a seq already used violates the primary
-        key, which fails the whole transaction (two activations raced)."""
+        """A seq already used violates the primary key, which fails the transaction."""
         out = number(after_seq, events, at)
         if out:
             offload = payloads.Offloader()
@@ -153,8 +150,8 @@ class SqlRuns(SqlCore):
     # --- retention ---------------------------------------------------------------------------
 
     def prune(self, *, before: datetime, batch: int = 1000) -> int:
-        """Delete up to ``batch`` inbox rows older than ``before`` and up to ``batch`` finished
-        runs last updated before it (with their history and timers); return how many."""
+        """One transaction: the runs go with their history, timers, approvals and payloads; the
+        rate-limit holds written before ``before`` go too (counted)."""
         with self.transaction() as tx:
             conn = tx.conn
             keys = [

@@ -8,15 +8,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from sagaloop.engine.ports import Timer
+from sagaloop.engine.ports import Timer, TimerStore
 from sagaloop.store import tables as t
 from sagaloop.store.core import SqlCore, conn_of
 
 
-class SqlTimers(SqlCore):
+class SqlTimers(SqlCore, TimerStore):
     def add_timer(self, tx: Any, timer: Timer) -> None:
-        """Set the timer, replacing one with the same (run, pos, kind). Its app is its run's
-        (read in the same statement): an engine takes only its own app's timers."""
+        """Delete, then insert with the run's app read in the same statement."""
         conn = conn_of(tx)
         conn.execute(t.timers.delete().where(_timer_key(timer)))
         run_app = sa.select(t.runs.c.app).where(t.runs.c.run_id == timer.run_id)
@@ -37,9 +36,8 @@ class SqlTimers(SqlCore):
     def take_due_timers(
         self, tx: Any, now: datetime, limit: int, *, app: str | None = None
     ) -> list[Timer]:
-        """Remove and return up to ``limit`` timers of ``app``'s runs (None: of every app)
-        due at ``now``, earliest first. Timers that a concurrent transaction is taking are
-        skipped (PostgreSQL) or waited for (SQLite)."""
+        """Timers that a concurrent transaction is taking are skipped (``SKIP LOCKED`` on
+        PostgreSQL) or waited for (SQLite's write lock)."""
         conn = conn_of(tx)
         q = sa.select(t.timers).where(t.timers.c.fire_at <= now).order_by(t.timers.c.fire_at)
         if app is not None:

@@ -26,6 +26,7 @@ from sagaloop.engine.ports import (
     TimerStore,
     Transactions,
 )
+from sagaloop.store.core import SqlCore
 from sagaloop.store.sql import SqlStore
 
 
@@ -65,6 +66,17 @@ def test_sql_store_plays_every_role(store: SqlStore, role: type) -> None:
         declared = inspect.signature(getattr(role, name))
         implemented = inspect.signature(getattr(SqlStore, name))
         assert list(implemented.parameters) == list(declared.parameters), name
+
+
+def test_each_sql_mixin_subclasses_the_roles_it_plays() -> None:
+    """A mixin names its roles as bases, so mypy checks each method against its port where the
+    method is written, and a method without a docstring shows its port's (the contract)."""
+    for role in STORE_ROLES:
+        assert issubclass(SqlStore, role) and role in SqlStore.__mro__, role.__name__
+        for name in _methods(role):
+            owner = next(c for c in SqlStore.__mro__ if name in vars(c))
+            assert owner not in STORE_ROLES, f"SqlStore leaves {role.__name__}.{name} unwritten"
+            assert role in owner.__mro__ or owner is SqlCore, (owner, role)  # the shared core
 
 
 def test_sql_store_satisfies_the_roles_statically(store: SqlStore) -> None:
