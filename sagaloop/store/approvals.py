@@ -15,7 +15,7 @@ from sqlalchemy import Connection
 from sagaloop.engine.ports import ApprovalRow, ApprovalStore, RunRecord
 from sagaloop.sagas.approvals import OPEN_STATUSES
 from sagaloop.store import tables as t
-from sagaloop.store.core import SqlCore, conn_of
+from sagaloop.store.core import SqlCore, conn_of, record
 
 _c = t.approvals.c
 _OPEN = sorted(OPEN_STATUSES)
@@ -87,7 +87,7 @@ class SqlApprovals(SqlCore, ApprovalStore):
         else:
             with self._read() as conn:
                 row = conn.execute(q).mappings().first()
-        return None if row is None else _row(row)
+        return None if row is None else record(ApprovalRow, row)
 
     def claim_approval(
         self,
@@ -136,19 +136,4 @@ class SqlApprovals(SqlCore, ApprovalStore):
             )
         q = q.order_by(_c.requested_at, _c.run_id, _c.call_id).limit(limit)
         with self._read() as conn:
-            return [_row(r) for r in conn.execute(q).mappings()]
-
-
-def _row(row: Any) -> ApprovalRow:
-    return ApprovalRow(
-        run_id=row["run_id"],
-        call_id=row["call_id"],
-        app=row["app"],
-        saga=row["saga"],
-        status=row["status"],
-        request=row["request"],
-        request_id=row["request_id"],
-        requested_at=row["requested_at"],
-        answer_id=row["answer_id"],
-        answer=row["answer"],
-    )
+            return [record(ApprovalRow, r) for r in conn.execute(q).mappings()]

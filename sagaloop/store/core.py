@@ -8,13 +8,14 @@ Each role of the store port (``runs.py``, ``timers.py``, ``inbox.py``, ``queue.p
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy import Connection, Table
+from sqlalchemy import Connection, RowMapping, Table
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -26,7 +27,21 @@ from sagaloop.store import migrations
 from sagaloop.store import tables as t
 from sagaloop.store.connect import create_sa_engine, mask_url, translate
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 DB_ERRORS = (sa_exc.DBAPIError, sa_exc.TimeoutError)
+R = TypeVar("R", bound="DataclassInstance")
+_FIELDS: dict[type[Any], tuple[str, ...]] = {}
+
+
+def record(cls: type[R], row: RowMapping) -> R:
+    """The port's record ``cls`` (a dataclass: ``RunRecord``, ``Timer``, ``ApprovalRow``...)
+    from a row that has a column of each of its fields' names (and maybe more)."""
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return cls(**{name: row[name] for name in names})
 
 
 class SqlTx:

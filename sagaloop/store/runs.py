@@ -18,7 +18,7 @@ from sagaloop.engine.history import Event, NewEvent, number
 from sagaloop.engine.ports import Maintenance, RunQueries, RunRecord, RunStore
 from sagaloop.store import approvals, limits, payloads
 from sagaloop.store import tables as t
-from sagaloop.store.core import SqlCore, conn_of
+from sagaloop.store.core import SqlCore, conn_of, record
 
 FINISHED = ("completed", "failed", "compensated", "cancelled")
 
@@ -49,12 +49,12 @@ class SqlRuns(SqlCore, RunStore, RunQueries, Maintenance):
     def lock_run(self, tx: Any, run_id: str) -> RunRecord | None:
         """``FOR UPDATE`` on PostgreSQL; on SQLite the transaction holds the write lock."""
         row = conn_of(tx).execute(self._sql.lock_run, {"key": run_id}).mappings().first()
-        return payloads.resolve_runs(conn_of(tx), [_run(row)])[0] if row else None
+        return payloads.resolve_runs(conn_of(tx), [record(RunRecord, row)])[0] if row else None
 
     def get_run(self, run_id: str) -> RunRecord | None:
         with self._read() as conn:
             row = conn.execute(self._sql.get_run, {"key": run_id}).mappings().first()
-            return payloads.resolve_runs(conn, [_run(row)])[0] if row else None
+            return payloads.resolve_runs(conn, [record(RunRecord, row)])[0] if row else None
 
     def save_run(self, tx: Any, run: RunRecord, *, if_last_seq: int | None = None) -> bool:
         """With ``if_last_seq``, a conditional update: the row lock it takes serializes two
@@ -92,7 +92,9 @@ class SqlRuns(SqlCore, RunStore, RunQueries, Maintenance):
         if saga:
             q = q.where(t.runs.c.saga == saga)
         with self._read() as conn:
-            return payloads.resolve_runs(conn, [_run(r) for r in conn.execute(q).mappings()])
+            return payloads.resolve_runs(
+                conn, [record(RunRecord, r) for r in conn.execute(q).mappings()]
+            )
 
     def count_running(self, app: str, *, started: bool, at_most: int) -> int:
         """Counted in the (app, status, processed_seq) index, a limited subquery."""
@@ -190,20 +192,3 @@ def _events(conn: Connection, run_id: str, rows: Iterable[Any]) -> list[Event]:
         Event(r["seq"], r["kind"], r["at"], r["pos"], r["name"], data)
         for r, data in zip(rows, datas, strict=True)
     ]
-
-
-def _run(row: Any) -> RunRecord:
-    return RunRecord(
-        run_id=row["run_id"],
-        app=row["app"],
-        saga=row["saga"],
-        status=row["status"],
-        input=row["input"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        last_seq=row["last_seq"],
-        processed_seq=row["processed_seq"],
-        output=row["output"],
-        error=row["error"],
-        reason=row["reason"],
-    )

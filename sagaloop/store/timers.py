@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from sagaloop.engine.ports import Timer, TimerStore
 from sagaloop.store import tables as t
-from sagaloop.store.core import SqlCore, conn_of
+from sagaloop.store.core import SqlCore, conn_of, record
 
 
 class SqlTimers(SqlCore, TimerStore):
@@ -45,10 +45,7 @@ class SqlTimers(SqlCore, TimerStore):
         q = q.limit(limit)
         if self.dialect == "postgresql":
             q = q.with_for_update(skip_locked=True)
-        due = [
-            Timer(r["run_id"], r["pos"], r["kind"], r["fire_at"], r["attempt"], r["app"])
-            for r in conn.execute(q).mappings()
-        ]
+        due = [record(Timer, r) for r in conn.execute(q).mappings()]
         for timer in due:
             conn.execute(t.timers.delete().where(_timer_key(timer)))
         return due
