@@ -19,25 +19,21 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sagaloop.engine.activation import Engine
-from sagaloop.engine.messages import engine_queue, local_queue, start_queue, step_queue
+from sagaloop.engine.messages import step_queue
 from sagaloop.engine.ports import Broker, Clock, Delivery, Store, SystemClock
 from sagaloop.engine.streams import LOCAL, Streams
-from sagaloop.engine.watchdog import DEADLINE, Watchdog
+from sagaloop.engine.watchdog import DEADLINE
 from sagaloop.errors import BrokerError
 from sagaloop.runtime import liveness
+from sagaloop.runtime.assembly import Roles, Tuning, assemble, engine_queues
 from sagaloop.runtime.consumers import EngineConsumer
 from sagaloop.runtime.delivery import log_failure
-from sagaloop.runtime.lane import LOCAL_LEASE, Handoffs, LocalLane
-from sagaloop.runtime.local import LocalWorker
+from sagaloop.runtime.lane import Handoffs, LocalLane
 from sagaloop.runtime.registry import SEEN_EVERY, ProcessRegistry, Registration, describe
 from sagaloop.runtime.relay import Relay
-from sagaloop.runtime.steps import StepRunner
 from sagaloop.runtime.takeover import Takeover, host_identity, start_of
-from sagaloop.runtime.timers import TimerScheduler
-from sagaloop.runtime.worker import WorkerConsumer
 from sagaloop.sagas.app import App
 from sagaloop.store.processes import Identity
 from sagaloop.store.sql import SqlStore
@@ -56,9 +52,15 @@ GRACE = 30.0
 (``--grace``): then it exits anyway, and what still ran is in doubt, as after a crash."""
 
 
-class Runtime:
-    """Runs the chosen roles on threads until ``stop()``: the engine, workers on some queues,
-    the timer scheduler, retention and, for a broker outside the database, the outbox relay."""
+class Service:
+    """Runs the chosen :class:`Roles` on threads until ``stop()``: the engine, workers on some
+    queues, the timer scheduler, retention and, for a broker outside the database, the outbox
+    relay (the threads driver of ``sagaloop.runtime.assembly``).
+
+    >>> service = Service(app, store, broker, roles=Roles(queues=["io"]))  # doctest: +SKIP
+    >>> service.start()                                                   # doctest: +SKIP
+    >>> service.stop()                                                    # doctest: +SKIP
+    """
 
     def __init__(
         self,
@@ -66,26 +68,21 @@ class Runtime:
         store: Store,
         broker: Broker,
         *,
-        engine: bool = True,
-        queues: Sequence[str] | None = None,
-        timers: bool = True,
-        concurrency: int = 4,
-        clock: Clock | None = None,
-        poll: float = 0.2,
-        heartbeat: float = 10.0,
-        relay_lease: timedelta = timedelta(seconds=30),
-        retention: timedelta | None = None,
-        batch: int = 16,
+        roles: Roles | None = None,
+        tuning: Tuning | None = None,
         name: str = "sagaloop",
-        activation_deadline: float = DEADLINE,
+        clock: Clock | None = None,
         streams: Streams | None = None,
     ) -> None:
+        roles, tuning = roles or Roles(), tuning or Tuning()
         self.app = app
         self.store = store
         self.broker = broker
+        self.roles = roles
+        self.tuning = tuning
         self.clock = clock or SystemClock()
-        self.poll = poll
-        self.retention = retention
+        self.poll = tuning.poll
+        self.retention = roles.retention
         self.name = name
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
@@ -100,69 +97,43 @@ class Runtime:
         self._liveness: tuple[liveness.Beat, Path] | None = None
         self._liveness_failing = False
         self._takeover: Takeover | None = None
-        self.runner = StepRunner(
-            app,
-            threads=max(concurrency, 1) * 2,
-            worker=name,
-            history=lambda run: store.load_history(None, run),
-            streams=streams or LOCAL,
+        self.parts = parts = assemble(
+            app, store, broker, roles, tuning, clock=self.clock, streams=streams or LOCAL, name=name
         )
+        self.runner = parts.runner
         self.engine_problems.append(self.runner.problems)  # every thread held past its timeout
-        step_queues = [step_queue(app.name, q) for q in (app.queues if queues is None else queues)]
         self.app_queues = [step_queue(app.name, q) for q in app.queues]
-        engine_queues = [engine_queue(app.name), start_queue(app.name)]
-        broker.declare([*engine_queues, *self.app_queues])
-        self.consumes: list[str] = list(engine_queues) if engine else []
+        broker.declare([*engine_queues(app), *self.app_queues])
+        self.consumes: list[str] = []
         """The queues this process consumes (its registry row says so)."""
         self.lane: LocalLane | None = None
         """The in-process lane, in an engine of an app with ``local=True`` steps."""
-        if engine:
-            watchdog = Watchdog(activation_deadline)
-            consumer = EngineConsumer(
-                Engine(app, store, clock=self.clock, watchdog=watchdog), store
-            )
-            self.engine_problems.append(watchdog.stalled)
+        concurrency, batch = tuning.concurrency, tuning.batch
+        if parts.engine is not None:
+            consumer = parts.engine
+            self.consumes += engine_queues(app)
+            self.engine_problems.append(parts.watchdog.stalled)
             self._spawn(
                 "engine", self._consume, broker, [consumer.queue], consumer.process_batch, batch
             )
             self._spawn("starts", self._consume_starts, broker, consumer, max(batch // 4, 1))
-            if any(step.local for step in app.steps.values()):
-                if not isinstance(store, SqlStore):
-                    raise TypeError("in-process steps need a SqlStore")
-                lease = min(LOCAL_LEASE, relay_lease)  # short leases in tests: quick recovery
-                self.lane = lane = LocalLane(
-                    store, app.name, clock=self.clock, lease=lease, poll=poll
-                )
-                local = LocalWorker(
-                    app,
-                    store,
-                    self.runner,
-                    self.clock,
-                    consumer=consumer,
-                    heartbeat=lane.lease.total_seconds() / 3,
-                    lease=relay_lease,
-                )
-                self.consumes.append(local_queue(app.name))
-                for i in range(concurrency):
-                    args = (lane, [lane.queue], local.process_batch, 1)
-                    self._spawn(f"local-{i}", self._consume, *args)
-        self.consumes += step_queues
-        if step_queues:
-            worker = WorkerConsumer(
-                app, store, self.runner, self.clock, heartbeat=heartbeat, lease=relay_lease
-            )
+        if isinstance(parts.lane, LocalLane) and parts.local is not None:
+            self.lane = lane = parts.lane
+            self.consumes.append(lane.queue)
             for i in range(concurrency):
-                self._spawn(
-                    f"worker-{i}", self._consume, broker, step_queues, worker.process_batch, 1
-                )
-        if timers:
-            scheduler = TimerScheduler(app, store, self.clock)
-            self._spawn("timers", self._repeat, scheduler.fire_due)
-        if retention is not None:
+                args = (lane, [lane.queue], parts.local.process_batch, 1)
+                self._spawn(f"local-{i}", self._consume, *args)
+        self.consumes += parts.step_queues
+        if parts.worker is not None and parts.step_queues:
+            process = parts.worker.process_batch
+            for i in range(concurrency):
+                self._spawn(f"worker-{i}", self._consume, broker, parts.step_queues, process, 1)
+        if parts.timers is not None:
+            self._spawn("timers", self._repeat, parts.timers.fire_due)
+        if roles.retention is not None:
             self._spawn("retention", self._retain)
-        self.relay: Relay | None = None
-        if not broker.uses_outbox:
-            self.relay = Relay(store, broker, clock=self.clock, lease=relay_lease)
+        self.relay: Relay | None = parts.relay
+        if self.relay is not None:
             self._spawn("relay", self._relay, self.relay)
 
     def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
@@ -176,14 +147,17 @@ class Runtime:
         role: str = "",
         on_death: Callable[[], None] | None = None,
         run_dir: Path | None = None,
-    ) -> Runtime:
-        """Start the threads. With ``registry``, keep this process's row there (as ``role``,
+    ) -> Service:
+        """Start the threads. With ``registry`` (default: the store, for
+        ``Roles(registry=True)``), keep this process's row there (as ``role``,
         refreshed every ``SEEN_EVERY`` seconds with :meth:`problems`), and its liveness file
         in ``run_dir`` (default ``sagaloop.runtime.liveness.run_dir()``), written before each
         refresh of the row; ``on_death`` is called when a thread dies, after the runtime began
         to stop."""
         self._on_death = on_death
         owner = None
+        if registry is None and self.roles.registry:
+            registry = cast(ProcessRegistry, self.store)
         if registry is not None:
             role = role or self.name.partition("@")[0]
             owner = secrets.token_hex(8)
@@ -441,3 +415,46 @@ class Runtime:
             except Exception:
                 logger.exception("retention failed; retrying later")
             self.stopping.wait(3600)
+
+
+class Runtime(Service):
+    """``Service`` with its options as keyword arguments, as before ``Roles`` and ``Tuning``:
+    this name is kept for one release (use ``Service``)."""
+
+    def __init__(
+        self,
+        app: App,
+        store: Store,
+        broker: Broker,
+        *,
+        engine: bool = True,
+        queues: Sequence[str] | None = None,
+        timers: bool = True,
+        concurrency: int = 4,
+        clock: Clock | None = None,
+        poll: float = 0.2,
+        heartbeat: float = 10.0,
+        relay_lease: timedelta = timedelta(seconds=30),
+        retention: timedelta | None = None,
+        batch: int = 16,
+        name: str = "sagaloop",
+        activation_deadline: float = DEADLINE,
+        streams: Streams | None = None,
+    ) -> None:
+        super().__init__(
+            app,
+            store,
+            broker,
+            roles=Roles(engine=engine, queues=queues, timers=timers, retention=retention),
+            tuning=Tuning(
+                concurrency=concurrency,
+                batch=batch,
+                poll=poll,
+                heartbeat=heartbeat,
+                lease=relay_lease,
+                activation_deadline=activation_deadline,
+            ),
+            name=name,
+            clock=clock,
+            streams=streams,
+        )

@@ -12,17 +12,13 @@ from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.brokers.memory import MemoryBroker
 from sagaloop.client import Client
 from sagaloop.client.timeline import Timeline
-from sagaloop.engine.activation import Engine
 from sagaloop.engine.history import Event
-from sagaloop.engine.messages import Envelope, engine_queue, local_queue, start_queue, step_queue
+from sagaloop.engine.messages import Envelope, engine_queue, start_queue, step_queue
 from sagaloop.engine.ports import Broker, Delivery, Outgoing, RunRecord
 from sagaloop.engine.state import NEEDS_ATTENTION
 from sagaloop.engine.streams import LocalStreams
 from sagaloop.errors import ErrorInfo, SagaFailedError
-from sagaloop.runtime.consumers import EngineConsumer, TimerScheduler, WorkerConsumer
-from sagaloop.runtime.local import LocalWorker
-from sagaloop.runtime.relay import Relay
-from sagaloop.runtime.steps import StepRunner
+from sagaloop.runtime.assembly import Roles, Tuning, assemble, lane_queue
 from sagaloop.sagas.app import App, SagaDef, StepDef
 from sagaloop.sagas.approvals import PendingApproval
 from sagaloop.store.sql import SqlStore
@@ -130,11 +126,8 @@ class Harness:
         """How many suspended runs the engine keeps (0: replay on every activation); read by
         :meth:`restart`."""
         self._steps = _StepsView(app)
-        self.relay = Relay(self.store, self.broker, clock=self.clock)
-        self._lane = DatabaseBroker(self.store, clock=self.clock, lease=lease)
-        self._lane_queue = local_queue(app.name)
+        self._lane_queue = lane_queue(app)
         """The in-process steps' queue: always in the database, as in production."""
-        self.timers = TimerScheduler(app, self.store, self.clock)
         self.queues: list[str] | None = None
         """The queues this harness consumes; None: the engine's and every step queue of the
         app (as declared when the harness steps, so steps declared later are included). The
@@ -145,27 +138,27 @@ class Harness:
 
     def restart(self) -> None:
         """Drop everything held in memory, as a process restart would."""
-        history = self._load_history
-        runner = StepRunner(
-            self._steps, worker="harness", inline=True, history=history, streams=self.streams
-        )
-        self.engine = Engine(self.app, self.store, clock=self.clock, cache_size=self.cache_size)
-        self._engine_consumer = EngineConsumer(self.engine, self.store)
-        self._worker_consumer = WorkerConsumer(
-            self.app, self.store, runner, self.clock, lease=self.lease
-        )
-        # the engine's in-process steps: always served from the database, as in production
-        local = StepRunner(
-            self._steps, worker="engine", inline=True, history=history, streams=self.streams
-        )
-        self._local_consumer = LocalWorker(
+        parts = assemble(
             self.app,
             self.store,
-            local,
-            self.clock,
-            consumer=self._engine_consumer,
-            lease=self.lease,
+            self.broker,
+            Roles(relay=True, lane=True),
+            Tuning(heartbeat=None, lease=self.lease, cache_size=self.cache_size),
+            clock=self.clock,
+            streams=self.streams,
+            name="harness",
+            stepping=True,
+            steps=self._steps,
         )
+        # the harness plays every role
+        assert parts.engine is not None and parts.worker is not None and parts.lane is not None
+        assert parts.local is not None and parts.timers is not None and parts.relay is not None
+        self.parts = parts
+        """What this harness steps: built by ``sagaloop.runtime.assembly``, as a service's."""
+        self.engine = parts.engine.engine
+        self.relay, self.timers = parts.relay, parts.timers
+        self._engine_consumer, self._worker_consumer = parts.engine, parts.worker
+        self._lane, self._local_consumer = parts.lane, parts.local
 
     # --- client operations -------------------------------------------------------------------
 
@@ -227,9 +220,6 @@ class Harness:
 
     def status(self, run_id: str) -> Timeline:
         return self.client.status(run_id)
-
-    def _load_history(self, run_id: str) -> list[Event]:
-        return self.store.load_history(None, run_id)
 
     def history(self, run_id: str) -> list[Event]:
         return self.client.history(run_id)
