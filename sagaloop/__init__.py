@@ -2,8 +2,12 @@
 
 Declare sagas and steps on an :class:`App`; the engine replays saga code deterministically from
 its history, so a run survives any process dying, and every step's effect is recorded exactly
-once.
+once. :func:`connect` opens a :class:`Client` from a database URL; :class:`Service` runs the
+engine, workers, timers and relay of an app on threads in the caller's process (its drivers are
+imported when first used: ``import sagaloop`` loads none).
 """
+
+from typing import TYPE_CHECKING, Any
 
 from sagaloop.client import Client
 from sagaloop.engine.state import ALL_STATUSES
@@ -25,6 +29,7 @@ from sagaloop.errors import (
     StepFailedError,
     ValidationError,
 )
+from sagaloop.runtime.connect import connect
 from sagaloop.runtime.steps import current_step
 from sagaloop.sagas import (
     App,
@@ -37,6 +42,23 @@ from sagaloop.sagas import (
     current_saga,
 )
 from sagaloop.sagas.approvals import Approval
+
+if TYPE_CHECKING:
+    from sagaloop.runtime.assembly import Roles, Tuning
+    from sagaloop.runtime.service import Service
+
+_LAZY = {"Roles": "assembly", "Service": "service", "Tuning": "assembly"}
+"""Public names imported on first use (from ``sagaloop.runtime.<module>``): their modules
+import the store's driver."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"sagaloop.runtime.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'sagaloop' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 
@@ -55,6 +77,7 @@ __all__ = [
     "OverloadedError",
     "Received",
     "RetryPolicy",
+    "Roles",
     "RunFinishedError",
     "RunNotFoundError",
     "RunStateError",
@@ -62,12 +85,15 @@ __all__ = [
     "SagaDef",
     "SagaFailedError",
     "SagaloopError",
+    "Service",
     "StepCancelled",
     "StepContext",
     "StepDef",
     "StepFailedError",
+    "Tuning",
     "ValidationError",
     "__version__",
+    "connect",
     "current_saga",
     "current_step",
 ]

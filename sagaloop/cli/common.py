@@ -13,13 +13,13 @@ from typing import Any
 import click
 import pydantic
 
-from sagaloop._secrets import mask_url, passwords_of, scrub
+from sagaloop._secrets import passwords_of, scrub
 from sagaloop.cli.settings import Settings, load_app
 from sagaloop.engine.ports import Broker
-from sagaloop.engine.streams import LOCAL, Streams
+from sagaloop.engine.streams import Streams
 from sagaloop.errors import SagaloopError, ValidationError
+from sagaloop.runtime.connect import URLError, open_broker, open_store, open_streams
 from sagaloop.sagas.app import App
-from sagaloop.store.connect import sqlite_file
 from sagaloop.store.sql import SqlStore
 
 OPTIONS = {
@@ -58,23 +58,10 @@ class Obj:
         return scrub(text, *passwords_of(settings.database_url), *passwords_of(settings.broker_url))
 
     def store(self, *, upgrade: bool = False, verify: bool = True) -> SqlStore:
-        missing = sqlite_file(self.settings.database_url)
-        if not upgrade and missing is not None and not missing.exists():
-            raise click.ClickException(  # and do not leave an empty database behind
-                f"no database at {missing}: `sagaloop dev --app M` creates it (or run "
-                "`sagaloop db upgrade`), or set SAGALOOP_DATABASE_URL to the engine's"
-            )
         try:
-            store = SqlStore(self.settings.database_url)
-        except Exception as e:
-            raise click.ClickException(
-                self.scrub(f"cannot use database {mask_url(self.settings.database_url)}: {e}")
-            ) from e
-        if upgrade:
-            store.upgrade()
-        elif verify:
-            store.check_schema()
-        return store
+            return open_store(self.settings.database_url, upgrade=upgrade, verify=verify)
+        except URLError as e:
+            raise click.ClickException(self.scrub(str(e))) from e
 
     def app(self, spec: str | None) -> App:
         spec = spec or self.settings.app
@@ -83,75 +70,29 @@ class Obj:
         return load_app(spec)
 
     def broker(self, store: SqlStore, *, connect_timeout: float | None = None) -> Broker:
-        url = self.settings.broker_url
-        lease = timedelta(seconds=self.settings.lease)
-        if url == "database":
-            from sagaloop.brokers.database import DatabaseBroker
-
-            return DatabaseBroker(store, lease=lease)
-        if url == "memory":
-            from sagaloop.brokers.memory import MemoryBroker
-
-            return MemoryBroker(lease=lease)
-        if url.startswith(("amqp://", "amqps://")):
-            from sagaloop.brokers.rabbitmq import RabbitBroker
-
-            self._check_namespace()
-            try:
-                return RabbitBroker(
-                    url,
-                    namespace=self.settings.namespace,
-                    queue_type=self.settings.queue_type,
-                    lease=lease,
-                    connect_timeout=timedelta(seconds=connect_timeout) if connect_timeout else None,
-                    # Shared through the database: signs and verifies internal messages.
-                    signing_key=store.signing_key(),
-                )
-            except ValueError as e:  # pika cannot parse the URL (a bad port, say)
-                raise click.ClickException(
-                    self.scrub(f"invalid SAGALOOP_BROKER_URL {mask_url(url)!r}: {e}")
-                ) from e
-        if url.startswith(("redis://", "rediss://")):
-            try:
-                from sagaloop.brokers.kombu import KombuBroker
-
-                return KombuBroker(
-                    url,
-                    namespace=self.settings.namespace,
-                    lease=lease,
-                    connect_timeout=timedelta(seconds=connect_timeout) if connect_timeout else None,
-                    # Shared through the database: signs and verifies internal messages.
-                    signing_key=store.signing_key(),
-                )
-            except ImportError as e:  # the redis package is missing: the message says what to do
-                raise click.ClickException(str(e)) from e
-            except ValueError as e:  # kombu cannot parse the URL (a bad port, say)
-                raise click.ClickException(
-                    self.scrub(f"invalid SAGALOOP_BROKER_URL {mask_url(url)!r}: {e}")
-                ) from e
-        raise click.ClickException(
-            f"unsupported SAGALOOP_BROKER_URL {mask_url(url)!r}: use database, memory, amqp:// "
-            "or redis://"
-        )
+        settings = self.settings
+        try:
+            return open_broker(
+                settings.broker_url,
+                store,
+                lease=timedelta(seconds=settings.lease),
+                namespace=settings.namespace,
+                queue_type=settings.queue_type,
+                connect_timeout=connect_timeout,
+                what="SAGALOOP_BROKER_URL",
+            )
+        except URLError as e:
+            raise click.ClickException(self.scrub(str(e))) from e
+        except ImportError as e:  # the redis package is missing: the message says what to do
+            raise click.ClickException(str(e)) from e
+        except ValidationError as e:  # a namespace RabbitMQ's permissions could not fence
+            raise click.ClickException(str(e)) from None
 
     def streams(self) -> Streams:
         """The per-run live channel: RabbitMQ's with an amqp:// broker, else this process's."""
-        url = self.settings.broker_url
-        if url.startswith(("amqp://", "amqps://")):
-            from sagaloop.brokers.streams import RabbitStreams
-
-            self._check_namespace()
-            return RabbitStreams(url, namespace=self.settings.namespace)
-        return LOCAL
-
-    def _check_namespace(self) -> None:
-        """A usage error (one line, not retried like a broker that is down) for a namespace
-        that RabbitMQ's permissions could not fence (see ``sagaloop.brokers._amqp``)."""
-        from sagaloop.brokers._amqp import check_namespace
-
         try:
-            check_namespace(self.settings.namespace)
-        except ValidationError as e:
+            return open_streams(self.settings.broker_url, namespace=self.settings.namespace)
+        except ValidationError as e:  # a usage error (one line), not retried like an outage
             raise click.ClickException(str(e)) from None
 
 
