@@ -6,6 +6,7 @@ in the history as :class:`ErrorInfo` and come back as the same Python type on th
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import traceback as tb
 from collections.abc import Collection
@@ -327,46 +328,25 @@ MAX_TRACEBACK = 4 * 1024
 """Characters of a formatted traceback kept in the history (its end: the innermost frames)."""
 
 
+@dataclasses.dataclass(slots=True, eq=False, repr=False)
 class ErrorInfo:
     """A stored, JSON-shaped description of an exception. Built from any exception, it always
     holds storable text: a message that cannot be read, holds lone surrogates or is very long
     is replaced, escaped or cut, so that recording a failure never fails in turn."""
 
-    __slots__ = (
-        "causes",
-        "message",
-        "needs_attention",
-        "non_retryable",
-        "not_applied",
-        "retry_after",
-        "traceback",
-        "type",
-    )
-
-    def __init__(
-        self,
-        type: str,
-        message: str,
-        *,
-        non_retryable: bool = False,
-        not_applied: bool = False,
-        traceback: str | None = None,
-        causes: list[tuple[str, str]] | None = None,
-        needs_attention: bool = False,
-        retry_after: float | None = None,
-    ) -> None:
-        self.type = type
-        self.message = message
-        self.non_retryable = non_retryable
-        self.not_applied = not_applied
-        self.needs_attention = needs_attention
-        """A person must fix the cause: the run parks, nothing undone (see ApplicationError)."""
-        self.retry_after = retry_after
-        """Seconds the next attempt waits at least (a provider's ``Retry-After``)."""
-        self.traceback = traceback
-        self.causes = causes or []
-        """The exception's ``__cause__`` (or unsuppressed ``__context__``) chain, outermost
-        first, as ``(type, message)``: ``raise StepError(...) from ConnectionError(...)``."""
+    type: str
+    message: str
+    _: dataclasses.KW_ONLY
+    non_retryable: bool = False
+    not_applied: bool = False
+    traceback: str | None = None
+    causes: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    """The exception's ``__cause__`` (or unsuppressed ``__context__``) chain, outermost
+    first, as ``(type, message)``: ``raise StepError(...) from ConnectionError(...)``."""
+    needs_attention: bool = False
+    """A person must fix the cause: the run parks, nothing undone (see ApplicationError)."""
+    retry_after: float | None = None
+    """Seconds the next attempt waits at least (a provider's ``Retry-After``)."""
 
     @classmethod
     def from_exception(
