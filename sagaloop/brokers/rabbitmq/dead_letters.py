@@ -1,5 +1,13 @@
-"""RabbitMQ's dead letters (the classic queue ``<namespace>.dead``): reading, resending and
-purging them on a channel of the broker's I/O thread (see ``RabbitBroker``).
+"""RabbitMQ's dead letters (the classic queue ``<namespace>.dead``): dead-lettering a delivery,
+and reading, resending and purging dead letters on a channel of the broker's I/O thread (part of
+:class:`~sagaloop.brokers.rabbitmq.RabbitBroker`, the ``DeadLetters`` protocol of
+``sagaloop.brokers.dead_letters``).
+
+Dead-lettering: a delivery whose lease is still held is published, with publisher confirms, to
+the fanout exchange ``{namespace}.dlx`` with its reason, its queue and a new id in headers (and
+signed again when it was trusted, so that resent it is trusted again), and only then acked. If
+that publish fails, the lease is kept and the message is redelivered when it expires, so it is
+not lost on the way.
 
 Ids. A message in a queue has no id RabbitMQ keeps, so sagaloop makes one:
 
@@ -29,7 +37,9 @@ processes it once (same body, same ``message_id``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -37,9 +47,14 @@ from typing import Any, Literal
 
 import pika
 
-from sagaloop.brokers._amqp import Call, Topology, dead_letter_origin
+from sagaloop.brokers._amqp import QUEUE_HEADER, REASON_HEADER, Call, Topology, dead_letter_origin
 from sagaloop.brokers.dead_letters import DeadLetter, Numbering
-from sagaloop.brokers.signing import SIGNATURE_HEADER
+from sagaloop.brokers.rabbitmq.consuming import Consuming, RabbitDelivery
+from sagaloop.brokers.rabbitmq.publishing import Publishing
+from sagaloop.brokers.signing import SIGNATURE_HEADER, sign
+from sagaloop.errors import BrokerError
+
+logger = logging.getLogger(__name__)
 
 DEAD_LETTER_ID_HEADER = "x-sagaloop-dead-letter-id"
 
@@ -280,3 +295,82 @@ def purge(topology: Topology, channel: Any, call: Call) -> None:
         channel.close()
 
     channel.queue_purge(topology.dead_letter_queue, callback=purged)
+
+
+class DeadLetters(Consuming, Publishing):
+    """The dead letters of ``RabbitBroker``: ``dead_letter`` of a delivery, and the
+    ``DeadLetters`` protocol (list, find, count, resend, purge)."""
+
+    def peek_dead_letters(self, limit: int = 1000) -> list[tuple[str, bytes, str]]:
+        """Up to ``limit`` dead letters as ``(queue, body, reason)``, oldest first, left in
+        place (see :meth:`list_dead_letters`)."""
+        return [(d.queue, d.body, d.reason) for d in self.list_dead_letters(limit)]
+
+    def list_dead_letters(self, limit: int = 1000) -> list[DeadLetter]:
+        """Up to ``limit`` dead letters, oldest first, left in place: read with ``basic.get``
+        without ack on a channel of their own, then all given back with one ``basic.nack``.
+        The dead-letter queue is a classic queue, where a requeued message keeps its place
+        and no delivery limit applies."""
+        return self._dead_letter_scan("list", None, limit, "reading").found
+
+    def find_dead_letter(self, id: str) -> DeadLetter | None:
+        found = self._dead_letter_scan("find", [id], None, "reading").found
+        return found[0] if found else None
+
+    def count_dead_letters(self) -> int:
+        """The depth of ``<namespace>.dead`` (a passive declare)."""
+        counting = functools.partial(count, self.topology)
+        out: int = self._call(
+            functools.partial(self._with_channel, counting), "counting dead letters"
+        )
+        return out
+
+    def resend_dead_letters(self, ids: Sequence[str] | None = None) -> list[DeadLetter]:
+        """Publish each to its queue (with its signature, if it had one) and ack it once
+        RabbitMQ confirmed the publish (see the module docstring)."""
+        return self._dead_letter_scan("resend", ids, None, "resending").found
+
+    def purge_dead_letters(self, ids: Sequence[str] | None = None) -> int:
+        if ids is not None:
+            return self._dead_letter_scan("purge", ids, None, "purging").purged
+        purging = functools.partial(purge, self.topology)
+        out: int = self._call(
+            functools.partial(self._with_channel, purging), "purging dead letters"
+        )
+        return out
+
+    def _dead_letter_scan(
+        self, mode: Mode, ids: Sequence[str] | None, limit: int | None, what: str
+    ) -> Scan:
+        scan = Scan(self.topology, mode, ids, limit)
+        out: Scan = self._call(
+            functools.partial(self._with_channel, scan), f"{what} the dead letters"
+        )
+        return out
+
+    def _dead_letter(self, delivery: RabbitDelivery, reason: str) -> None:
+        message, queue = delivery._message, delivery.queue
+        if not self._release(delivery):
+            logger.info("not dead-lettering a message of %s: its lease was lost", queue)
+            return
+        headers = {
+            REASON_HEADER: reason[:4000],
+            QUEUE_HEADER: queue,
+            DEAD_LETTER_ID_HEADER: new_dead_letter_id(),
+        }
+        if message.trusted and self._signing_key is not None:  # resent, it is trusted again
+            headers[SIGNATURE_HEADER] = sign(self._signing_key, queue, message.body)
+        props = pika.BasicProperties(
+            content_type=message.content_type,
+            delivery_mode=2,
+            headers=headers,
+            timestamp=int(self.clock.now().timestamp()),
+        )
+        try:
+            self._publish([(self.topology.dead_letter_exchange, queue, message.body, props)])
+        except BrokerError:
+            with self._cond:  # keep the lease: the message is redelivered when it expires
+                self._held.relet(message, delivery)
+            raise
+        logger.warning("dead-lettered a message of %s: %s", queue, reason)
+        self._submit(functools.partial(self._ack, message))

@@ -1,0 +1,106 @@
+"""Publishing to RabbitMQ (part of :class:`~sagaloop.brokers.rabbitmq.RabbitBroker`).
+
+Publishing: a batch is written whole, then its publisher confirms are awaited together (one
+round trip per batch, not one per message), with ``mandatory`` so that an unroutable message
+fails the batch instead of vanishing. Messages are persistent JSON; a body over
+``max_message_bytes`` is refused before anything is written.
+
+Trust: with ``signing_key``, every message this broker publishes carries a signature header
+(HMAC-SHA256 of its queue and body, ``signing.py``).
+
+Threads: ``publish`` runs on the caller's thread and waits; the writes, the confirms and the
+returns happen on the I/O thread (``link.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import pika
+
+from sagaloop.brokers._amqp import PublishRequest
+from sagaloop.brokers.rabbitmq.link import Link
+from sagaloop.brokers.signing import SIGNATURE_HEADER, sign
+from sagaloop.engine.messages import CONTENT_TYPE
+from sagaloop.errors import BrokerError, UndeliverableError
+
+_Item = tuple[str, str, bytes, Any]  # exchange, routing key, body, pika.BasicProperties
+
+
+class Publishing(Link):
+    """Publishing with confirms: the part of ``RabbitBroker`` that writes messages."""
+
+    def publish(self, batch: Sequence[tuple[str, bytes]]) -> None:
+        """Publish persistent JSON messages and wait for every publisher confirm; raise
+        :class:`BrokerError` if one is nacked, unroutable or not confirmed within
+        ``confirm_timeout``, or if the connection is down."""
+        for queue, body in batch:
+            if len(body) > self.max_message_bytes:
+                raise UndeliverableError(
+                    f"a message of {len(body)} bytes to {queue!r} exceeds max_message_bytes "
+                    f"({self.max_message_bytes}): keep large payloads out of messages"
+                )
+        self._publish(
+            [
+                (self.topology.internal_exchange, q, body, self._properties(q, body))
+                for q, body in batch
+            ]
+        )
+
+    def _properties(self, queue: str, body: bytes) -> Any:
+        headers = None
+        if self._signing_key is not None:
+            headers = {SIGNATURE_HEADER: sign(self._signing_key, queue, body)}
+        return pika.BasicProperties(content_type=CONTENT_TYPE, delivery_mode=2, headers=headers)
+
+    def _publish(self, items: list[_Item]) -> None:
+        if not items:
+            return
+        with self._cond:
+            if not self._ready:
+                state = "the broker is closed" if self._closed else "not connected"
+                raise BrokerError(f"cannot publish: {state} ({self.safe_url}: {self._last_error})")
+        request = PublishRequest(len(items))
+        self._submit(functools.partial(self._publish_now, request, items))
+        if not request.wait(self.confirm_timeout):
+            self._submit(functools.partial(self._abandon, request))
+            raise BrokerError(
+                f"RabbitMQ did not confirm {request.outstanding} of {len(items)} messages "
+                f"within {self.confirm_timeout} s"
+            )
+        if request.error is not None:
+            raise BrokerError(request.error)
+        if request.problems:
+            unroutable = all(p.startswith("unroutable") for p in request.problems)
+            raise (UndeliverableError if unroutable else BrokerError)(
+                f"{len(request.problems)} of {len(items)} messages were not accepted: "
+                f"{request.problems[0]}"
+            )
+
+    # --- the I/O thread ----------------------------------------------------------------------
+
+    def _publish_now(self, request: PublishRequest, items: list[_Item]) -> None:
+        channel = self._publish_channel
+        if channel is None or not channel.is_open:
+            request.fail(f"cannot publish: not connected to RabbitMQ at {self.host_url}")
+            return
+        try:
+            for exchange, key, body, props in items:
+                channel.basic_publish(exchange, key, body, props, mandatory=True)
+                self._confirms.published(request, key)
+        except Exception as e:
+            self._confirms.abandon(request)
+            request.fail(f"publishing failed: {e!r}")
+
+    def _abandon(self, request: PublishRequest) -> None:
+        self._confirms.abandon(request)
+
+    def _on_confirm(self, frame: Any) -> None:
+        method = frame.method
+        ack = isinstance(method, pika.spec.Basic.Ack)
+        self._confirms.confirmed(method.delivery_tag, method.multiple, ack)
+
+    def _on_return(self, _channel: Any, method: Any, _props: Any, _body: bytes) -> None:
+        self._confirms.returned(method.routing_key)
