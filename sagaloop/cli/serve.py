@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -29,7 +30,8 @@ from sagaloop.errors import (
 )
 from sagaloop.runtime import crashpoints, liveness
 from sagaloop.runtime import registry as processes
-from sagaloop.runtime.service import EXIT_ACCESS_REFUSED, EXIT_THREAD_DIED, GRACE, Runtime
+from sagaloop.runtime.assembly import Roles, Tuning
+from sagaloop.runtime.service import EXIT_ACCESS_REFUSED, EXIT_THREAD_DIED, GRACE, Service
 from sagaloop.store.sql import SqlStore
 
 logger = logging.getLogger("sagaloop.service")
@@ -101,9 +103,11 @@ def _serve(
     role: str,
     *,
     upgrade: bool,
+    roles: Roles,
+    concurrency: int,
+    poll: float,
     metrics: tuple[int | None, str] = (None, "127.0.0.1"),
     grace: float = GRACE,
-    **roles: Any,
 ) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -114,22 +118,26 @@ def _serve(
         app = obj.app(app_spec)
         store = _wait_for_database(obj, stop, upgrade=upgrade, role=role)
         broker = _wait_for_broker(obj, store, stop, role=role)
-        runtime = Runtime(
+        retention = timedelta(days=obj.settings.retention_days) if role != "worker" else None
+        runtime = Service(
             app,
             store,
             broker,
-            heartbeat=obj.settings.lease / 3,
-            relay_lease=timedelta(seconds=obj.settings.lease),
-            retention=timedelta(days=obj.settings.retention_days) if role != "worker" else None,
-            activation_deadline=obj.settings.activation_deadline,
+            roles=dataclasses.replace(roles, retention=retention, registry=True),
+            tuning=Tuning(
+                concurrency=concurrency,
+                poll=poll,
+                heartbeat=obj.settings.lease / 3,
+                lease=timedelta(seconds=obj.settings.lease),
+                activation_deadline=obj.settings.activation_deadline,
+            ),
             name=f"{role}@{_host()}",
             streams=obj.streams(),
-            **roles,
         )
         metrics_server = _start_metrics(store, broker, *metrics)
-    runtime.start(registry=store, role=role, on_death=stop.set)
-    queues = app.queues if roles.get("queues") is None else roles["queues"]
-    work = (["the engine and timers"] if roles.get("engine", True) else []) + (
+    runtime.start(role=role, on_death=stop.set)
+    queues = app.queues if roles.queues is None else roles.queues
+    work = (["the engine and timers"] if roles.engine else []) + (
         [f"steps of queue(s) {', '.join(queues)}"] if queues else []
     )
     logger.info(
@@ -277,6 +285,7 @@ def dev(
         app_spec,
         "dev",
         upgrade=True,
+        roles=Roles(),
         concurrency=concurrency,
         poll=poll,
         metrics=metrics,
@@ -309,7 +318,7 @@ def engine(
         app_spec,
         "engine",
         upgrade=False,
-        queues=[],
+        roles=Roles(queues=()),
         concurrency=concurrency,
         poll=poll,
         metrics=metrics,
@@ -356,9 +365,7 @@ def worker(
         app_spec,
         "worker",
         upgrade=False,
-        engine=False,
-        timers=False,
-        queues=names,
+        roles=Roles(engine=False, timers=False, queues=names),
         concurrency=concurrency,
         poll=poll,
         metrics=(metrics_port, metrics_host),
