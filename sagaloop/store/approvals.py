@@ -82,11 +82,8 @@ class SqlApprovals(SqlCore, ApprovalStore):
 
     def approval(self, tx: Any, run_id: str, call_id: str) -> ApprovalRow | None:
         q = sa.select(t.approvals).where(_key(run_id, call_id))
-        if tx is not None:
-            row = conn_of(tx).execute(q).mappings().first()
-        else:
-            with self._read() as conn:
-                row = conn.execute(q).mappings().first()
+        with self._in(tx) as conn:
+            row = conn.execute(q).mappings().first()
         return None if row is None else record(ApprovalRow, row)
 
     def claim_approval(

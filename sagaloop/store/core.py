@@ -221,6 +221,16 @@ class SqlCore(Transactions):
                 lock.release()
 
     @contextmanager
+    def _in(self, tx: Any) -> Iterator[Connection]:
+        """The connection of ``tx``; when it is None (a port method's ``tx: Tx | None``), a read
+        of committed state outside any transaction."""
+        if tx is None:
+            with self._read() as conn:
+                yield conn
+        else:
+            yield conn_of(tx)
+
+    @contextmanager
     def _one_write(self) -> Iterator[Connection]:
         """A connection for one statement that writes: autocommit on PostgreSQL (one round
         trip; the statement is atomic by itself), a write transaction on SQLite."""

@@ -17,11 +17,7 @@ class SqlInbox(SqlCore, InboxStore):
         q = self._sql.inbox_get
         params = {"key_consumer": consumer, "key_message_id": message_id}
         owner = payloads.inbox_owner(consumer, message_id)
-        if tx is not None:
-            conn = conn_of(tx)
-            row = conn.execute(q, params).first()
-            return (True, payloads.resolve_value(conn, owner, row[0])) if row else (False, None)
-        with self._read() as conn:
+        with self._in(tx) as conn:
             row = conn.execute(q, params).first()
             return (True, payloads.resolve_value(conn, owner, row[0])) if row else (False, None)
 

@@ -95,9 +95,7 @@ class SqlOutbox(SqlCore, OutboxQueue):
         """Reads the payload table; no query when ``env`` holds no reference."""
         if not payloads.marked_fields(env.payload):
             return env
-        if tx is not None:
-            return payloads.resolve_message(conn_of(tx), env)
-        with self._read() as conn:
+        with self._in(tx) as conn:
             return payloads.resolve_message(conn, env)
 
     def enqueue_raw(

@@ -118,9 +118,7 @@ class SqlRuns(SqlCore, RunStore, RunQueries, Maintenance):
 
     def load_history(self, tx: Any, run_id: str, after_seq: int = 0) -> list[Event]:
         q, params = self._sql.load_history, {"key": run_id, "after_seq": after_seq}
-        if tx is not None:
-            return _events(conn_of(tx), run_id, conn_of(tx).execute(q, params).mappings())
-        with self._read() as conn:
+        with self._in(tx) as conn:
             return _events(conn, run_id, conn.execute(q, params).mappings())
 
     def delete_history(self, tx: Any, run_id: str) -> None:
