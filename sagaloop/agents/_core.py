@@ -74,7 +74,7 @@ class _PlainStepContext(StepContext):
         pass
 
 
-async def _run_plain(step: StepDef[Any, Any], kwargs: dict[str, Any]) -> Any:
+async def run_plain(step: StepDef[Any, Any], kwargs: dict[str, Any]) -> Any:
     """A step's function run in-process, outside any saga (a tool used by a plain agent)."""
     result = step.fn(_PlainStepContext(step), **kwargs)
     if isinstance(result, collections.abc.Awaitable):
@@ -82,24 +82,27 @@ async def _run_plain(step: StepDef[Any, Any], kwargs: dict[str, Any]) -> Any:
     return result
 
 
-def _timeout(limit: timedelta | None) -> asyncio.Timeout:
+_run_plain = run_plain  # its old name, which tests/unit/test_current_step.py reads
+
+
+def attempt_timeout(limit: timedelta | None) -> asyncio.Timeout:
     """A step body's own deadline (its step's timeout): a model stream read under it is
     closed when the attempt times out, where the engine only stops waiting for it."""
     return asyncio.timeout(None if limit is None else limit.total_seconds())
 
 
-def _jsonable(value: Any, what: str) -> Any:
+def jsonable(value: Any, what: str) -> Any:
     try:
         return pydantic_core.to_jsonable_python(value)
     except pydantic_core.PydanticSerializationError as e:
         raise ValidationError(f"{what} cannot be stored as JSON: {e}") from e
 
 
-def _step_part(text: str) -> str:
+def step_part(text: str) -> str:
     return _STEP_NAME.sub("_", text)
 
 
-def _denial(reason: str | None) -> str:
+def denial(reason: str | None) -> str:
     return f"The tool call was denied: {reason}" if reason else "The tool call was denied."
 
 
@@ -136,7 +139,7 @@ class _RunUsage:
 _usage: weakref.WeakKeyDictionary[SagaContext, _RunUsage] = weakref.WeakKeyDictionary()
 
 
-def _usage_of(saga: SagaContext) -> _RunUsage:
+def usage_of(saga: SagaContext) -> _RunUsage:
     found = _usage.get(saga)
     if found is None:
         found = _usage[saga] = _RunUsage(Usage(), saga.now())
@@ -161,7 +164,7 @@ async def _gate(
     the answer to each of its calls; raises :class:`BudgetExceeded` (``"fail"``, and
     ``"tell_model"`` for a model request). ``key`` names the agent run (its earlier batch
     is over once it asks again)."""
-    state = _usage_of(saga)
+    state = usage_of(saga)
     state.batches.pop(key, None)
     while True:
         reached: list[str] = []
@@ -217,7 +220,7 @@ async def check_batch(
     through count as spent until they run (:func:`charge_tool_calls` with the same ``key``)
     or the agent run ``key`` asks the model again."""
     if calls <= 0:
-        _usage_of(saga).batches.pop(key, None)
+        usage_of(saga).batches.pop(key, None)
         return budget, None
     return await _gate(saga, budget, calls, key)
 
@@ -225,7 +228,7 @@ async def check_batch(
 def charge_tool_calls(saga: SagaContext, calls: int = 1, key: str = "") -> None:
     """Count tool calls that run (their steps are about to be called), out of the batch the
     agent run ``key`` was let through with."""
-    state = _usage_of(saga)
+    state = usage_of(saga)
     state.usage.tool_calls += calls
     if key in state.batches:
         state.batches[key] = max(state.batches[key] - calls, 0)
@@ -234,7 +237,7 @@ def charge_tool_calls(saga: SagaContext, calls: int = 1, key: str = "") -> None:
 def publish_usage(saga: SagaContext, budget: Budget | None) -> None:
     """Usage against the budget, for `sagaloop status` and the console (``tree``: with what
     the run reserved for its child runs, what a parent counts when it settles a share)."""
-    state = _usage_of(saga)
+    state = usage_of(saga)
     shown: dict[str, Any] = state.usage.model_dump()
     if budget is not None:
         shown["budget"] = budget.model_dump(mode="json", exclude_none=True)
@@ -311,7 +314,7 @@ def server_steps(
     return listed, policy_step(app, f"{prefix}__call_tool", policy, queue)(calling)
 
 
-def _tool_step(
+def tool_step(
     app: App, name: str, policy: ToolPolicy, queue: str
 ) -> Callable[[Callable[..., Any]], StepDef[Any, Any]]:
     """Declares the step of a tool (its call is ``{"args", ...}``, its result ``{"value"}``)
@@ -332,7 +335,7 @@ def _tool_step(
 
             def reconcile(ctx: StepContext, call: dict[str, Any]) -> Any:
                 found = look_up(ctx, call.get("args", {}))
-                return None if found is None else {"value": _jsonable(found, "a found result")}
+                return None if found is None else {"value": jsonable(found, "a found result")}
 
             step.reconcile(reconcile)
         return step

@@ -47,12 +47,12 @@ from pydantic_ai.toolsets.abstract import ToolsetTool
 from sagaloop import tracing
 from sagaloop.agents._core import (
     ToolPolicy,
-    _denial,
-    _jsonable,
-    _step_part,
-    _tool_step,
-    _usage_of,
+    denial,
+    jsonable,
     server_steps,
+    step_part,
+    tool_step,
+    usage_of,
 )
 from sagaloop.agents._pydantic_run import (
     TOOL_SIGNALS,
@@ -89,11 +89,11 @@ class MCPServerSteps:
 
     id: str
     toolset: MCPToolset[Any]
-    get_tools: StepDef[Any, Any]
-    call_tool: StepDef[Any, Any]
-    tool_steps: dict[str, StepDef[Any, Any]]
-    """The steps of the tools named in ``SagaAgent(tools=...)``, by tool name."""
     policies: dict[str, ToolPolicy]
+    get_tools: StepDef[Any, Any] = dataclasses.field(init=False)
+    call_tool: StepDef[Any, Any] = dataclasses.field(init=False)
+    tool_steps: dict[str, StepDef[Any, Any]] = dataclasses.field(init=False)
+    """The steps of the tools named in ``SagaAgent(tools=...)``, by tool name."""
     # The steps of one worker process share the server's client, and each async step runs on an
     # event loop of its own: one at a time, so no session is used from two loops.
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -115,9 +115,7 @@ def _mcp_servers(toolsets: Sequence[AbstractToolset[Any]]) -> list[MCPToolset[An
     return found
 
 
-def declare(
-    agent: SagaAgent[Any, Any], given: dict[str, ToolPolicy], tool_queue: str
-) -> list[MCPServerSteps]:
+def declare(agent: SagaAgent[Any, Any], given: dict[str, ToolPolicy]) -> list[MCPServerSteps]:
     """Register the steps of the agent's MCP servers on its app. Takes the policies of ``given``
     that belong to them (``mcp:{id}`` and, when the agent has an MCP server, every tool name left
     in ``given``: an MCP server's tools are only known once it is asked)."""
@@ -159,7 +157,7 @@ def declare(
     out = []
     for toolset_id, toolset in named.items():
         server = _declare_server(
-            agent, toolset, toolset_id, server_policies[toolset_id], tool_policies, tool_queue
+            agent, toolset, toolset_id, server_policies[toolset_id], tool_policies
         )
         # listed in SagaAgent.step_names; the colons keep these keys apart from tool names
         key = f"{SERVER_KEY}{toolset_id}"
@@ -177,11 +175,10 @@ def _declare_server(
     toolset_id: str,
     policy: ToolPolicy,
     tool_policies: Mapping[str, ToolPolicy],
-    tool_queue: str,
 ) -> MCPServerSteps:
-    prefix = f"{agent.prefix}__mcp__{_step_part(toolset_id)}"
-    queue = policy.queue or tool_queue
-    server: MCPServerSteps
+    prefix = f"{agent.prefix}__mcp__{step_part(toolset_id)}"
+    queue = policy.queue or agent.tool_queue
+    server = MCPServerSteps(id=toolset_id, toolset=toolset, policies=dict(tool_policies))
 
     async def get_tools(ctx: StepContext, call: dict[str, Any]) -> dict[str, Any]:
         run_ctx = run_context(agent.wrapped.deps_type, call)
@@ -209,14 +206,14 @@ def _declare_server(
                 return signal_of(e)
         return _encode(value, name)
 
-    get_tools_step, call_tool_step = server_steps(
+    server.get_tools, server.call_tool = server_steps(
         agent.app, prefix, policy, queue, ("get_tools", get_tools), call_tool
     )
-    tool_steps = {
+    server.tool_steps = {
         # the server's policy is the default of its tools'
-        tool_name: _tool_step(
+        tool_name: tool_step(
             agent.app,
-            f"{prefix}__call_tool__{_step_part(tool_name)}",
+            f"{prefix}__call_tool__{step_part(tool_name)}",
             dataclasses.replace(
                 p,
                 retry=p.retry or policy.retry,
@@ -228,14 +225,6 @@ def _declare_server(
         )(call_tool)
         for tool_name, p in tool_policies.items()
     }
-    server = MCPServerSteps(
-        id=toolset_id,
-        toolset=toolset,
-        get_tools=get_tools_step,
-        call_tool=call_tool_step,
-        tool_steps=tool_steps,
-        policies=dict(tool_policies),
-    )
     return server
 
 
@@ -317,15 +306,15 @@ class SagaMCPToolset(AbstractToolset[Any]):
         run = current.get()
         if run is None:
             raise UserError(f"{self.label} was used outside SagaAgent.run in a saga")
-        args = _jsonable(tool_args, f"the arguments of MCP tool {name!r}")
+        args = jsonable(tool_args, f"the arguments of MCP tool {name!r}")
         approved = bool(ctx.tool_call_approved)
         policy = self.server.policies.get(name)
         if policy is not None and policy.requires_approval and not approved:
             decision = await ask_person(run, name, args, tool)
             if not decision.approved:
-                return _denial(decision.reason)
+                return denial(decision.reason)
             args, approved = decision.args, True
-        _usage_of(run.saga).usage.tool_calls += 1
+        usage_of(run.saga).usage.tool_calls += 1
         context = _context_json(ctx)
         context["tool_call_approved"] = approved
         call = {
@@ -369,10 +358,10 @@ class SagaToolsetWithMCP(SagaToolset):
             run = current.get()
             if run is None or ctx.tool_call_approved:
                 raise
-        args = _jsonable(tool_args, f"the arguments of MCP tool {name!r}")
+        args = jsonable(tool_args, f"the arguments of MCP tool {name!r}")
         decision = await ask_person(run, name, args, tool)
         if not decision.approved:
-            return _denial(decision.reason)
+            return denial(decision.reason)
         ctx = dataclasses.replace(ctx, tool_call_approved=True)
         return await self.wrapped.call_tool(name, decision.args, ctx, tool)
 

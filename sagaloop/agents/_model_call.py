@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from sagaloop.agents import transcript
-from sagaloop.agents._core import _usage_of, check_batch, check_budget, publish_usage
+from sagaloop.agents._core import check_batch, check_budget, publish_usage, usage_of
 from sagaloop.agents.budgets import Budget
 from sagaloop.agents.providers import MODEL_DEADLINE, MODEL_RETRY, guarded
 from sagaloop.sagas.app import App, StepDef
@@ -98,7 +98,7 @@ async def count_response(
     """Count a response's ``usage`` (and its recorded cost) for the saga run, and show it; then
     gate its ``tool_calls`` as one batch, before any of them runs (sets ``run.refusal`` when
     the budget refuses it)."""
-    used = _usage_of(run.saga).usage
+    used = usage_of(run.saga).usage
     used.requests += 1
     used.input_tokens += usage.input_tokens
     used.output_tokens += usage.output_tokens
@@ -109,7 +109,7 @@ async def count_response(
 
 def finish_run(run: AgentRun) -> None:
     """At the end of an agent run of a run tree: its usage, which the parent reads."""
-    if _usage_of(run.saga).allowance is not None:
+    if usage_of(run.saga).allowance is not None:
         publish_usage(run.saga, run.budget)
 
 

@@ -22,7 +22,7 @@ from agents.tool import FunctionTool, Tool
 
 from sagaloop import tracing
 from sagaloop.agents import transcript
-from sagaloop.agents._core import _jsonable, _timeout
+from sagaloop.agents._core import attempt_timeout, jsonable
 from sagaloop.agents._model_call import count_response, relay, request_model
 from sagaloop.agents._openai_run import in_run
 from sagaloop.sagas.app import StepDef
@@ -126,7 +126,7 @@ class StepModel(Model):
                 ],
                 "previous_response_id": previous_response_id,
                 "conversation_id": conversation_id,
-                "prompt": _jsonable(prompt, "the prompt"),
+                "prompt": jsonable(prompt, "the prompt"),
             }
 
         reply = await request_model(run, self._runner.model_steps[self._agent], items, request)
@@ -221,7 +221,7 @@ async def serve_request(
         events: Any = model.stream_response(*args, **options)  # an async generator
         # closed (its connection too) when the run ends (the heartbeat raises
         # StepCancelled) or the step's timeout passes: nothing reads, or pays for, the rest
-        async with _timeout(step.timeout), aclosing(events) as closing:
+        async with attempt_timeout(step.timeout), aclosing(events) as closing:
             async for event in closing:
                 relay(
                     ctx,
@@ -229,7 +229,7 @@ async def serve_request(
                     getattr(event, "delta", None)
                     if event.type == "response.output_text.delta"
                     else None,
-                    partial(_jsonable, event, "a stream event"),
+                    partial(jsonable, event, "a stream event"),
                 )
                 if event.type == "response.completed":
                     response = ModelResponse(

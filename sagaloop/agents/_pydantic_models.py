@@ -46,7 +46,7 @@ class _NamedModel(Model):
         raise UserError("this model only runs on the workers, as a step")
 
 
-def _profile_model(model: Model | str) -> Model:
+def profile_model(model: Model | str) -> Model:
     """The model as the engine shapes requests for it: the real one when it can be built here
     (its profile, settings and request preparation), else one that only knows its name (with
     the default profile: build the model in the engine too when a provider needs its own)."""

@@ -19,7 +19,7 @@ from pydantic_ai.tools import RunContext
 from pydantic_ai.toolsets import WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
-from sagaloop.agents._core import ToolPolicy, _denial, _jsonable, ask, charge_tool_calls
+from sagaloop.agents._core import ToolPolicy, ask, charge_tool_calls, denial, jsonable
 from sagaloop.agents._model_call import AgentRun
 from sagaloop.errors import ApprovalDenied
 from sagaloop.sagas.approvals import Approval
@@ -49,8 +49,8 @@ def signal_of(e: ModelRetry | ApprovalRequired | CallDeferred) -> dict[str, Any]
     if isinstance(e, ModelRetry):
         return {"retry": e.message}
     if isinstance(e, ApprovalRequired):
-        return {"approval": {"metadata": _jsonable(e.metadata, "approval metadata")}}
-    return {"deferred": {"metadata": _jsonable(e.metadata, "deferral metadata")}}
+        return {"approval": {"metadata": jsonable(e.metadata, "approval metadata")}}
+    return {"deferred": {"metadata": jsonable(e.metadata, "deferral metadata")}}
 
 
 def run_context(deps_type: Any, call: Mapping[str, Any]) -> RunContext[Any]:
@@ -135,19 +135,19 @@ class SagaToolset(WrapperToolset[Any]):
             )
         step = agent.app.get_step(step_name)
         assert step is not None
-        args = _jsonable(tool_args, f"the arguments of tool {name!r}")
+        args = jsonable(tool_args, f"the arguments of tool {name!r}")
         approved = bool(ctx.tool_call_approved)
         if agent.needs_approval.get(name) and not approved and not step.approval:
             decision = await ask_person(run, name, args, tool)
             if not decision.approved:
-                return _denial(decision.reason)
+                return denial(decision.reason)
             args, approved = decision.args, True
         charge_tool_calls(run.saga, 1, run.conversation)
         if name in agent.step_tools:
             try:
                 return await run.saga.call(step, **args)
             except ApprovalDenied as e:  # the step itself asks (``@app.step(approval=True)``)
-                return _denial(e.reason)
+                return denial(e.reason)
         context = DurableRunContext.serialize_run_context(ctx)
         context["tool_call_approved"] = approved
         # the context as JSON; what is not JSON (a policy's functions in the tool's metadata)
@@ -165,7 +165,7 @@ class SagaToolset(WrapperToolset[Any]):
             if "approval" in reply and not approved:  # the tool asked for it, at run time
                 decision = await ask_person(run, name, args, tool)
                 if not decision.approved:
-                    return _denial(decision.reason)
+                    return denial(decision.reason)
                 call = {**call, "args": decision.args}
                 call["context"] = {**call["context"], "tool_call_approved": True}
                 approved = True

@@ -38,9 +38,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Unpack
 
 import pydantic
 from agents import Agent, RunConfig, Runner, RunResult
@@ -70,26 +69,26 @@ from sagaloop import tracing
 from sagaloop.agents import transcript
 from sagaloop.agents._core import (
     ToolPolicy,
-    _denial,
-    _jsonable,
-    _run_plain,
-    _step_part,
-    _tool_step,
-    _usage_of,
     ask,
     charge_tool_calls,
+    denial,
+    jsonable,
+    run_plain,
     server_steps,
+    step_part,
+    tool_step,
+    usage_of,
 )
-from sagaloop.agents._model_call import ModelStepOptions, finish_run
+from sagaloop.agents._model_call import finish_run
 from sagaloop.agents._openai_model import StepModel, model_ref, serve_request
 from sagaloop.agents._openai_run import OpenAIRun, StepMCPServer, current, in_run, unless_refused
 from sagaloop.agents.budgets import Budget
+from sagaloop.agents.options import AgentOptions, DurableAdapter
 from sagaloop.agents.tools import StepTool, StepTools, ToolCallError
 from sagaloop.engine import sandbox
 from sagaloop.errors import StepFailedError, ValidationError
 from sagaloop.sagas.app import App, StepDef
 from sagaloop.sagas.context import StepContext, current_saga
-from sagaloop.sagas.policy import RetryPolicy
 
 __all__ = ["SagaRunner", "step_as_function_tool"]
 
@@ -113,7 +112,7 @@ _STEP_ATTR = "__sagaloop_step__"
 
 
 def _encode_items(items: Any) -> list[Any]:
-    return list(_jsonable(list(items), "the model's input"))
+    return list(jsonable(list(items), "the model's input"))
 
 
 def step_as_function_tool(
@@ -144,8 +143,8 @@ def step_as_function_tool(
         saga = current_saga()
         if saga is not None:
             charge_tool_calls(saga, 1, "" if run is None else run.conversation)
-        value = await (saga.call(step, **kwargs) if saga else _run_plain(step, kwargs))
-        value = _jsonable(value, f"the result of step {step.name!r}")
+        value = await (saga.call(step, **kwargs) if saga else run_plain(step, kwargs))
+        value = jsonable(value, f"the result of step {step.name!r}")
         return value if isinstance(value, str) else json.dumps(value)
 
     schema = tools.openai_responses()[0]
@@ -161,52 +160,30 @@ def step_as_function_tool(
     return tool
 
 
-class SagaRunner:
+class SagaRunner(DurableAdapter):
     """Runs OpenAI Agents SDK agents durably in saga code (see the module's doc); outside saga
     code, ``run`` is ``Runner.run``.
 
     Declare it where the app's steps are declared, with the agents it may run: their steps (and
     those of every agent they hand off to) are registered on ``app`` here, so engine and
-    workers that import the app know them. ``model_rate_limit`` (``"10/s"``) caps how often
-    model requests start across every worker (each agent's model step has its own quota unless
-    ``model_rate_key`` names a shared one; see ``@app.step(rate_limit=...)``)."""
+    workers that import the app know them. ``options`` are those of both adapters
+    (:class:`~sagaloop.agents.options.AgentOptions`: queues, retries, rate limits, tool
+    policies, budget, approvals, streaming); ``model_rate_limit`` gives each agent's model step
+    its own quota unless ``model_rate_key`` names a shared one."""
 
     def __init__(
         self,
         app: App,
         *agents: Agent[Any],
         model_provider: ModelProvider | None = None,
-        model_queue: str = "model",
-        tool_queue: str = "tools",
-        model_retry: RetryPolicy | None = None,
-        model_timeout: timedelta | None = timedelta(minutes=10),
-        model_rate_limit: str | None = None,
-        model_rate_key: str | None = None,
-        tools: Mapping[str, ToolPolicy] | None = None,
         context_type: Any = None,
-        budget: Budget | None = None,
-        approval_timeout: timedelta | None = None,
-        on_approval_timeout: Literal["deny", "escalate"] = "deny",
-        stream: bool = False,
+        **options: Unpack[AgentOptions],
     ) -> None:
         if not agents:
             raise ValidationError("SagaRunner needs the agents it runs: SagaRunner(app, agent)")
-        self.app = app
+        self._given = self._take_options(app, options)
         self.model_provider = model_provider or MultiProvider()
         self.context_type = context_type
-        self.budget = budget
-        self.approval_timeout = approval_timeout
-        self.on_approval_timeout = on_approval_timeout
-        self.stream = stream
-        self._tool_queue = tool_queue
-        self._model_step = ModelStepOptions(
-            queue=model_queue,
-            retry=model_retry,
-            timeout=model_timeout,
-            rate_limit=model_rate_limit,
-            rate_key=model_rate_key,
-        )
-        self._given = dict(tools or {})
         self.policies: dict[str, ToolPolicy] = {}
         self.agents: dict[str, Agent[Any]] = {}
         """The original agents, by name (the worker runs their models and tools)."""
@@ -243,12 +220,12 @@ class SagaRunner:
                 " (their steps are named after them)"
             )
         self.agents[agent.name] = agent
-        prefix = f"agent__{_step_part(agent.name)}"
+        prefix = f"agent__{step_part(agent.name)}"
 
         async def model_request(ctx: StepContext, request: dict[str, Any]) -> dict[str, Any]:
             return await self._model_request(agent.name, ctx, request)
 
-        self.model_steps[agent.name] = self._model_step.declare(self.app, prefix, model_request)
+        self.model_steps[agent.name] = self.model_options.declare(self.app, prefix, model_request)
         for tool in agent.tools:
             if isinstance(tool, FunctionTool):
                 if getattr(tool, _STEP_ATTR, None) is None:
@@ -283,9 +260,9 @@ class SagaRunner:
         if timeout is None and tool.timeout_seconds is not None:
             timeout = timedelta(seconds=tool.timeout_seconds)
         policy = dataclasses.replace(policy, timeout=timeout)
-        name = f"{prefix}__tool__{_step_part(tool.name)}"
-        queue = policy.queue or self._tool_queue
-        self.tool_steps[key] = _tool_step(self.app, name, policy, queue)(run_tool)
+        name = f"{prefix}__tool__{step_part(tool.name)}"
+        queue = policy.queue or self.tool_queue
+        self.tool_steps[key] = tool_step(self.app, name, policy, queue)(run_tool)
 
     def _declare_mcp(self, agent: Agent[Any], prefix: str, server: MCPServer) -> None:
         key = (agent.name, server.name)
@@ -293,8 +270,8 @@ class SagaRunner:
         if f"mcp:{server.name}" in self._given:
             self.policies[f"mcp:{server.name}"] = policy
         self._mcp_servers[key] = (server, threading.Lock())
-        step_prefix = f"{prefix}__mcp__{_step_part(server.name)}"
-        queue = policy.queue or self._tool_queue
+        step_prefix = f"{prefix}__mcp__{step_part(server.name)}"
+        queue = policy.queue or self.tool_queue
 
         async def list_tools(ctx: StepContext, _: dict[str, Any]) -> list[Any]:
             tools = await self._on_server(key, lambda s: s.list_tools())
@@ -433,7 +410,7 @@ class SagaRunner:
             conversation=f"{saga.run_id}/{saga.uuid4()}",
             context=None
             if context is None
-            else _jsonable(
+            else jsonable(
                 context,
                 "the run's context (tools "
                 "run on workers, which rebuild it from JSON: pass ids and URLs, not connections)",
@@ -442,7 +419,7 @@ class SagaRunner:
             budget=budget or self.budget,
             encoder=transcript.Encoder(_encode_items, same=_same_item),
         )
-        _usage_of(saga)
+        usage_of(saga)
         agent = self._durable(starting_agent)
         token = current.set(run)
         try:
@@ -489,7 +466,7 @@ class SagaRunner:
             schema=_schema_of(item, name),
         )
         if not decision.approved:
-            state.reject(item, rejection_message=_denial(decision.reason))
+            state.reject(item, rejection_message=denial(decision.reason))
             return
         call_id = _call_id(item)
         if decision.edited and call_id is not None:
@@ -529,7 +506,7 @@ class SagaRunner:
         value = await invoke_function_tool(
             function_tool=tool, context=tool_ctx, arguments=arguments
         )
-        return {"value": _jsonable(value, f"the result of tool {tool.name!r}")}
+        return {"value": jsonable(value, f"the result of tool {tool.name!r}")}
 
     async def _on_server(self, key: tuple[str, str], act: Any) -> Any:
         """``act(server)`` with the server connected; one step at a time per server in this

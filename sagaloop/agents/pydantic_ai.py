@@ -26,9 +26,8 @@ import typing
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
-from datetime import timedelta
 from functools import partial
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, TypeVar, Unpack
 
 import pydantic
 import pydantic_core
@@ -51,21 +50,20 @@ from sagaloop import tracing
 from sagaloop.agents import _mcp, transcript
 from sagaloop.agents._core import (
     ToolPolicy,
-    _jsonable,
-    _run_plain,
-    _step_part,
-    _timeout,
-    _tool_step,
-    _usage_of,
+    attempt_timeout,
+    jsonable,
+    run_plain,
+    step_part,
+    tool_step,
+    usage_of,
 )
 from sagaloop.agents._model_call import (
-    ModelStepOptions,
     count_response,
     finish_run,
     relay,
     request_model,
 )
-from sagaloop.agents._pydantic_models import _profile_model, lifted_request_limit
+from sagaloop.agents._pydantic_models import lifted_request_limit, profile_model
 from sagaloop.agents._pydantic_run import (
     TOOL_SIGNALS,
     BudgetGate,
@@ -75,6 +73,7 @@ from sagaloop.agents._pydantic_run import (
     signal_of,
 )
 from sagaloop.agents.budgets import Budget
+from sagaloop.agents.options import AgentOptions, DurableAdapter
 from sagaloop.engine import sandbox
 from sagaloop.errors import ValidationError
 from sagaloop.sagas.app import App, StepDef
@@ -137,7 +136,7 @@ def step_as_tool(
         saga = current_saga()
         if saga is not None:
             return await saga.call(step, **kwargs)
-        return await _run_plain(step, kwargs)
+        return await run_plain(step, kwargs)
 
     returns = hints.get("return", inspect.Signature.empty)
     call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
@@ -196,7 +195,7 @@ class _SagaModel(WrapperModel):
 
         def request() -> dict[str, Any]:
             return {
-                "settings": _jsonable(model_settings, "model settings"),
+                "settings": jsonable(model_settings, "model settings"),
                 # a tool's metadata may hold its policy's functions: not sent to a model, not kept
                 "params": _PARAMS.dump_python(
                     model_request_parameters, mode="json", fallback=lambda _: None
@@ -251,14 +250,15 @@ def _text_of(event: Any) -> str | None:
     return None
 
 
-class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
+class SagaAgent(WrapperAgent[DepsT, OutputT], DurableAdapter, Generic[DepsT, OutputT]):
     """``agent`` made durable: in saga code each model request and each tool call is a step of
     the run (see the module's doc); outside saga code it is the plain agent.
 
     Declare it where the app's steps are declared (its steps are registered on ``app`` here, so
-    engine and workers that import the app know them). ``model_rate_limit`` (``"10/s"``) caps
-    how often model requests start across every worker; give agents that call one provider
-    the same ``model_rate_key`` to share its quota (see ``@app.step(rate_limit=...)``)."""
+    engine and workers that import the app know them). ``options`` are those of both adapters
+    (:class:`~sagaloop.agents.options.AgentOptions`: queues, retries, rate limits, tool
+    policies, budget, approvals, streaming); give agents that call one provider the same
+    ``model_rate_key`` to share its quota (see ``@app.step(rate_limit=...)``)."""
 
     def __init__(
         self,
@@ -266,51 +266,29 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
         *,
         app: App,
         name: str | None = None,
-        model_queue: str = "model",
-        tool_queue: str = "tools",
-        model_retry: RetryPolicy | None = None,
-        model_timeout: timedelta | None = timedelta(minutes=10),
-        model_rate_limit: str | None = None,
-        model_rate_key: str | None = None,
         fallback_models: Sequence[Model | str] = (),
-        tools: Mapping[str, ToolPolicy] | None = None,
-        budget: Budget | None = None,
-        approval_timeout: timedelta | None = None,
-        on_approval_timeout: Literal["deny", "escalate"] = "deny",
-        stream: bool = False,
+        **options: Unpack[AgentOptions],
     ) -> None:
         super().__init__(agent)
-        self.stream = stream
         self.saga_name = name or agent.name
         if not self.saga_name:
             raise ValidationError("SagaAgent needs a name: Agent(..., name=...) or name=...")
-        self.app = app
-        self.budget = budget
-        self.approval_timeout = approval_timeout
-        self.on_approval_timeout = on_approval_timeout
+        given = self._take_options(app, options)
         self._fallbacks = tuple(fallback_models)
         self._worker_model: Model | None = None
         self._saga_model: _SagaModel | None = None
-        self.prefix = f"agent__{_step_part(self.saga_name)}"
-        model = ModelStepOptions(
-            queue=model_queue,
-            retry=model_retry,
-            timeout=model_timeout,
-            rate_limit=model_rate_limit,
-            rate_key=model_rate_key,
-        )
-        self.model_step = model.declare(app, self.prefix, self._model_request)
+        self.prefix = f"agent__{step_part(self.saga_name)}"
+        self.model_step = self.model_options.declare(app, self.prefix, self._model_request)
         self.tool_steps: dict[str, str] = {}
         self.step_tools: set[str] = set()
         self.needs_approval: dict[str, bool] = {}
         self.policies: dict[str, ToolPolicy] = {}
         self._function_toolsets: dict[str, FunctionToolset[Any]] = {}
-        given = dict(tools or {})
         for toolset in self._leaves():
             for tool_name, tool in toolset.tools.items():
-                self._declare_tool(toolset, tool_name, tool, given.pop(tool_name, None), tool_queue)
+                self._declare_tool(toolset, tool_name, tool, given.pop(tool_name, None))
         # MCP servers: their tools are only known at run time
-        self.mcp_servers = _mcp.declare(self, given, tool_queue)
+        self.mcp_servers = _mcp.declare(self, given)
         if given:
             raise ValidationError(f"SagaAgent(tools=...) names unknown tools: {sorted(given)}")
 
@@ -333,7 +311,6 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
         tool_name: str,
         tool: Tool[Any],
         given: ToolPolicy | None,
-        tool_queue: str,
     ) -> None:
         meta = tool.metadata or {}
         linked = meta.get(METADATA_KEY) if isinstance(meta, Mapping) else None
@@ -353,8 +330,8 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
         async def run_tool(ctx: StepContext, call: dict[str, Any]) -> dict[str, Any]:
             return await self._run_tool(tool_name, ctx, call)
 
-        name = f"{self.prefix}__tool__{_step_part(tool_name)}"
-        step = _tool_step(self.app, name, policy, policy.queue or tool_queue)(run_tool)
+        name = f"{self.prefix}__tool__{step_part(tool_name)}"
+        step = tool_step(self.app, name, policy, policy.queue or self.tool_queue)(run_tool)
         self.tool_steps[tool_name] = step.name
 
     # --- the saga side -----------------------------------------------------------------------
@@ -392,7 +369,7 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
             model = self.wrapped.model
             if model is None:
                 raise ValidationError(f"agent {self.saga_name!r} has no model")
-            self._saga_model = _SagaModel(self, _profile_model(model))
+            self._saga_model = _SagaModel(self, profile_model(model))
         return self._saga_model
 
     async def run(
@@ -453,7 +430,7 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
                 lambda ms: _messages.ModelMessagesTypeAdapter.dump_python(list(ms), mode="json")
             ),
         )
-        _usage_of(saga)
+        usage_of(saga)
         toolset = BudgetGate(_mcp.saga_toolset(self, CombinedToolset(list(self.wrapped.toolsets))))
         token = current.set(run)
         try:
@@ -492,7 +469,7 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
             # closed (its connection too) when the run ends (the heartbeat raises
             # StepCancelled) or the step's timeout passes: nothing reads, or pays for, the rest
             async with (
-                _timeout(self.model_step.timeout),
+                attempt_timeout(self.model_step.timeout),
                 model.request_stream(messages, settings, params) as streamed,
             ):
                 async for event in streamed:
@@ -531,7 +508,7 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], Generic[DepsT, OutputT]):
             value = await toolset.call_tool(name, args, run_ctx, tool)
         except TOOL_SIGNALS as e:
             return signal_of(e)
-        return {"value": _jsonable(value, f"the result of tool {name!r}")}
+        return {"value": jsonable(value, f"the result of tool {name!r}")}
 
     @property
     def step_names(self) -> list[str]:

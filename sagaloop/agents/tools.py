@@ -300,7 +300,7 @@ class StepTools:
                 results[index] = ToolResult(call_id, name, error=refused, format=fmt)
             return [r for r in results if r is not None]
         _core.charge_tool_calls(ctx, len(valid))
-        if budget is not None or _core._usage_of(ctx).allowance is not None:
+        if budget is not None or _core.usage_of(ctx).allowance is not None:
             _core.publish_usage(ctx, budget)  # a run tree's parent reads the last one
         pending: list[tuple[int, Awaitable[JSON]]] = [
             (index, self._run(ctx, name, args)) for index, name, args in valid

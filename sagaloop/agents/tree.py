@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from sagaloop.agents._core import _usage_of, publish_usage
+from sagaloop.agents._core import publish_usage, usage_of
 from sagaloop.agents.budgets import USAGE_KEY, Budget, Usage
 from sagaloop.engine import history as h
 from sagaloop.errors import ValidationError
@@ -93,7 +93,7 @@ class BudgetTree:
                     f" not {ctx.run_id!r}: start the child with BudgetTree.call or .start"
                 )
             budget = budget.budget
-        _usage_of(ctx).allowance = budget
+        usage_of(ctx).allowance = budget
         publish_usage(ctx, None)
 
     def share(self, ctx: SagaContext, budget: Budget, *, run_id: str | None = None) -> Share:
@@ -101,7 +101,7 @@ class BudgetTree:
         :meth:`call` or :meth:`start`): each of its limits, at most what this run's tree limit
         has left after what the run used and reserved; a limit ``budget`` leaves open gets all
         that is left. The reservation counts as spent until :meth:`settle`."""
-        state = _usage_of(ctx)
+        state = usage_of(ctx)
         limits = budget.model_dump()
         reserved = Usage()
         allowance = state.allowance
@@ -152,7 +152,7 @@ class BudgetTree:
     async def settle(self, ctx: SagaContext, share: Share) -> Usage | None:
         """Read what the child run of ``share`` used (a step: recorded once), and count it in
         place of its reservation. None while the child has not ended: the reservation stays."""
-        state = _usage_of(ctx)
+        state = usage_of(ctx)
         if share.run_id not in state.reserved:
             return None  # settled already, or not this run's
         found = await ctx.call(self.usage_step, share.run_id)

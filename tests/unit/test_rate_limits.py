@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from sagaloop import App, DeclarationError, RetryPolicy, SagaContext, StepContext
-from sagaloop.agents._core import ToolPolicy, _tool_step
+from sagaloop.agents._core import ToolPolicy, tool_step
 from sagaloop.errors import InvalidRateLimit
 from sagaloop.sagas.policy import RateLimit
 from sagaloop.store import tables as t
@@ -71,7 +71,7 @@ def test_keys_are_checked_and_shared_keys_share_one_rate() -> None:
 def test_a_tool_policy_rate_limit_reaches_the_tool_step() -> None:
     app = App("limits")
     policy = ToolPolicy(rate_limit="2/s", rate_key="search-api")
-    step = _tool_step(app, "agent__x__search", policy, "tools")(lambda ctx, call: {"value": 1})
+    step = tool_step(app, "agent__x__search", policy, "tools")(lambda ctx, call: {"value": 1})
     assert step.rate_limit == RateLimit(rate="2/s", key="search-api", per_second=2.0)
 
 

@@ -1,0 +1,88 @@
+"""The options both framework adapters take, written once: ``SagaAgent(agent, app=app,
+**options)`` (:mod:`sagaloop.agents.pydantic_ai`) and ``SagaRunner(app, *agents, **options)``
+(:mod:`sagaloop.agents.openai_agents`). No agent framework is imported."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any, Literal, TypedDict, cast
+
+from sagaloop.agents._core import ToolPolicy
+from sagaloop.agents._model_call import ModelStepOptions
+from sagaloop.agents.budgets import Budget
+from sagaloop.sagas.app import App
+from sagaloop.sagas.policy import RetryPolicy
+
+__all__ = ["AgentOptions", "DurableAdapter"]
+
+
+class AgentOptions(TypedDict, total=False):
+    """How an adapter's steps run and what bounds its agent runs (every key optional).
+
+    - ``model_queue`` (``"model"``), ``model_retry`` (else
+      :data:`~sagaloop.agents.providers.MODEL_RETRY`), ``model_timeout`` (10 minutes an
+      attempt), ``model_rate_limit`` (``"10/s"``: how often model requests start across every
+      worker) and ``model_rate_key`` (agents that call one provider share its quota): the model
+      step (:class:`~sagaloop.agents._model_call.ModelStepOptions`);
+    - ``tool_queue`` (``"tools"``) and ``tools`` (a :class:`~sagaloop.agents.ToolPolicy` by tool
+      name, or ``"mcp:{server}"``): the tool steps;
+    - ``budget``: bounds the agent runs of a saga run (a run's own ``budget=`` comes first);
+    - ``approval_timeout`` and ``on_approval_timeout`` (``"deny"`` or ``"escalate"``): how long
+      a tool that needs approval waits for a person;
+    - ``stream``: the worker streams the model's events to the run's live channel.
+    """
+
+    model_queue: str
+    model_retry: RetryPolicy | None
+    model_timeout: timedelta | None
+    model_rate_limit: str | None
+    model_rate_key: str | None
+    tool_queue: str
+    tools: Mapping[str, ToolPolicy] | None
+    budget: Budget | None
+    approval_timeout: timedelta | None
+    on_approval_timeout: Literal["deny", "escalate"]
+    stream: bool
+
+
+_MODEL_STEP = {
+    "model_queue": "queue",
+    "model_retry": "retry",
+    "model_timeout": "timeout",
+    "model_rate_limit": "rate_limit",
+    "model_rate_key": "rate_key",
+}
+"""The keys of :class:`AgentOptions` that are fields of :class:`ModelStepOptions`."""
+
+
+class DurableAdapter:
+    """What both adapters keep of their :class:`AgentOptions`."""
+
+    app: App
+    budget: Budget | None
+    approval_timeout: timedelta | None
+    on_approval_timeout: Literal["deny", "escalate"]
+    stream: bool
+    tool_queue: str
+    model_options: ModelStepOptions
+
+    def _take_options(self, app: App, options: AgentOptions) -> dict[str, ToolPolicy]:
+        """Keep ``options`` (refusing a key that is not one); returns a copy of the given tool
+        policies, which the adapter's declaration consumes."""
+        given = cast(Mapping[str, Any], options)
+        unknown = sorted(set(given) - set(AgentOptions.__annotations__))
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__}() got an unexpected keyword argument {unknown[0]!r}"
+            )
+        self.app = app
+        self.budget = options.get("budget")
+        self.approval_timeout = options.get("approval_timeout")
+        self.on_approval_timeout = options.get("on_approval_timeout", "deny")
+        self.stream = options.get("stream", False)
+        self.tool_queue = options.get("tool_queue", "tools")
+        self.model_options = ModelStepOptions(
+            **{field: given[key] for key, field in _MODEL_STEP.items() if key in given}
+        )
+        return dict(options.get("tools") or {})
