@@ -33,7 +33,10 @@ def test_readme_has_blocks() -> None:
 
 
 TEST_REF = re.compile(r"`(tests/[\w/]+\.py|[A-Z]\w*)?(?:::(\w+))?`")
-CONTRACTS = [ROOT / "sagaloop/testing/contracts.py", ROOT / "sagaloop/testing/store_contract.py"]
+CONTRACTS = [
+    ROOT / "sagaloop/testing/contracts.py",
+    *ROOT.glob("sagaloop/testing/store_contract/*.py"),
+]
 
 
 def test_every_test_the_guarantees_page_names_exists() -> None:
