@@ -29,6 +29,7 @@ from sagaloop.engine.messages import (
     Envelope,
     EventPayload,
     StartPayload,
+    StepReply,
     engine_queue,
     inbox_key,
     parse_payload,
@@ -388,14 +389,10 @@ class Engine:
         return [triggers, then]
 
     def _on_step_result(self, env: Envelope, run: RunRecord) -> list[Triggers]:
-        pos, attempt, reply = env.position, env.attempt, env.payload
+        pos, attempt = env.position, env.attempt
         if pos is None or attempt is None:
             raise MessageError("step_result needs position and attempt")
-        error = reply.get("error")
-        if not isinstance(error, dict | None) or (
-            reply.get("outcome") == "halted" and not isinstance(error, dict)
-        ):
-            raise MessageError("invalid step_result payload: error must be an object")
+        reply = StepReply.parse(env)
         return [
             lambda st: decide.result_events(self.app, st, pos, attempt, reply, now=self.clock.now())
         ]

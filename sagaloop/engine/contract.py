@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sagaloop.engine.messages import Direction as Direction
 from sagaloop.engine.messages import derived_id
 
 if TYPE_CHECKING:
     from sagaloop.sagas.app import StepDef
 
-DO = "do"
-UNDO = "undo"
+
+DO = Direction.DO
+UNDO = Direction.UNDO
 UNENCODABLE_RESULT = "UnencodableResult"
 """The error type of an attempt whose result could not be stored or sent (list it in a retry
 policy's ``non_retryable_errors`` to fail such a step at once)."""

@@ -17,9 +17,24 @@ from typing import Any
 
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
-from sagaloop.engine.contract import DO, UNDO, halts_in_doubt, idempotency_key, task_message_id
+from sagaloop.engine.contract import (
+    DO,
+    UNDO,
+    Direction,
+    halts_in_doubt,
+    idempotency_key,
+    task_message_id,
+)
 from sagaloop.engine.history import Event, NewEvent
-from sagaloop.engine.messages import Envelope, derived_id, engine_queue, local_queue, step_queue
+from sagaloop.engine.messages import (
+    Envelope,
+    StepReply,
+    StepTask,
+    derived_id,
+    engine_queue,
+    local_queue,
+    step_queue,
+)
 from sagaloop.engine.ports import Outgoing, RunRecord, Timer
 from sagaloop.engine.state import RunState
 from sagaloop.errors import ActivationDeadlineError, ErrorInfo, NonDeterminismError
@@ -63,30 +78,29 @@ def delay(policy: RetryPolicy, attempt: int, error: ErrorInfo) -> timedelta:
 
 
 def result_events(
-    app: App, st: RunState, pos: int, attempt: int, reply: dict[str, Any], *, now: datetime
+    app: App, st: RunState, pos: int, attempt: int, reply: StepReply, *, now: datetime
 ) -> list[NewEvent]:
-    """The events a step's reply (a ``step_result`` payload) records: its completion, its
-    halt, or what its failure leads to (see :func:`failure_events`); none for a late or
-    duplicate reply."""
+    """The events a step's reply records: its completion, its halt, or what its failure leads
+    to (see :func:`failure_events`); none for a late or duplicate reply."""
     step_state = st.steps.get(pos)
     if step_state is None:
         return []
-    direction, outcome = reply.get("direction", DO), reply.get("outcome")
-    worker = {"worker": reply.get("worker")}
+    direction, outcome = reply.direction, reply.outcome
+    worker = {"worker": reply.worker}
     name = step_state.name
     if direction == DO:
         if step_state.status not in s.IN_FLIGHT or step_state.attempt != attempt:
             return []  # a late or duplicate reply
         if outcome == "completed":
-            data = {"result": reply.get("result"), "reconciled": bool(reply.get("reconciled"))}
-            took = reply.get("took_s")
-            if data["reconciled"] and isinstance(took, int | float):  # the attempt's time
-                data["took_s"] = took  # (not the lease a dead worker's message waited)
+            data = {"result": reply.result, "reconciled": reply.reconciled}
+            if reply.reconciled and reply.took_s is not None:  # the attempt's time
+                data["took_s"] = reply.took_s  # (not the lease a dead worker's message waited)
             return [NewEvent(h.STEP_COMPLETED, pos, name, {**data, **worker})]
         if outcome == "halted":
-            reason = str(reply["error"].get("message"))
+            assert reply.error is not None  # a halted reply says why (StepReply checks)
+            reason = str(reply.error.get("message"))
             return [
-                NewEvent(h.STEP_HALTED, pos, name, {"error": reply["error"], **worker}),
+                NewEvent(h.STEP_HALTED, pos, name, {"error": reply.error, **worker}),
                 NewEvent(h.RUN_PARKED, pos, name, {"reason": reason}),
             ]
     else:
@@ -95,12 +109,13 @@ def result_events(
         if outcome == "completed":
             return [NewEvent(h.COMPENSATION_COMPLETED, pos, name, {**worker})]
         if outcome == "halted":  # the worker gave up on the message: `retry` undoes again
-            reason = f"compensation of step {name!r}: {reply['error'].get('message')}"
+            assert reply.error is not None
+            reason = f"compensation of step {name!r}: {reply.error.get('message')}"
             return [
-                NewEvent(h.COMPENSATION_FAILED, pos, name, {"error": reply["error"], **worker}),
+                NewEvent(h.COMPENSATION_FAILED, pos, name, {"error": reply.error, **worker}),
                 NewEvent(h.RUN_PARKED, pos, name, {"reason": reason}),
             ]
-    error = ErrorInfo.from_json(reply.get("error") or {"type": "Error", "message": "?"})
+    error = ErrorInfo.from_json(reply.error or {"type": "Error", "message": "?"})
     cancelling = st.cancel_reason is not None
     return failure_events(
         app, step_state, direction, attempt, error, worker, now=now, cancelling=cancelling
@@ -505,7 +520,7 @@ def dispatch(
     app: App,
     st: RunState,
     pos: int,
-    direction: str,
+    direction: Direction,
     attempt: int,
     force: bool,
     effects: Effects,
@@ -530,19 +545,16 @@ def dispatch(
         reason = f"step {step_state.name!r} is not registered in app {app.name!r}"
         return [NewEvent(h.RUN_PARKED, data={"reason": reason})]
     in_doubt = step_state.in_doubt if direction == DO else step_state.comp_in_doubt
-    payload: dict[str, Any] = {
-        "step": step.name,
-        "direction": direction,
-        "args": step_state.args,
-        "in_doubt": in_doubt,
-    }
+    given: dict[str, Any] = {}  # the keys that travel only when they say something
     if direction == UNDO:
-        payload["result"] = step_state.result if step_state.status == s.DONE else None
+        given["result"] = step_state.result if step_state.status == s.DONE else None
     elif step.schedule_to_close is not None:
-        deadline = step_state.scheduled_at + step.schedule_to_close
-        payload["schedule_deadline"] = deadline.isoformat()
+        given["schedule_deadline"] = step_state.scheduled_at + step.schedule_to_close
     if force:
-        payload["force"] = True
+        given["force"] = True
+    payload = StepTask(
+        step=step.name, direction=direction, args=step_state.args, in_doubt=in_doubt, **given
+    )
     task = Envelope(
         type="step",
         message_id=task_message_id(st.run_id, pos, direction, attempt),
@@ -551,7 +563,7 @@ def dispatch(
         position=pos,
         attempt=attempt,
         idempotency_key=idempotency_key(st.run_id, pos, direction),
-        payload=payload,
+        payload=payload.to_payload(),
         created_at=now,
         trace=effects.trace,
     )

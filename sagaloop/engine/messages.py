@@ -7,10 +7,18 @@ import hashlib
 import json
 import uuid
 from datetime import UTC, datetime
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any, Literal, Self
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from sagaloop import tracing
 from sagaloop.errors import MessageError
@@ -190,9 +198,89 @@ class EventMessage(Envelope):
     payload: EventPayload  # type: ignore[assignment]
 
 
-def step_result(task: Envelope, reply: dict[str, Any], now: datetime) -> Envelope:
+class Direction(StrEnum):
+    """Which way a step message goes: the step itself, or its compensation. A member is its
+    string, on the wire and in the store (``sagaloop.engine.contract`` has ``DO``/``UNDO``)."""
+
+    DO = "do"
+    UNDO = "undo"
+
+
+class Outcome(StrEnum):
+    """How a step attempt ended, in its ``step_result``."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    HALTED = "halted"
+    """Not run, or given up on: the run is parked until a person retries it."""
+
+
+class InternalPayload(BaseModel):
+    """The payload of a message only sagaloop's own processes send: built with the model, put
+    on the wire as the keys that were set (:meth:`to_payload`), so its JSON is what a dict
+    built by hand gave; read back with :meth:`parse`, which refuses a malformed one with a
+    ``MessageError`` as :func:`parse_payload` does. Unknown keys are ignored, not refused: in a
+    rolling upgrade a newer engine may add a field, and an older worker must not dead-letter
+    its messages for it."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    @classmethod
+    def parse(cls, env: Envelope) -> Self:
+        """The payload of ``env``; ``MessageError`` if it is not one of these."""
+        result: Self = parse_payload(cls, env)
+        return result
+
+    def to_payload(self) -> dict[str, Any]:
+        """The wire form: the fields that were set, in their declared order."""
+        return self.model_dump(exclude_unset=True)
+
+
+class StepTask(InternalPayload):
+    """The payload of a ``step`` message: one attempt of a step (``direction`` do) or of its
+    compensation (undo). Only the keys the engine sets travel: ``result`` (the step's result,
+    or None) with an undo, ``schedule_deadline`` when the step has a ``schedule_to_close``,
+    ``force`` when a ``retry`` forces an attempt in doubt to run again."""
+
+    step: str
+    direction: Direction = Direction.DO
+    args: dict[str, Any] = Field(default_factory=dict)
+    in_doubt: bool = False
+    result: Any = None
+    schedule_deadline: datetime | None = None
+    force: bool = False
+
+    @field_serializer("schedule_deadline")
+    def _iso(self, value: datetime | None) -> str | None:
+        return None if value is None else value.isoformat()  # as the engine always wrote it
+
+
+class StepReply(InternalPayload):
+    """The payload of a ``step_result``: how an attempt ended (``outcome`` completed, failed
+    or halted), with the step's JSON ``result`` or the ``error`` (an ``ErrorInfo``'s JSON, which
+    a halted reply must have), whether a reconcile found an earlier attempt's effect
+    (``reconciled``) or an undo had nothing to undo (``skipped``), and what the attempt took."""
+
+    direction: Direction = Direction.DO
+    worker: str | None = None
+    outcome: Outcome
+    result: Any = None
+    reconciled: bool = False
+    skipped: bool = False
+    error: dict[str, Any] | None = None
+    took_s: int | float | None = None
+
+    @model_validator(mode="after")
+    def _halted_says_why(self) -> Self:
+        if self.outcome == Outcome.HALTED and self.error is None:
+            raise ValueError("a halted reply needs its error (an object)")
+        return self
+
+
+def step_result(task: Envelope, reply: StepReply | dict[str, Any], now: datetime) -> Envelope:
     """The engine's reply to a step message. Its id derives from the task's, so a reply sent
-    again for a redelivered task is recognised by the engine's inbox."""
+    again for a redelivered task is recognised by the engine's inbox. (A dict is a reply
+    payload built by hand: ``sagaloop.outbox`` still builds its own.)"""
     return Envelope(
         type="step_result",
         message_id=derived_id("result", task.message_id),
@@ -201,7 +289,7 @@ def step_result(task: Envelope, reply: dict[str, Any], now: datetime) -> Envelop
         position=task.position,
         attempt=task.attempt,
         idempotency_key=task.idempotency_key,
-        payload=reply,
+        payload=reply.to_payload() if isinstance(reply, StepReply) else reply,
         created_at=now,
         trace=task.trace,  # back to the activation that sent the task (its next one links it)
     )

@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from sagaloop import tracing
-from sagaloop.engine.messages import CONTENT_TYPE, INTERNAL_TYPES, Envelope
+from sagaloop.engine.messages import CONTENT_TYPE, INTERNAL_TYPES, Envelope, StepReply
 from sagaloop.engine.ports import Delivery, Store
 from sagaloop.errors import MessageError, StoreError, TransientStoreError
 
@@ -86,13 +86,13 @@ class Troubles:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: collections.OrderedDict[str, list[int]] = collections.OrderedDict()
-        self._replies: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        self._replies: collections.OrderedDict[str, StepReply] = collections.OrderedDict()
 
-    def reply(self, key: str) -> dict[str, Any] | None:
+    def reply(self, key: str) -> StepReply | None:
         with self._lock:
             return self._replies.get(key)
 
-    def keep(self, key: str, reply: dict[str, Any]) -> None:
+    def keep(self, key: str, reply: StepReply) -> None:
         with self._lock:
             self._replies[key] = reply
             self._replies.move_to_end(key)

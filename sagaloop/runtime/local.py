@@ -23,7 +23,8 @@ import logging
 import threading
 from typing import Any
 
-from sagaloop.engine.messages import Envelope, step_result
+from sagaloop.engine.contract import UNDO
+from sagaloop.engine.messages import Envelope, StepReply, StepTask, step_result
 from sagaloop.engine.ports import Delivery
 from sagaloop.runtime.consumers import EngineConsumer
 from sagaloop.runtime.crashpoints import crash_point
@@ -48,10 +49,10 @@ class LocalWorker(WorkerConsumer):
         self._ready_lock = threading.Lock()
 
     def _store(
-        self, delivery: Delivery, env: Envelope, key: str, reply: dict[str, Any] | None
+        self, delivery: Delivery, env: Envelope, task: StepTask, key: str, reply: StepReply | None
     ) -> None:
-        if reply is None or not self._checkpoint(_Checkpoint(delivery, env, key, reply)):
-            super()._store(delivery, env, key, reply)
+        if reply is None or not self._checkpoint(_Checkpoint(delivery, env, task, key, reply)):
+            super()._store(delivery, env, task, key, reply)
 
     def _checkpoint(self, mine: _Checkpoint) -> bool:
         """Checkpoint ``mine``, with whatever else is ready; True once it is committed, False
@@ -85,7 +86,7 @@ class LocalWorker(WorkerConsumer):
                     one.done = False
                     logger.debug(
                         "in-process step %s of run %s: its reply goes to the engine queue (%s)",
-                        one.env.payload.get("step"),
+                        one.task.step,
                         one.env.run_id,
                         e,
                     )
@@ -109,12 +110,14 @@ class LocalWorker(WorkerConsumer):
                 for c, plan in zip(group, plans, strict=True):
                     if plan.rejected is not None:
                         raise _NotHere(plan.rejected)
-                    if not self.store.inbox_put(tx, WORKER_CONSUMER, c.key, c.reply, now):
+                    if not self.store.inbox_put(
+                        tx, WORKER_CONSUMER, c.key, c.reply.to_payload(), now
+                    ):
                         raise _NotHere("a copy of the message stored its reply already")
                     engine.apply(tx, plan, inbox=False)  # the reply's own inbox row is above
                     c.delivery.settle(tx)
                 for c in group:
-                    undo = c.env.payload.get("direction") == "undo"
+                    undo = c.task.direction == UNDO
                     crash_point("local.undo_before_commit" if undo else "local.before_commit")
         except BaseException:
             engine.rolled_back()
@@ -130,8 +133,9 @@ class _Checkpoint:
 
     delivery: Delivery
     env: Envelope
+    task: StepTask
     key: str
-    reply: dict[str, Any]
+    reply: StepReply
     done: bool | None = None
     """Set under the engine's lock: True, committed; False, to be queued instead."""
 

@@ -31,7 +31,7 @@ from typing import Any
 from sagaloop import tracing
 from sagaloop.engine.contract import DO, UNENCODABLE_RESULT, halts_in_doubt, idempotency_key
 from sagaloop.engine.history import Event
-from sagaloop.engine.messages import Envelope
+from sagaloop.engine.messages import Envelope, Outcome, StepReply, StepTask
 from sagaloop.engine.streams import Streams
 from sagaloop.errors import (
     ErrorInfo,
@@ -50,6 +50,7 @@ from sagaloop.sagas.context import StepContext
 from sagaloop.sagas.convert import ANY
 
 logger = logging.getLogger("sagaloop.step")
+COMPLETED, FAILED, HALTED = Outcome.COMPLETED, Outcome.FAILED, Outcome.HALTED
 
 
 class StepTimeoutError(SagaloopError):
@@ -80,6 +81,7 @@ class _StepContext(StepContext):
         beat: Beat | None = None,
         history: History | None = None,
         streams: Streams | None = None,
+        schedule_deadline: datetime | None = None,
     ) -> None:
         self._beat = beat
         self._streams = streams
@@ -89,11 +91,10 @@ class _StepContext(StepContext):
         self.abandoned = False
         """Set when the attempt ran past its timeout: its outcome is dropped, and
         ``heartbeat()`` tells it to stop."""
-        deadline = task.payload.get("schedule_deadline")
         self.deadline: float | None = None
         """When all attempts must be over (monotonic), from the step's ``schedule_to_close``."""
-        if isinstance(deadline, str):
-            left = (datetime.fromisoformat(deadline) - datetime.now(UTC)).total_seconds()
+        if schedule_deadline is not None:
+            left = (schedule_deadline - datetime.now(UTC)).total_seconds()
             self.deadline = time.monotonic() + left
         self.run_id = task.run_id
         self.saga = task.saga or ""
@@ -186,6 +187,23 @@ def _what(step: StepDef[Any, Any], direction: str) -> str:
 def _attempt_of(step: StepDef[Any, Any], attempt: int) -> str:
     limit = step.retry.max_attempts
     return f"attempt {attempt} of {limit}" if limit is not None else f"attempt {attempt}, no limit"
+
+
+def _error_of(step: StepDef[Any, Any], e: BaseException) -> ErrorInfo:
+    """What a failed attempt's reply says of ``e``: a result that could not be stored or sent
+    (the body ran, so the next attempt is in doubt); arguments or a result that do not match
+    the step's types (not retryable); else whatever step code raised, with its traceback."""
+    if isinstance(e, UnencodableError):
+        info = ErrorInfo.from_exception(e)
+        info.type = UNENCODABLE_RESULT
+    elif isinstance(e, ValidationError):
+        info = ErrorInfo.from_exception(e)
+        info.non_retryable = True
+    else:
+        info = ErrorInfo.from_exception(e, with_traceback=True, called=_code_of(step))
+        if not info.message:
+            info.message = f"{info.type} raised by step {step.name!r}"
+    return info
 
 
 def _log_failure(
@@ -286,73 +304,67 @@ class StepRunner:
 
     def run(
         self,
-        task: Envelope,
+        env: Envelope,
         *,
         redelivered: bool = False,
         inline: bool = False,
         beat: Beat | None = None,
-    ) -> dict[str, Any]:
-        """Run one attempt and return the ``step_result`` payload, in the attempt's span
-        (``sagaloop.step`` or ``sagaloop.compensation``: see ``tracing``)."""
-        step = self.app.get_step(str(task.payload.get("step")))
+        task: StepTask | None = None,
+    ) -> StepReply:
+        """Run one attempt of the step message ``env`` (``task``: its payload, if the caller
+        parsed it already; a malformed one raises ``MessageError``) and return its reply, in
+        the attempt's span (``sagaloop.step`` or ``sagaloop.compensation``: see ``tracing``)."""
+        task = task or StepTask.parse(env)
+        step = self.app.get_step(task.step)
         if step is None:
-            raise UnknownStepError(str(task.payload.get("step")))
-        with tracing.step_attempt(task) as span:
-            reply = self._attempt(task, step, redelivered, inline, beat)
-            span.done(reply)
+            raise UnknownStepError(task.step)
+        with tracing.step_attempt(env) as span:
+            reply = self._attempt(env, task, step, redelivered, inline, beat)
+            span.done(reply.to_payload())
         return reply
 
     def _attempt(
         self,
-        task: Envelope,
+        env: Envelope,
+        task: StepTask,
         step: StepDef[Any, Any],
         redelivered: bool,
         inline: bool,
         beat: Beat | None,
-    ) -> dict[str, Any]:
-        p = task.payload
-        direction = p.get("direction", DO)
-        in_doubt = bool(p.get("in_doubt")) or redelivered
+    ) -> StepReply:
+        direction = task.direction
+        in_doubt = task.in_doubt or redelivered
         inline = inline or self.inline
-        ctx = _StepContext(task, step, in_doubt, beat, self.history, self.streams)
-        reply: dict[str, Any] = {"direction": direction, "worker": self.worker}
+        ctx = _StepContext(
+            env, step, in_doubt, beat, self.history, self.streams, task.schedule_deadline
+        )
         started = time.monotonic()
         try:
-            args = step.signature.args_from_json(p.get("args", {}), what=f"step {step.name!r}")
+            args = step.signature.args_from_json(task.args, what=f"step {step.name!r}")
             if direction == DO:
-                reply.update(self._do(step, ctx, args, in_doubt, bool(p.get("force")), inline))
+                done = self._do(step, ctx, args, in_doubt, task.force, inline)
             else:
-                reply.update(self._undo(step, ctx, args, p.get("result"), in_doubt, inline))
-        except UnencodableError as e:  # the body ran, so the next attempt is in doubt
-            info = ErrorInfo.from_exception(e)
-            info.type = UNENCODABLE_RESULT
-            _log_failure(ctx, step, direction, info, e)
-            reply.update(outcome="failed", error=info.to_json())
-        except ValidationError as e:
-            info = ErrorInfo.from_exception(e)
-            info.non_retryable = True
-            _log_failure(ctx, step, direction, info, e)
-            reply.update(outcome="failed", error=info.to_json())
+                done = self._undo(step, ctx, args, task.result, in_doubt, inline)
         except (CrashPointRaised, AttemptNotStarted):
             raise  # a simulated death of the process (tests), or nothing ran: no reply
         except BaseException as e:  # step code's, whatever it raises: see the module's doc
-            info = ErrorInfo.from_exception(e, with_traceback=True, called=_code_of(step))
-            if not info.message:
-                info.message = f"{info.type} raised by step {step.name!r}"
+            info = _error_of(step, e)
             _log_failure(ctx, step, direction, info, e)
-            reply.update(outcome="failed", error=info.to_json())
-        else:
-            # what the attempt itself took: a reconciled step's duration (the message may have
-            # waited out a dead worker's lease first)
-            reply["took_s"] = round(time.monotonic() - started, 6)
-            ctx.logger.debug(
-                "run %s: %s %s (%s) in %.3f s",
-                ctx.run_id,
-                _what(step, direction),
-                "skipped" if reply.get("skipped") else reply.get("outcome"),
-                _attempt_of(step, ctx.attempt),
-                time.monotonic() - started,
+            return StepReply(
+                direction=direction, worker=self.worker, outcome=FAILED, error=info.to_json()
             )
+        # what the attempt itself took: a reconciled step's duration (the message may have
+        # waited out a dead worker's lease first)
+        took = time.monotonic() - started
+        reply = StepReply(direction=direction, worker=self.worker, **done, took_s=round(took, 6))
+        ctx.logger.debug(
+            "run %s: %s %s (%s) in %.3f s",
+            ctx.run_id,
+            _what(step, direction),
+            "skipped" if reply.skipped else reply.outcome,
+            _attempt_of(step, ctx.attempt),
+            took,
+        )
         return reply
 
     def _do(
@@ -377,7 +389,7 @@ class StepRunner:
                     )
                     what = f"reconciled result of step {step.name!r}"
                     result = step.result.to_json(found, what=what)
-                    return {"outcome": "completed", "result": result, "reconciled": True}
+                    return {"outcome": COMPLETED, "result": result, "reconciled": True}
                 ctx.logger.info(
                     "run %s: step %r in doubt (attempt %d): its reconcile found no effect of "
                     "an earlier attempt; running it",
@@ -398,7 +410,7 @@ class StepRunner:
                     step.name,
                     ctx.attempt,
                 )
-                return {"outcome": "halted", "error": ErrorInfo("InDoubt", reason).to_json()}
+                return {"outcome": HALTED, "error": ErrorInfo("InDoubt", reason).to_json()}
             else:
                 ctx.logger.debug(
                     "run %s: step %r in doubt (attempt %d): idempotent, so run again",
@@ -416,7 +428,7 @@ class StepRunner:
             )
         value = self._call(step, inline, step.fn, ctx, **args)
         return {
-            "outcome": "completed",
+            "outcome": COMPLETED,
             "result": step.result.to_json(value, what=f"result of step {step.name!r}"),
         }
 
@@ -440,9 +452,9 @@ class StepRunner:
             look_up.idempotency_key = idempotency_key(ctx.run_id, ctx.position, DO)
             result = self._call(step, inline, step.reconcile_fn, look_up, **args)
             if result is None:
-                return {"outcome": "completed", "result": None, "skipped": True}
+                return {"outcome": COMPLETED, "result": None, "skipped": True}
         self._call(step, inline, step.compensation_fn, ctx, *args.values(), result)
-        return {"outcome": "completed", "result": None}
+        return {"outcome": COMPLETED, "result": None}
 
     def _call(
         self, step: StepDef[Any, Any], inline: bool, fn: Callable[..., Any], *a: Any, **kw: Any

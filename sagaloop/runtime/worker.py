@@ -16,12 +16,21 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sagaloop.engine import state as s
-from sagaloop.engine.contract import DO, UNENCODABLE_RESULT
-from sagaloop.engine.messages import Envelope, engine_queue, inbox_key, step_result
+from sagaloop.engine.contract import DO, UNDO, UNENCODABLE_RESULT
+from sagaloop.engine.messages import (
+    Envelope,
+    Outcome,
+    StepReply,
+    StepTask,
+    engine_queue,
+    inbox_key,
+    step_result,
+)
 from sagaloop.engine.ports import Clock, Delivery, HeldSlot, Outgoing, Store
 from sagaloop.errors import (
     BrokerError,
     ErrorInfo,
+    MessageError,
     StepCancelled,
     StoreError,
     TransientStoreError,
@@ -120,12 +129,17 @@ class WorkerConsumer:
         if env.type != "step":
             delivery.dead_letter(f"message type {env.type!r} is not for a worker")
             return
+        try:
+            task = StepTask.parse(env)
+        except MessageError as e:
+            delivery.dead_letter(e.reason)
+            return
         key = inbox_key(self.app.name, env)
         try:
-            done, reply = self.store.inbox_get(None, WORKER_CONSUMER, key)
-            if not done:
-                reply = self._troubles.reply(key) or self._attempt(delivery, env, key)
-            self._commit(delivery, env, key, None if done else reply)
+            reply: StepReply | None = None
+            if not self.store.inbox_get(None, WORKER_CONSUMER, key)[0]:
+                reply = self._troubles.reply(key) or self._attempt(delivery, env, task, key)
+            self._commit(delivery, env, task, key, reply)
         except UnknownStepError as e:
             delivery.dead_letter(str(e))
         except _CopyRunning as e:
@@ -145,15 +159,15 @@ class WorkerConsumer:
             log_failure(what, e, run_extra(env))
             delivery.retry_later(RETRY_DELAY)
         except Exception as e:
-            self._failed(delivery, env, key, e)
+            self._failed(delivery, env, task, key, e)
         else:
             self._troubles.forget(key)
             delivery.ack()
 
-    def _attempt(self, delivery: Delivery, env: Envelope, key: str) -> dict[str, Any]:
+    def _attempt(self, delivery: Delivery, env: Envelope, task: StepTask, key: str) -> StepReply:
         """Run the attempt (or answer ``halted`` to a message in a crash loop) and keep the
         reply until it is stored."""
-        step = self.app.get_step(str(env.payload.get("step")))
+        step = self.app.get_step(task.step)
         limit = step.rate_limit if step is not None else None
         deliveries, held = delivery.deliveries, None
         if limit is not None and deliveries > 1:
@@ -164,33 +178,33 @@ class WorkerConsumer:
         redelivered = deliveries > 1 or (held is not None and (held.in_doubt or not held.fresh))
         if self._troubles.unanswered(key, deliveries) >= 2 * self.max_failures:
             reply = self._halted(
-                env,
+                task,
                 ErrorInfo(
                     "RepeatedFailure",
-                    f"step {env.payload.get('step')!r}: its message was delivered "
+                    f"step {task.step!r}: its message was delivered "
                     f"{delivery.deliveries} times without being answered (did the worker die "
                     "while running it? out of memory?), so it was not run again. Fix the "
                     f"cause, then `sagaloop retry {env.run_id}`.",
                 ),
             )
         else:
-            slot = None if limit is None else self._slot(env, key, limit, held, redelivered)
-            earlier = self._start(env, key, redelivered)
+            slot = None if limit is None else self._slot(env, task, key, limit, held, redelivered)
+            earlier = self._start(env, task, key, redelivered)
             try:
                 with self._keep_alive.hold(delivery):
                     if limit is not None and slot is not None:
-                        self._wait_for(env, limit, slot)  # the last thing before the body
+                        self._wait_for(env, task, limit, slot)  # the last thing before the body
                     beat = _Heartbeat(self.store, delivery, env.run_id)
                     redelivered = redelivered or earlier
-                    reply = self.runner.run(env, redelivered=redelivered, beat=beat)
+                    reply = self.runner.run(env, redelivered=redelivered, beat=beat, task=task)
             finally:
                 with self._running_lock:
                     self._running.discard(key)
-            reply = _storable_reply(env, reply)
+            reply = _storable_reply(task, reply)
         self._troubles.keep(key, reply)
         return reply
 
-    def _wait_for(self, env: Envelope, limit: RateLimit, slot: datetime) -> None:
+    def _wait_for(self, env: Envelope, task: StepTask, limit: RateLimit, slot: datetime) -> None:
         """Wait for ``slot``. A thread that wakes up too late to start within it (the machine
         was busy) leaves it as a gap and waits for the next free one, so that starts never
         bunch up; after ``LATE_WAKES`` such tries it starts anyway."""
@@ -203,7 +217,7 @@ class WorkerConsumer:
                 return
             logger.debug(
                 "step %r of run %s woke %.3f s after its slot of %s: taking the next one",
-                env.payload.get("step"),
+                task.step,
                 env.run_id,
                 late,
                 limit.key,
@@ -212,7 +226,13 @@ class WorkerConsumer:
             slot = self.store.reserve_slot(limit.key, limit.interval, self.clock.now())
 
     def _slot(
-        self, env: Envelope, key: str, limit: RateLimit, held: HeldSlot | None, in_doubt: bool
+        self,
+        env: Envelope,
+        task: StepTask,
+        key: str,
+        limit: RateLimit,
+        held: HeldSlot | None,
+        in_doubt: bool,
     ) -> datetime:
         """The start slot of this attempt in the step's rate limit, at most ``rate_wait`` away
         (the thread waits for it: :meth:`_wait_for`); a slot further away gives the message
@@ -235,13 +255,13 @@ class WorkerConsumer:
             back = min(timedelta(seconds=wait - bound / 2), MAX_GIVE_BACK)  # then waits here
             raise _GiveBack(
                 back,
-                f"step {env.payload.get('step')!r} of run {env.run_id}: its rate limit "
+                f"step {task.step!r} of run {env.run_id}: its rate limit "
                 f"{limit.rate} ({limit.key}) gives it a slot in {wait:.2f} s: back in "
                 f"{back.total_seconds():.2f} s",
             )
         return slot
 
-    def _start(self, env: Envelope, key: str, redelivered: bool) -> bool:
+    def _start(self, env: Envelope, task: StepTask, key: str, redelivered: bool) -> bool:
         """Before the body of a guarded step runs (``idempotent=False`` or a reconcile, doing
         it), record that this attempt starts, so that a *copy* of its message (a relay that
         died after publishing and before deleting its outbox row publishes it again) knows it
@@ -250,8 +270,8 @@ class WorkerConsumer:
         first delivery, within its lease: the step's timeout plus the lease), so the copy comes
         back later. A redelivered message does not wait: the broker gave it back because its
         holder died, and it is in doubt at once, as before."""
-        step = self.app.get_step(str(env.payload.get("step")))
-        if step is None or env.payload.get("direction", DO) != DO:
+        step = self.app.get_step(task.step)
+        if step is None or task.direction != DO:
             return False
         if step.idempotent and step.reconcile_fn is None:
             return False  # at least once anyway: nothing to guard
@@ -283,12 +303,12 @@ class WorkerConsumer:
             raise
 
     def _commit(
-        self, delivery: Delivery, env: Envelope, key: str, reply: dict[str, Any] | None
+        self, delivery: Delivery, env: Envelope, task: StepTask, key: str, reply: StepReply | None
     ) -> None:
         """Store ``reply`` (None: it is stored already) and queue it, settling the message. A
         reply the database refuses (not an outage) is replaced by a failed reply."""
         try:
-            self._store(delivery, env, key, reply)
+            self._store(delivery, env, task, key, reply)
         except StoreError as e:
             if reply is None or isinstance(e, TransientStoreError):
                 raise
@@ -301,32 +321,35 @@ class WorkerConsumer:
             )
             failed = ErrorInfo(
                 "UnstorableResult",
-                f"the outcome of step {env.payload.get('step')!r} could not be stored: "
+                f"the outcome of step {task.step!r} could not be stored: "
                 f"{ErrorInfo.from_exception(e).message}",
             )
-            reply = {**_base(reply), "outcome": "failed", "error": failed.to_json()}
+            reply = _failed_instead(reply, failed)
             self._troubles.keep(key, reply)
-            self._store(delivery, env, key, reply)
+            self._store(delivery, env, task, key, reply)
 
     def _store(
-        self, delivery: Delivery, env: Envelope, key: str, reply: dict[str, Any] | None
+        self, delivery: Delivery, env: Envelope, task: StepTask, key: str, reply: StepReply | None
     ) -> None:
         with self.store.transaction() as tx:
             ran = reply is not None and self.store.inbox_put(
-                tx, WORKER_CONSUMER, key, reply, self.clock.now()
+                tx, WORKER_CONSUMER, key, reply.to_payload(), self.clock.now()
             )
             if reply is None or not ran:
-                _, reply = self.store.inbox_get(tx, WORKER_CONSUMER, key)
+                _, stored = self.store.inbox_get(tx, WORKER_CONSUMER, key)
+                reply = StepReply.model_validate(stored)  # as this worker (or a copy) built it
             now = self.clock.now()
             result = step_result(env, reply, now)
             self.store.enqueue(tx, [Outgoing(self.reply_queue, result)], now)
             delivery.settle(tx)
             if ran:  # a copy whose reply was stored already ran nothing: no effect cut off
-                undo = env.payload.get("direction") == "undo"
+                undo = task.direction == UNDO
                 crash_point("worker.undo_before_commit" if undo else "worker.before_commit")
         crash_point("worker.after_commit")
 
-    def _failed(self, delivery: Delivery, env: Envelope, key: str, exc: Exception) -> None:
+    def _failed(
+        self, delivery: Delivery, env: Envelope, task: StepTask, key: str, exc: Exception
+    ) -> None:
         """A failure that is no outage: retry it a few times, then answer ``halted``."""
         what = f"worker failed on message {env.message_id} (run {env.run_id})"
         failures = self._troubles.give_up(
@@ -340,14 +363,14 @@ class WorkerConsumer:
         cause = ErrorInfo.from_exception(exc, with_traceback=True)
         error = ErrorInfo(
             "RepeatedFailure",
-            f"step {env.payload.get('step')!r}: processing its message failed {failures} times "
+            f"step {task.step!r}: processing its message failed {failures} times "
             f"({cause.type}: {cause.message}). Fix the cause, then `sagaloop retry "
             f"{env.run_id}`.",
             traceback=cause.traceback,
         )
-        reply = self._halted(env, error)
+        reply = self._halted(task, error)
         try:
-            self._store(delivery, env, key, reply)
+            self._store(delivery, env, task, key, reply)
         except BrokerError as e:
             logger.warning("%s", e)
         except Exception as e:
@@ -358,28 +381,32 @@ class WorkerConsumer:
             self._troubles.forget(key)
             delivery.ack()
 
-    def _halted(self, env: Envelope, error: ErrorInfo) -> dict[str, Any]:
-        direction = env.payload.get("direction", "do")
-        return {
-            "direction": direction,
-            "worker": self.runner.worker,
-            "outcome": "halted",
-            "error": error.to_json(),
-        }
+    def _halted(self, task: StepTask, error: ErrorInfo) -> StepReply:
+        return StepReply(
+            direction=task.direction,
+            worker=self.runner.worker,
+            outcome=Outcome.HALTED,
+            error=error.to_json(),
+        )
 
 
-def _base(reply: dict[str, Any]) -> dict[str, Any]:
-    return {k: reply[k] for k in ("direction", "worker") if k in reply}
+def _failed_instead(reply: StepReply, error: ErrorInfo) -> StepReply:
+    """A failed reply in place of ``reply``, which could not be stored or sent."""
+    return StepReply(
+        direction=reply.direction,
+        worker=reply.worker,
+        outcome=Outcome.FAILED,
+        error=error.to_json(),
+    )
 
 
-def _storable_reply(env: Envelope, reply: dict[str, Any]) -> dict[str, Any]:
+def _storable_reply(task: StepTask, reply: StepReply) -> StepReply:
     """``reply``, or a failed reply if it cannot be stored or sent (the step runner checks
     results already: this is the last line, for anything it did not foresee)."""
     try:
-        encode_value(reply, what=f"the reply of step {env.payload.get('step')!r}")
+        encode_value(reply.to_payload(), what=f"the reply of step {task.step!r}")
     except UnencodableError as e:
-        error = ErrorInfo(UNENCODABLE_RESULT, str(e))
-        return {**_base(reply), "outcome": "failed", "error": error.to_json()}
+        return _failed_instead(reply, ErrorInfo(UNENCODABLE_RESULT, str(e)))
     return reply
 
 

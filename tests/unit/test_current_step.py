@@ -181,15 +181,15 @@ def test_on_the_step_threads_and_inside_a_running_loop_too() -> None:
         raise ValueError("declined")
 
     runner = StepRunner(app, threads=2)
-    assert runner.run(_task("timed"))["result"] == "r1/3/do 2"
+    assert runner.run(_task("timed")).result == "r1/3/do 2"
     for name in ("timed_failing", "plain_failing"):
-        error = runner.run(_task(name))["error"]
+        error = runner.run(_task(name)).error
         assert (error["type"], error.get("causes")) == ("ValueError", None), error
 
     async def in_a_loop() -> dict[str, Any]:
         return runner.run(_task("plain_failing"))
 
-    error = asyncio.run(in_a_loop())["error"]
+    error = asyncio.run(in_a_loop()).error
     assert (error["type"], error.get("causes")) == ("ValueError", None), error
     assert current_step() is None
 

@@ -15,7 +15,7 @@ from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.contract import DO, UNDO
 from sagaloop.engine.history import Event, NewEvent
-from sagaloop.engine.messages import Envelope, engine_queue, step_queue
+from sagaloop.engine.messages import Envelope, Outcome, StepReply, engine_queue, step_queue
 from sagaloop.engine.state import RunState
 from sagaloop.errors import ErrorInfo
 
@@ -89,9 +89,9 @@ def completed(pos: int, name: str, result: Any = "ok") -> NewEvent:
     return NewEvent(h.STEP_COMPLETED, pos, name, {"result": result})
 
 
-def failed(pos: int, attempt: int, error: dict[str, Any], **reply: Any) -> dict[str, Any]:
+def failed(pos: int, attempt: int, error: dict[str, Any], **reply: Any) -> StepReply:
     """A ``step_result`` payload of a failed attempt."""
-    return {"outcome": "failed", "direction": DO, "error": error, "worker": "w1", **reply}
+    return StepReply(outcome=Outcome.FAILED, direction=DO, error=error, worker="w1", **reply)
 
 
 def kinds(events: list[NewEvent]) -> list[str]:
@@ -218,7 +218,7 @@ def test_a_failed_compensation_retries_then_parks() -> None:
 def test_late_and_duplicate_replies_record_nothing(attempt: int, status: str) -> None:
     st = fold(scheduled(1, "charge", amount=5))
     st.steps[1].status = status
-    reply = {"outcome": "completed", "direction": DO, "result": "ch_9"}
+    reply = StepReply(outcome=Outcome.COMPLETED, direction=DO, result="ch_9")
     assert decide.result_events(app, st, 1, attempt, reply, now=NOW) == []
 
 

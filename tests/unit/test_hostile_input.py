@@ -39,6 +39,8 @@ from sagaloop.engine.messages import (
     MAX_DEPTH,
     MAX_MESSAGE_BYTES,
     Envelope,
+    StepReply,
+    StepTask,
     engine_queue,
     step_queue,
 )
@@ -56,6 +58,7 @@ EQ = engine_queue("hostile")
 SQ = step_queue("hostile", "q")
 ORDER = {"id": "o-1", "cents": 250}
 FINISHED = "finished-run"
+LATE_REPLY = {"direction": "do", "outcome": "completed", "result": 250}
 VALID = "valid-run"
 SECRET = "hunter2"
 
@@ -487,7 +490,8 @@ def test_a_bad_engine_message_is_dead_lettered_with_a_reason(
         (b"\x00\x01", ["not JSON"]),
         (contract(type="event", run_id="r", payload={"name": "go"}), ["not for a worker"]),
         (contract(type="step", run_id="r", payload={"step": "nope"}), ["unknown step 'nope'"]),
-        (contract(type="step", run_id="r", payload={"step": ["x"]}), ["unknown step"]),
+        (contract(type="step", run_id="r", payload={"step": ["x"]}), ["invalid step", "step"]),
+        (contract(type="step", run_id="r", payload={}), ["invalid step payload", "step"]),
     ],
 )
 def test_a_bad_step_message_is_dead_lettered_with_a_reason(
@@ -526,6 +530,40 @@ def inbox_rows(h: Harness) -> int:
         return int(conn.exec_driver_sql("SELECT count(*) FROM sagaloop_inbox").scalar_one())
 
 
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"step": "charge", "args": [1]}, "args"),
+        ({"step": "charge", "args": {}, "direction": "sideways"}, "direction"),
+        ({"step": "charge", "args": {}, "in_doubt": {"no": 1}}, "in_doubt"),
+        ({"step": "charge", "args": {}, "schedule_deadline": "soon"}, "schedule_deadline"),
+    ],
+)
+def test_a_step_message_with_a_wrong_typed_field_is_dead_lettered_and_the_worker_goes_on(
+    h: Harness, payload: dict[str, Any], field: str
+) -> None:
+    """The worker refuses it as it refuses any malformed message (no attempt, no reply, no
+    crashed thread), naming the field; the next run's step is served as usual."""
+    body = contract(type="step", run_id="r", position=1, attempt=1, payload=payload)
+    with errors_logged() as errors:
+        reason = publish_and_drain(h, SQ, body, trusted=True)
+    assert reason is not None and "invalid step payload" in reason and field in reason, reason
+    assert not errors
+    run_id = h.start(measure, "abc")
+    drain(h)
+    assert h.get(run_id).status == "completed" and h.result(run_id) == 3
+
+
+def test_internal_payloads_ignore_unknown_keys() -> None:
+    """A rolling upgrade: a newer engine's extra field does not dead-letter an older worker's
+    message, nor a newer worker's an older engine's reply; nothing else of it is changed."""
+    task = contract(type="step", run_id="r", payload={"step": "charge", "new_field": {"x": 1}})
+    assert StepTask.parse(Envelope.from_bytes(task)).to_payload() == {"step": "charge"}
+    reply = {"outcome": "completed", "result": 3, "new_field": True}
+    parsed = StepReply.parse(Envelope(type="step_result", run_id="r", payload=reply))
+    assert parsed.to_payload() == {"outcome": "completed", "result": 3}
+
+
 def test_a_malformed_step_result_for_a_step_in_flight_is_dead_lettered(h: Harness) -> None:
     """It used to raise AttributeError in the engine, which retried it every second for ever."""
     for i, payload in enumerate(
@@ -546,7 +584,9 @@ def test_a_malformed_step_result_for_a_step_in_flight_is_dead_lettered(h: Harnes
             for delivery in h.broker.receive([EQ], 1, 0):
                 h._engine_consumer.process(delivery)
         assert not errors
-        assert dead(h)[-1][1] == forged and "error must be an object" in dead(h)[-1][2]
+        reason = dead(h)[-1][2]
+        assert dead(h)[-1][1] == forged and "invalid step_result payload" in reason
+        assert "error" in reason, reason  # says which field is wrong
         drain(h)  # the real step result arrives: the run goes on
         assert h.get(run_id).status == "completed"
 
@@ -620,7 +660,9 @@ def test_stale_messages_for_a_finished_run_are_ignored(h: Harness) -> None:
         contract(type="cancel", run_id=FINISHED, payload={"reason": "late"}),
         contract(type="retry", run_id=FINISHED),
         contract(type="timer", run_id=FINISHED, position=1, payload={"kind": "wait"}),
-        contract(type="step_result", run_id=FINISHED, position=2, attempt=1, payload={}),
+        contract(  # (a malformed one is refused as malformed: see above)
+            type="step_result", run_id=FINISHED, position=2, attempt=1, payload=LATE_REPLY
+        ),
         valid_start(FINISHED),  # a duplicate start
     ]
     with errors_logged() as errors:

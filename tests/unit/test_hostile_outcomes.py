@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sagaloop import App, Client, RetryPolicy, SagaContext, StepContext
 from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.engine import history as h
-from sagaloop.engine.messages import Envelope, engine_queue, step_queue
+from sagaloop.engine.messages import Envelope, StepReply, engine_queue, step_queue
 from sagaloop.engine.ports import Delivery
 from sagaloop.errors import MAX_ERROR_MESSAGE, ErrorInfo, UnencodableError
 from sagaloop.outbox import StepTask, handle_step
@@ -304,12 +304,12 @@ def test_a_base_exception_on_the_step_pool_is_a_failed_attempt() -> None:
                 attempt=1,
                 payload={"step": "interrupt", "args": {"what": what}},
             )
-            replies: list[dict[str, Any]] = []
+            replies: list[StepReply] = []
             thread = threading.Thread(target=lambda t=task, r=replies: r.append(runner.run(t)))
             thread.start()
             thread.join(10)
-            assert replies and replies[0]["outcome"] == "failed"
-            assert replies[0]["error"]["type"] == type(RAISES[what]).__name__
+            assert replies and replies[0].outcome == "failed"
+            assert replies[0].error["type"] == type(RAISES[what]).__name__
     finally:
         runner.close()
 

@@ -11,7 +11,7 @@ import pytest
 from sagaloop import App, RetryPolicy, SagaContext, StepContext
 from sagaloop.client import Client
 from sagaloop.engine import history as h
-from sagaloop.engine.messages import local_queue
+from sagaloop.engine.messages import StepTask, local_queue
 from sagaloop.runtime import crashpoints
 from sagaloop.runtime.crashpoints import CrashPointRaised
 from sagaloop.store.sql import SqlStore
@@ -282,10 +282,11 @@ def test_replies_ready_together_are_checkpointed_in_one_transaction() -> None:
     worker = env._local_consumer
     ready = []
     for delivery in env._lane.receive([local_queue("group")], 3, 0):
-        task = decode(delivery, env.store)
-        assert task is not None
-        reply = worker.runner.run(task)
-        ready.append(_Checkpoint(delivery, task, inbox_key("group", task), reply))
+        message = decode(delivery, env.store)
+        assert message is not None
+        task = StepTask.parse(message)
+        reply = worker.runner.run(message, task=task)
+        ready.append(_Checkpoint(delivery, message, task, inbox_key("group", message), reply))
     assert len(ready) == 3
     commits: list[int] = []
     event.listen(env.store.engine, "commit", lambda conn: commits.append(1))

@@ -63,7 +63,7 @@ def test_requests_of_several_attempts_share_a_client_bound_to_its_loop() -> None
         replies.append(runner.run(task("ask_inline", 9), inline=True))
     finally:
         runner.close()
-    assert [r["outcome"] for r in replies] == ["completed"] * 5, replies
+    assert [r.outcome for r in replies] == ["completed"] * 5, replies
 
 
 def test_an_async_body_sees_the_callers_context_variables() -> None:
@@ -74,4 +74,4 @@ def test_an_async_body_sees_the_callers_context_variables() -> None:
         who.reset(token)
     finally:
         runner.close()
-    assert reply["result"] == "ok the caller", reply
+    assert reply.result == "ok the caller", reply

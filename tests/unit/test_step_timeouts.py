@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from sagaloop import App, StepContext
-from sagaloop.engine.messages import Envelope
+from sagaloop.engine.messages import Envelope, StepReply
 from sagaloop.errors import StepCancelled
 from sagaloop.runtime.steps import StepRunner
 from sagaloop.testing import eventually
@@ -90,7 +90,7 @@ class Call:
     """``runner.run(task)`` on a thread of its own, as a consumer thread calls it."""
 
     def __init__(self, runner: StepRunner, env: Envelope) -> None:
-        self.reply: dict[str, Any] | None = None
+        self.reply: StepReply | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, args=(runner, env), daemon=True)
         self.thread.start()
@@ -122,10 +122,10 @@ def test_two_hung_attempts_do_not_starve_a_later_timed_step() -> None:
     try:
         for tag in ("h1", "h2"):
             reply = runner.run(task("hang", tag))
-            assert reply["outcome"] == "failed" and reply["error"]["type"] == "StepTimeoutError"
+            assert reply.outcome == "failed" and reply.error["type"] == "StepTimeoutError"
         reply = runner.run(task("quick", "canary"))
         assert started("canary"), "the canary's body never ran"
-        assert reply["outcome"] == "completed" and reply["result"] == "canary:done", reply
+        assert reply.outcome == "completed" and reply.result == "canary:done", reply
     finally:
         runner.close()
 
@@ -143,8 +143,8 @@ def test_the_wait_for_a_slot_does_not_count_against_the_timeout() -> None:
         assert not started("queued")
         release.set()
         reply = queued.result()
-        assert reply["outcome"] == "completed", f"counted as timed out though queued: {reply}"
-        assert long.result()["outcome"] == "completed"
+        assert reply.outcome == "completed", f"counted as timed out though queued: {reply}"
+        assert long.result().outcome == "completed"
     finally:
         runner.close()
 
@@ -153,7 +153,7 @@ def test_a_timed_out_async_attempt_is_cancelled() -> None:
     runner = StepRunner(app, threads=1)
     try:
         reply = runner.run(task("sleeper", "a"))
-        assert reply["outcome"] == "failed" and reply["error"]["type"] == "StepTimeoutError"
+        assert reply.outcome == "failed" and reply.error["type"] == "StepTimeoutError"
         eventually(lambda: "a:cancelled" in seen, 10, "the coroutine to be cancelled")
         eventually(lambda: not runner.abandoned(), 10, "its thread to be free")
     finally:
@@ -166,8 +166,8 @@ def test_an_abandoned_attempt_is_told_to_stop_reported_until_it_ends_and_its_res
     runner = StepRunner(app, threads=1)
     try:
         reply = runner.run(task("hang", "h", run="run-7"))
-        assert reply["outcome"] == "failed" and reply["error"]["type"] == "StepTimeoutError"
-        assert "within 0:00:00.300000" in reply["error"]["message"]
+        assert reply.outcome == "failed" and reply.error["type"] == "StepTimeoutError"
+        assert "within 0:00:00.300000" in reply.error["message"]
         [attempt] = runner.abandoned()
         assert {k: attempt[k] for k in ("step", "run_id", "attempt")} == {
             "step": "hang",
@@ -179,7 +179,7 @@ def test_an_abandoned_attempt_is_told_to_stop_reported_until_it_ends_and_its_res
         release.set()
         eventually(lambda: not runner.abandoned(), 10, "the abandoned thread to end")
         # the pool is whole again: a new attempt runs
-        assert runner.run(task("quick", "after"))["outcome"] == "completed"
+        assert runner.run(task("quick", "after")).outcome == "completed"
     finally:
         runner.close()
 
@@ -191,7 +191,7 @@ def test_slots_all_held_past_their_timeouts_is_a_problem_and_the_queued_attempt_
     runner = StepRunner(app, threads=1, spare_threads=1)
     try:
         for tag in ("h1", "h2"):
-            assert runner.run(task("hang", tag, run=tag))["outcome"] == "failed"
+            assert runner.run(task("hang", tag, run=tag)).outcome == "failed"
         [problem] = runner.problems()
         assert "all 2 step threads are held by attempts past their timeouts" in problem
         assert "step 'hang', run h1" in problem and "run h2" in problem
@@ -200,7 +200,7 @@ def test_slots_all_held_past_their_timeouts_is_a_problem_and_the_queued_attempt_
         eventually(lambda: queued.reply or time.monotonic() - since > 1.5, what="1.5 s queued")
         assert queued.reply is None and not started("canary")
         release.set()
-        assert queued.result()["outcome"] == "completed"
+        assert queued.result().outcome == "completed"
         eventually(lambda: not runner.problems() and not runner.abandoned(), 10, "threads free")
     finally:
         runner.close()
@@ -225,7 +225,7 @@ def test_a_stopping_runner_gives_back_an_attempt_that_never_started() -> None:
             pytest.fail(f"answered although it never started: {reply}")
         assert not started("queued")
         release.set()
-        assert long.result()["outcome"] == "completed", "what runs is waited for"
+        assert long.result().outcome == "completed", "what runs is waited for"
     finally:
         runner.close()
 
@@ -272,9 +272,9 @@ def test_an_attempt_that_cannot_start_before_its_schedule_to_close_failed_not_in
         deadline = datetime.now(UTC) + timedelta(milliseconds=300)
         late.payload["schedule_deadline"] = deadline.isoformat()
         reply = runner.run(late)
-        assert reply["outcome"] == "failed" and not started("late")
-        assert reply["error"]["type"] == "StepTimeoutError" and reply["error"]["not_applied"]
+        assert reply.outcome == "failed" and not started("late")
+        assert reply.error["type"] == "StepTimeoutError" and reply.error["not_applied"]
         release.set()
-        assert long.result()["outcome"] == "completed"
+        assert long.result().outcome == "completed"
     finally:
         runner.close()

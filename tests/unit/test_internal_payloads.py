@@ -1,0 +1,150 @@
+"""The internal payloads as typed models (issue 24): the JSON on the wire is what the engine
+and the worker wrote by hand before, key for key and byte for byte."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from sagaloop.engine.contract import DO, UNDO
+from sagaloop.engine.messages import Envelope, Outcome, StepReply, StepTask, step_result
+from sagaloop.errors import MessageError
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def wire(payload: dict[str, Any]) -> bytes:
+    env = Envelope(type="step", message_id="m", run_id="r", payload=payload, created_at=NOW)
+    return env.to_bytes()
+
+
+@pytest.mark.parametrize(
+    ("task", "before"),
+    [
+        (
+            StepTask(step="s", direction=DO, args={"a": 1}, in_doubt=False),
+            {"step": "s", "direction": "do", "args": {"a": 1}, "in_doubt": False},
+        ),
+        (
+            StepTask(
+                step="s",
+                direction=DO,
+                args={},
+                in_doubt=True,
+                schedule_deadline=NOW + timedelta(seconds=1.5),
+                force=True,
+            ),
+            {
+                "step": "s",
+                "direction": "do",
+                "args": {},
+                "in_doubt": True,
+                "schedule_deadline": (NOW + timedelta(seconds=1.5)).isoformat(),
+                "force": True,
+            },
+        ),
+        (
+            StepTask(step="s", direction=UNDO, args={"a": None}, in_doubt=False, result=None),
+            {
+                "step": "s",
+                "direction": "undo",
+                "args": {"a": None},
+                "in_doubt": False,
+                "result": None,
+            },
+        ),
+    ],
+)
+def test_a_step_task_is_on_the_wire_as_the_dict_it_replaces(
+    task: StepTask, before: dict[str, Any]
+) -> None:
+    assert task.to_payload() == before
+    assert wire(task.to_payload()) == wire(before)
+    assert json.dumps(task.to_payload()) == json.dumps(before)  # the same keys, in order
+    assert StepTask.parse(Envelope.from_bytes(wire(before))) == task
+
+
+@pytest.mark.parametrize(
+    ("reply", "before"),
+    [
+        (
+            StepReply(
+                direction=DO, worker="w", outcome=Outcome.COMPLETED, result=None, took_s=0.25
+            ),
+            {
+                "direction": "do",
+                "worker": "w",
+                "outcome": "completed",
+                "result": None,
+                "took_s": 0.25,
+            },
+        ),
+        (
+            StepReply(
+                direction=DO,
+                worker="w",
+                outcome=Outcome.COMPLETED,
+                result=[1],
+                reconciled=True,
+                took_s=1,
+            ),
+            {
+                "direction": "do",
+                "worker": "w",
+                "outcome": "completed",
+                "result": [1],
+                "reconciled": True,
+                "took_s": 1,
+            },
+        ),
+        (
+            StepReply(
+                direction=UNDO,
+                worker="w",
+                outcome=Outcome.COMPLETED,
+                result=None,
+                skipped=True,
+                took_s=0.5,
+            ),
+            {
+                "direction": "undo",
+                "worker": "w",
+                "outcome": "completed",
+                "result": None,
+                "skipped": True,
+                "took_s": 0.5,
+            },
+        ),
+        (
+            StepReply(direction=DO, worker="w", outcome=Outcome.HALTED, error={"type": "InDoubt"}),
+            {"direction": "do", "worker": "w", "outcome": "halted", "error": {"type": "InDoubt"}},
+        ),
+    ],
+)
+def test_a_step_reply_is_on_the_wire_as_the_dict_it_replaces(
+    reply: StepReply, before: dict[str, Any]
+) -> None:
+    task = Envelope(type="step", message_id="m", run_id="r", position=1, attempt=1)
+    assert reply.to_payload() == before
+    typed, by_hand = step_result(task, reply, NOW), step_result(task, before, NOW)
+    assert typed.to_bytes() == by_hand.to_bytes()
+    assert json.dumps(reply.to_payload()) == json.dumps(before)  # stored in the inbox so
+    assert StepReply.parse(by_hand) == reply
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"outcome": "done"},
+        {"outcome": "halted"},
+        {"outcome": "failed", "error": "boom"},
+        {"outcome": "completed", "reconciled": {"x": 1}},
+        {"outcome": "completed", "took_s": "long"},
+    ],
+)
+def test_a_malformed_reply_is_a_message_error(payload: dict[str, Any]) -> None:
+    with pytest.raises(MessageError, match="invalid step_result payload"):
+        StepReply.parse(Envelope(type="step_result", run_id="r", payload=payload))
