@@ -7,7 +7,7 @@ stepping (``sagaloop.testing.Harness``: one message at a time, on the caller's t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -15,7 +15,7 @@ from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.engine.activation import Engine
 from sagaloop.engine.history import Event
 from sagaloop.engine.messages import engine_queue, local_queue, start_queue, step_queue
-from sagaloop.engine.ports import Broker, Clock, Store
+from sagaloop.engine.ports import Broker, Clock, Delivery, Store
 from sagaloop.engine.streams import Streams
 from sagaloop.engine.watchdog import DEADLINE, Watchdog
 from sagaloop.runtime.consumers import EngineConsumer
@@ -77,6 +77,19 @@ class Parts:
     relay: Relay | None
     step_queues: list[str] = field(default_factory=list)
     """The step queues this process consumes."""
+
+    def route(self, queue: str) -> tuple[str, Callable[[Delivery], None]]:
+        """Who takes a delivery of ``queue``: its role (``engine`` for the engine's queues,
+        else ``worker``: the in-process lane's steps are a worker's too) and the part's
+        ``process``. A part this process does not have raises LookupError."""
+        engine, local, worker = self.engine, self.local, self.worker
+        if engine is not None and queue in (engine.queue, engine.start_queue):
+            return "engine", engine.process
+        if local is not None and self.lane is not None and queue == lane_queue(local.app):
+            return "worker", local.process
+        if worker is not None:
+            return "worker", worker.process
+        raise LookupError(f"this process consumes no queue {queue!r}")
 
 
 def assemble(

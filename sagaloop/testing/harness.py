@@ -240,19 +240,13 @@ class Harness:
             queue = getattr(delivery, "queue", None) or getattr(
                 getattr(delivery, "_message", None), "queue", ""
             )
-            engine = (engine_queue(self.app.name), start_queue(self.app.name))
-            role = "engine" if queue in engine else "worker"
+            role, process = self.parts.route(str(queue))
             if self.crash_hook is not None:
                 try:
                     self.crash_hook(role, delivery)
                 except Crash:
                     continue  # the message stays claimed until its lease expires
-            if role == "engine":
-                self._engine_consumer.process(delivery)
-            elif queue == self._lane_queue:
-                self._local_consumer.process(delivery)
-            else:
-                self._worker_consumer.process(delivery)
+            process(delivery)
         return work
 
     def run_until_idle(self, *, skip_time: bool = True, max_steps: int = 1_000_000) -> int:
