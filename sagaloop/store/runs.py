@@ -85,12 +85,7 @@ class SqlRuns(SqlCore, RunStore, RunQueries, Maintenance):
         limit: int = 100,
     ) -> list[RunRecord]:
         q = sa.select(t.runs).order_by(t.runs.c.updated_at.desc()).limit(limit)
-        if app is not None:
-            q = q.where(t.runs.c.app == app)
-        if status:
-            q = q.where(t.runs.c.status == status)
-        if saga:
-            q = q.where(t.runs.c.saga == saga)
+        q = _of(q, app=app, saga=saga, status=status)
         with self._read() as conn:
             return payloads.resolve_runs(
                 conn, [record(RunRecord, r) for r in conn.execute(q).mappings()]
@@ -107,10 +102,7 @@ class SqlRuns(SqlCore, RunStore, RunQueries, Maintenance):
 
     def count_runs(self, *, saga: str | None = None, app: str | None = None) -> dict[str, int]:
         q = sa.select(t.runs.c.status, sa.func.count()).group_by(t.runs.c.status)
-        if app is not None:
-            q = q.where(t.runs.c.app == app)
-        if saga:
-            q = q.where(t.runs.c.saga == saga)
+        q = _of(q, app=app, saga=saga)
         with self._read() as conn:
             return {str(status): int(n) for status, n in conn.execute(q)}
 
@@ -181,6 +173,19 @@ class SqlRuns(SqlCore, RunStore, RunQueries, Maintenance):
                 payloads.delete(conn, ids)
             holds = limits.prune(conn, before)
         return len(keys) + len(ids) + holds
+
+
+def _of(
+    q: sa.Select[Any], *, app: str | None, saga: str | None, status: str | None = None
+) -> sa.Select[Any]:
+    """``q`` narrowed to the runs of ``app`` (None: of every app), of ``saga`` and in
+    ``status`` (None or empty: any)."""
+    r = t.runs.c
+    if app is not None:
+        q = q.where(r.app == app)
+    if status:
+        q = q.where(r.status == status)
+    return q.where(r.saga == saga) if saga else q
 
 
 def _events(conn: Connection, run_id: str, rows: Iterable[Any]) -> list[Event]:
