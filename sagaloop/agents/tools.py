@@ -193,17 +193,21 @@ class StepTools:
 
     # --- definitions -------------------------------------------------------------------------
 
-    def openai(self) -> list[dict[str, Any]]:
-        """The tools for OpenAI's Chat Completions API (``tools=``)."""
+    def _definitions(self, schema_key: str, **extra: Any) -> list[dict[str, Any]]:
+        """Each tool as ``{"name", "description"?, schema_key: <its parameters>, **extra}``."""
         out = []
         for t in self._tools.values():
-            function: dict[str, Any] = {"name": t.name}
+            tool: dict[str, Any] = {"name": t.name}
             if t.description:
-                function["description"] = t.description
-            function["parameters"] = _copy(t.parameters)
-            function["strict"] = self.strict
-            out.append({"type": "function", "function": function})
+                tool["description"] = t.description
+            tool[schema_key] = _copy(t.parameters)
+            out.append({**tool, **extra})
         return out
+
+    def openai(self) -> list[dict[str, Any]]:
+        """The tools for OpenAI's Chat Completions API (``tools=``)."""
+        functions = self._definitions("parameters", strict=self.strict)
+        return [{"type": "function", "function": function} for function in functions]
 
     def openai_responses(self) -> list[dict[str, Any]]:
         """The tools for OpenAI's Responses API (``tools=``)."""
@@ -211,14 +215,7 @@ class StepTools:
 
     def anthropic(self) -> list[dict[str, Any]]:
         """The tools for Anthropic's Messages API (``tools=``)."""
-        out = []
-        for t in self._tools.values():
-            tool: dict[str, Any] = {"name": t.name}
-            if t.description:
-                tool["description"] = t.description
-            tool["input_schema"] = _copy(t.parameters)
-            out.append(tool)
-        return out
+        return self._definitions("input_schema")
 
     # --- calls -------------------------------------------------------------------------------
 
