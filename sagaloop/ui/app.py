@@ -55,6 +55,9 @@ DONE = {
 """What the page says after an action (chosen by key: no text travels in the address)."""
 
 
+Endpoint = Callable[[Request], Response]
+
+
 class Refused(Exception):
     """An action refused: answered with this status and text on the page."""
 
@@ -118,6 +121,30 @@ def create_app(
             status, message = 409, str(e)
         return page(request, "error.html", status, message=message)
 
+    def listing(
+        template: str,
+        live_template: str,
+        context_of: Callable[[Request], dict[str, Any]],
+        stamp_of: Callable[[dict[str, Any]], str],
+    ) -> tuple[Endpoint, Endpoint]:
+        """The page ``template`` of ``context_of(request)``, and its live region
+        ``live_template`` (204 while it shows ``stamp_of(context)`` already)."""
+
+        def full(request: Request) -> Response:
+            try:
+                return page(request, template, **context_of(request))
+            except SagaloopError as e:
+                return failed(request, e)
+
+        def region(request: Request) -> Response:
+            try:
+                context = context_of(request)
+            except SagaloopError as e:
+                return failed(request, e)
+            return live(request, stamp_of(context), live_template, **context)
+
+        return full, region
+
     # --- runs --------------------------------------------------------------------------------
 
     def run_filters(request: Request) -> dict[str, str | None]:
@@ -148,18 +175,9 @@ def create_app(
             "sagas": sagas,
         }
 
-    def runs(request: Request) -> Response:
-        try:
-            return page(request, "runs.html", **runs_context(request))
-        except SagaloopError as e:
-            return failed(request, e)
-
-    def runs_live(request: Request) -> Response:
-        try:
-            context = runs_context(request)
-        except SagaloopError as e:
-            return failed(request, e)
-        return live(request, context["view"].version, "_runs_live.html", **context)
+    runs, runs_live = listing(
+        "runs.html", "_runs_live.html", runs_context, lambda context: context["view"].version
+    )
 
     # --- one run -----------------------------------------------------------------------------
 
@@ -169,39 +187,37 @@ def create_app(
             raise Refused(400, "name the run: /run?id=RUN_ID")
         return run_id
 
-    def run_page(request: Request) -> Response:
-        try:
-            view = views.run_view(client, run_id_of(request))
-        except (SagaloopError, Refused) as e:
-            return failed(request, e)
-        return page(request, "run.html", view=view, approval_prefix=KEY_PREFIX)
+    def of_run(
+        template: str, live_template: str, view_of: Callable[[Client, str], Any], **extra: Any
+    ) -> tuple[Endpoint, Endpoint]:
+        """The page ``template`` of the view ``view_of(client, run_id)`` of the run ``?id=``,
+        and its live region ``live_template`` (204 while the run's version is ``?v=``)."""
 
-    def run_live(request: Request) -> Response:
-        try:
-            run_id = run_id_of(request)
-            if request.query_params.get("v") == views.run_version(client.get(run_id)):
-                return Response(status_code=204)
-            view = views.run_view(client, run_id)
-        except (SagaloopError, Refused) as e:
-            return failed(request, e)
-        return page(request, "_run_live.html", view=view, approval_prefix=KEY_PREFIX)
+        def full(request: Request) -> Response:
+            try:
+                view = view_of(client, run_id_of(request))
+            except (SagaloopError, Refused) as e:
+                return failed(request, e)
+            return page(request, template, view=view, **extra)
 
-    def transcript(request: Request) -> Response:
-        try:
-            view = views.transcript_view(client, run_id_of(request))
-        except (SagaloopError, Refused) as e:
-            return failed(request, e)
-        return page(request, "transcript.html", view=view)
+        def region(request: Request) -> Response:
+            try:
+                run_id = run_id_of(request)
+                if request.query_params.get("v") == views.run_version(client.get(run_id)):
+                    return Response(status_code=204)
+                view = view_of(client, run_id)
+            except (SagaloopError, Refused) as e:
+                return failed(request, e)
+            return page(request, live_template, view=view, **extra)
 
-    def transcript_live(request: Request) -> Response:
-        try:
-            run_id = run_id_of(request)
-            if request.query_params.get("v") == views.run_version(client.get(run_id)):
-                return Response(status_code=204)
-            view = views.transcript_view(client, run_id)
-        except (SagaloopError, Refused) as e:
-            return failed(request, e)
-        return page(request, "_transcript_live.html", view=view)
+        return full, region
+
+    run_page, run_live = of_run(
+        "run.html", "_run_live.html", views.run_view, approval_prefix=KEY_PREFIX
+    )
+    transcript, transcript_live = of_run(
+        "transcript.html", "_transcript_live.html", views.transcript_view
+    )
 
     # --- approvals and dead letters ------------------------------------------------------------
 
@@ -215,18 +231,9 @@ def create_app(
         next_query = urlencode({"after": more}) if more else ""
         return {"pending": pending, "stamp": stamp, "page": page_query, "next": next_query}
 
-    def approvals(request: Request) -> Response:
-        try:
-            return page(request, "approvals.html", **approvals_context(request))
-        except SagaloopError as e:
-            return failed(request, e)
-
-    def approvals_live(request: Request) -> Response:
-        try:
-            context = approvals_context(request)
-        except SagaloopError as e:
-            return failed(request, e)
-        return live(request, context["stamp"], "_approvals_live.html", **context)
+    approvals, approvals_live = listing(
+        "approvals.html", "_approvals_live.html", approvals_context, lambda c: c["stamp"]
+    )
 
     def dead_letters(request: Request) -> Response:
         try:
