@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import collections
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import click
 
@@ -14,6 +15,7 @@ from sagaloop.cli.common import Obj, errors
 from sagaloop.cli.render import _table, printable
 
 REASON_WIDTH = 60
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @click.group("dead-letters")
@@ -136,10 +138,24 @@ def show(obj: Obj, id: str, as_json: bool) -> None:
         click.echo(printable(document, newlines=True))
 
 
+def _one_or_all(verb: str) -> Callable[[F], F]:
+    """The ``ID`` argument and the ``--all`` and ``--yes`` options of a command that acts on
+    one dead letter or on all (``verb``: what it does to them, for ``--all``'s help)."""
+
+    def apply(command: F) -> F:
+        command = click.option(
+            "--yes", is_flag=True, help="Do not ask for confirmation (with --all)."
+        )(command)
+        command = click.option("--all", "all_", is_flag=True, help=f"{verb} every dead letter.")(
+            command
+        )
+        return click.argument("id", required=False)(command)
+
+    return apply
+
+
 @dead_letters.command()
-@click.argument("id", required=False)
-@click.option("--all", "all_", is_flag=True, help="Resend every dead letter.")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation (with --all).")
+@_one_or_all("Resend")
 @click.pass_obj
 def resend(obj: Obj, id: str | None, all_: bool, yes: bool) -> None:
     """Publish a dead letter (or all) again to the queue it came from, unchanged (same message
@@ -161,9 +177,7 @@ def resend(obj: Obj, id: str | None, all_: bool, yes: bool) -> None:
 
 
 @dead_letters.command()
-@click.argument("id", required=False)
-@click.option("--all", "all_", is_flag=True, help="Purge every dead letter.")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation (with --all).")
+@_one_or_all("Purge")
 @click.pass_obj
 def purge(obj: Obj, id: str | None, all_: bool, yes: bool) -> None:
     """Delete a dead letter (or all) for good."""
