@@ -26,10 +26,14 @@ from sagaloop.engine import state as s
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import (
     CancelPayload,
+    ChildResult,
+    ChildStart,
     Envelope,
     EventPayload,
     StartPayload,
     StepReply,
+    TimerPayload,
+    UndoRun,
     engine_queue,
     inbox_key,
     parse_payload,
@@ -303,15 +307,16 @@ class Engine:
     def _on_child_start(self, env: Envelope) -> Plan:
         """Start a child run for the parent's ``ctx.call(saga, ...)``, linked to the parent's
         call; if its run id is taken by another run, fail the parent's call instead."""
-        parent_id, pos = env.payload.get("parent"), env.position
+        start, pos = ChildStart.parse(env), env.position
+        parent_id = start.parent
         saga = self.app.get_saga(env.saga or "")
-        if not isinstance(parent_id, str) or pos is None or saga is None:
+        if pos is None or saga is None:
             raise MessageError("invalid child_start: needs a known saga, parent and position")
         link = {"run_id": parent_id, "position": pos}
         run = self._staged_runs.get(env.run_id) or self.store.get_run(env.run_id)
         if run is None:
             now = self.clock.now()
-            value = env.payload.get("input")
+            value = start.input
             record = RunRecord(env.run_id, self.app.name, saga.name, s.RUNNING, value, now, now)
             data = {"input": value, "parent": link, **tracing.run_trace(env.trace)}
             started = NewEvent(h.RUN_STARTED, name=saga.name, data=data)
@@ -328,14 +333,16 @@ class Engine:
 
     def _on_child_result(self, env: Envelope, run: RunRecord) -> list[Triggers]:
         pos = env.position
-        if pos is None or not isinstance(env.payload.get("child"), str):
+        if pos is None:
             raise MessageError("child_result needs a position and the child's run id")
-        return [lambda st: decide.child_outcome(st, pos, env.payload)]
+        outcome = ChildResult.parse(env)
+        return [lambda st: decide.child_outcome(st, pos, outcome)]
 
     def _on_undo_run(self, env: Envelope, run: RunRecord) -> list[Triggers]:
         """The parent compensates: undo this completed child run as a whole (its steps'
         compensations, newest first), then tell the parent. Only its parent may ask."""
-        link = {"run_id": env.payload.get("parent"), "position": env.payload.get("position")}
+        undo = UndoRun.parse(env)
+        link = {"run_id": undo.parent, "position": undo.position}
         return [lambda st: decide.undo_run_events(st, link)]
 
     def _reject_start(self, env: Envelope, run: RunRecord | None, reason: str) -> Plan:
@@ -398,10 +405,10 @@ class Engine:
         ]
 
     def _on_timer(self, env: Envelope, run: RunRecord) -> list[Triggers]:
-        pos, kind = env.position, env.payload.get("kind")
+        pos = env.position
         if pos is None:
             raise MessageError("timer needs position")
-        attempt = env.attempt or 0
+        kind, attempt = TimerPayload.parse(env).kind, env.attempt or 0
         return [lambda st: decide.timer_events(st, pos, kind, attempt)]
 
     def committed(self) -> None:

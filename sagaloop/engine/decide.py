@@ -27,9 +27,12 @@ from sagaloop.engine.contract import (
 )
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import (
+    ChildResult,
+    ChildStart,
     Envelope,
     StepReply,
     StepTask,
+    UndoRun,
     derived_id,
     engine_queue,
     local_queue,
@@ -193,7 +196,7 @@ def failure_events(
     return [NewEvent(h.STEP_FAILED, pos, name, data)]
 
 
-def timer_events(st: RunState, pos: int, kind: Any, attempt: int) -> list[NewEvent]:
+def timer_events(st: RunState, pos: int, kind: str, attempt: int) -> list[NewEvent]:
     """What a timer of ``kind`` (``sleep``, ``wait``, ``retry``, ``undo_retry``) for the
     command at ``pos`` does; none when what it was for has already happened."""
     step = st.steps.get(pos)
@@ -240,35 +243,33 @@ def rejected_start_events(reason: str) -> list[NewEvent]:
     ]
 
 
-def child_id_taken(child_run_id: str) -> dict[str, Any]:
-    """The outcome (as a ``child_result`` payload) of a child run whose id another run has."""
+def child_id_taken(child_run_id: str) -> ChildResult:
+    """The outcome of a child run whose id another run has."""
     reason = f"the child run id {child_run_id!r} is taken by another run"
     error = ErrorInfo("ChildRunIdTaken", reason, non_retryable=True).to_json()
-    return {"child": child_run_id, "status": s.FAILED, "error": error}
+    return ChildResult(child=child_run_id, status=s.FAILED, error=error)
 
 
-def child_outcome(st: RunState, pos: int, outcome: dict[str, Any]) -> list[NewEvent]:
-    """The event that settles the parent's call at ``pos`` with its child's ``outcome`` (a
-    ``child_result`` payload); none if the call does not await that child (any more)."""
+def child_outcome(st: RunState, pos: int, outcome: ChildResult) -> list[NewEvent]:
+    """The event that settles the parent's call at ``pos`` with its child's ``outcome``; none
+    if the call does not await that child (any more)."""
     child = st.children.get(pos)
     undone = st.steps.get(pos)
-    if child is None and undone is not None and undone.child == outcome.get("child"):
+    if child is None and undone is not None and undone.child == outcome.child:
         if undone.comp_status in s.IN_FLIGHT:  # the child run was undone as a whole
             return [NewEvent(h.COMPENSATION_COMPLETED, pos, undone.name, {})]
         return []
-    if child is None or child[0] != outcome.get("child"):
+    if child is None or child[0] != outcome.child:
         return []
     run_id, name = child
-    if outcome.get("status") == s.COMPLETED:
-        return [NewEvent(h.CHILD_COMPLETED, pos, name, {"result": outcome.get("output")})]
-    error = outcome.get("error")
-    if not isinstance(error, dict):
+    status = outcome.status
+    if status == s.COMPLETED:
+        return [NewEvent(h.CHILD_COMPLETED, pos, name, {"result": outcome.output})]
+    error = outcome.error
+    if error is None:
         error = {"type": "ChildRunFailed", "message": f"child run {run_id!r} ended"}
-    error = {
-        **error,
-        "message": f"child run {run_id!r} {outcome.get('status')}: {error.get('message', '')}",
-    }
-    return [NewEvent(h.CHILD_FAILED, pos, name, {"error": error, "status": outcome.get("status")})]
+    error = {**error, "message": f"child run {run_id!r} {status}: {error.get('message', '')}"}
+    return [NewEvent(h.CHILD_FAILED, pos, name, {"error": error, "status": status})]
 
 
 def resume_events(st: RunState) -> list[NewEvent]:
@@ -479,7 +480,7 @@ def effects_of(
             run_id=str(ev.data["run_id"]),
             saga=ev.name,
             position=ev.pos,
-            payload={"input": ev.data.get("input"), "parent": st.run_id},
+            payload=ChildStart(input=ev.data.get("input"), parent=st.run_id).to_payload(),
         )
     elif kind == h.CANCEL_REQUESTED:
         cancel_children(app, st, effects)
@@ -487,19 +488,19 @@ def effects_of(
         effects.clear_timers = True
         cancel_children(app, st, effects)
         if st.parent is not None:  # tell the parent's call how its child ended
-            outcome = {
-                "child": st.run_id,
-                "status": ev.data.get("status"),
-                "output": st.saga_output,
-                "error": st.saga_error,
-            }
+            outcome = ChildResult(
+                child=st.run_id,
+                status=ev.data.get("status"),
+                output=st.saga_output,
+                error=st.saga_error,
+            )
             effects.send(
                 queue,
                 type="child_result",
                 message_id=derived_id("child-result", st.run_id, ev.data.get("status")),
                 run_id=str(st.parent["run_id"]),
                 position=int(st.parent["position"]),
-                payload=outcome,
+                payload=outcome.to_payload(),
             )
     return []
 
@@ -537,7 +538,7 @@ def dispatch(
             type="undo_run",
             message_id=derived_id("undo-child", st.run_id, pos, attempt),
             run_id=step_state.child,
-            payload={"parent": st.run_id, "position": pos},
+            payload=UndoRun(parent=st.run_id, position=pos).to_payload(),
         )
         return []
     step = app.get_step(step_state.name)

@@ -277,6 +277,40 @@ class StepReply(InternalPayload):
         return self
 
 
+class TimerPayload(InternalPayload):
+    """The payload of a ``timer`` message (the run and its command's position are the
+    envelope's): which of the command's timers fired (``sleep``, ``wait``, ``retry``,
+    ``undo_retry``; a kind this engine does not know is stale, and ignored)."""
+
+    kind: str
+
+
+class ChildStart(InternalPayload):
+    """The payload of a ``child_start``: the child run's input, and its parent run (the call's
+    position is the envelope's)."""
+
+    input: Any = None
+    parent: str
+
+
+class ChildResult(InternalPayload):
+    """The payload of a ``child_result``: how the child run ``child`` ended (its final
+    ``status``), with its ``output`` or its ``error`` (an ``ErrorInfo``'s JSON)."""
+
+    child: str
+    status: str | None = None
+    output: Any = None
+    error: dict[str, Any] | None = None
+
+
+class UndoRun(InternalPayload):
+    """The payload of an ``undo_run``: the parent run and the position of its call that asks
+    its child run to be undone as a whole."""
+
+    parent: str
+    position: int
+
+
 def step_result(task: Envelope, reply: StepReply | dict[str, Any], now: datetime) -> Envelope:
     """The engine's reply to a step message. Its id derives from the task's, so a reply sent
     again for a redelivered task is recognised by the engine's inbox. (A dict is a reply

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from sagaloop.engine.messages import Envelope, derived_id, engine_queue
+from sagaloop.engine.messages import Envelope, TimerPayload, derived_id, engine_queue
 from sagaloop.engine.ports import Clock, Outgoing, Store
 from sagaloop.runtime.crashpoints import crash_point
 from sagaloop.sagas.app import App
@@ -38,7 +38,7 @@ class TimerScheduler:
                         run_id=t.run_id,
                         position=t.pos,
                         attempt=t.attempt or None,
-                        payload={"kind": t.kind},
+                        payload=TimerPayload(kind=t.kind).to_payload(),
                         created_at=now,
                     ),
                 )

@@ -15,7 +15,14 @@ from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.contract import DO, UNDO
 from sagaloop.engine.history import Event, NewEvent
-from sagaloop.engine.messages import Envelope, Outcome, StepReply, engine_queue, step_queue
+from sagaloop.engine.messages import (
+    ChildResult,
+    Envelope,
+    Outcome,
+    StepReply,
+    engine_queue,
+    step_queue,
+)
 from sagaloop.engine.state import RunState
 from sagaloop.errors import ErrorInfo
 
@@ -313,7 +320,7 @@ def parent_with_child() -> RunState:
 
 def test_a_failed_child_fails_the_parents_call() -> None:
     st = parent_with_child()
-    outcome = {"child": "c1", "status": s.FAILED, "error": {"type": "E", "message": "boom"}}
+    outcome = ChildResult(child="c1", status=s.FAILED, error={"type": "E", "message": "boom"})
     (ev,) = decide.child_outcome(st, 1, outcome)
     assert (ev.kind, ev.pos, ev.name) == (h.CHILD_FAILED, 1, "pay")
     assert ev.data == {
@@ -324,9 +331,9 @@ def test_a_failed_child_fails_the_parents_call() -> None:
 
 def test_a_completed_child_completes_the_call_and_other_children_are_ignored() -> None:
     st = parent_with_child()
-    (ev,) = decide.child_outcome(st, 1, {"child": "c1", "status": s.COMPLETED, "output": 7})
+    (ev,) = decide.child_outcome(st, 1, ChildResult(child="c1", status=s.COMPLETED, output=7))
     assert (ev.kind, ev.data) == (h.CHILD_COMPLETED, {"result": 7})
-    assert decide.child_outcome(st, 1, {"child": "c2", "status": s.COMPLETED}) == []
+    assert decide.child_outcome(st, 1, ChildResult(child="c2", status=s.COMPLETED)) == []
 
 
 def test_a_taken_child_run_id_fails_the_call_for_good() -> None:

@@ -10,7 +10,17 @@ from typing import Any
 import pytest
 
 from sagaloop.engine.contract import DO, UNDO
-from sagaloop.engine.messages import Envelope, Outcome, StepReply, StepTask, step_result
+from sagaloop.engine.messages import (
+    ChildResult,
+    ChildStart,
+    Envelope,
+    Outcome,
+    StepReply,
+    StepTask,
+    TimerPayload,
+    UndoRun,
+    step_result,
+)
 from sagaloop.errors import MessageError
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -148,3 +158,43 @@ def test_a_step_reply_is_on_the_wire_as_the_dict_it_replaces(
 def test_a_malformed_reply_is_a_message_error(payload: dict[str, Any]) -> None:
     with pytest.raises(MessageError, match="invalid step_result payload"):
         StepReply.parse(Envelope(type="step_result", run_id="r", payload=payload))
+
+
+@pytest.mark.parametrize(
+    ("payload", "before"),
+    [
+        (TimerPayload(kind="retry"), {"kind": "retry"}),
+        (ChildStart(input={"n": 1}, parent="p"), {"input": {"n": 1}, "parent": "p"}),
+        (ChildStart(input=None, parent="p"), {"input": None, "parent": "p"}),
+        (
+            ChildResult(child="c", status="completed", output=[1], error=None),
+            {"child": "c", "status": "completed", "output": [1], "error": None},
+        ),
+        (UndoRun(parent="p", position=3), {"parent": "p", "position": 3}),
+    ],
+)
+def test_the_other_internal_payloads_are_on_the_wire_as_the_dicts_they_replace(
+    payload: TimerPayload | ChildStart | ChildResult | UndoRun, before: dict[str, Any]
+) -> None:
+    assert payload.to_payload() == before
+    assert wire(payload.to_payload()) == wire(before)
+    assert json.dumps(payload.to_payload()) == json.dumps(before)
+    env = Envelope(type="timer", run_id="r", payload=before)
+    assert type(payload).parse(env) == payload
+
+
+@pytest.mark.parametrize(
+    ("model", "payload"),
+    [
+        (TimerPayload, {}),
+        (ChildStart, {"input": 1}),
+        (ChildResult, {"child": 7, "status": "failed"}),
+        (ChildResult, {"child": "c", "error": "boom"}),
+        (UndoRun, {"parent": "p", "position": "third"}),
+    ],
+)
+def test_a_malformed_internal_payload_is_a_message_error(
+    model: type[TimerPayload | ChildStart | ChildResult | UndoRun], payload: dict[str, Any]
+) -> None:
+    with pytest.raises(MessageError, match="invalid child_start payload"):
+        model.parse(Envelope(type="child_start", run_id="r", payload=payload))
