@@ -160,17 +160,15 @@ def _one_or_all(verb: str) -> Callable[[F], F]:
 def resend(obj: Obj, id: str | None, all_: bool, yes: bool) -> None:
     """Publish a dead letter (or all) again to the queue it came from, unchanged (same message
     id: a consumer that processed it already skips it), then remove it from the dead letters."""
-    _check_target(id, all_)
-    with _broker(obj) as broker:
-        if id is not None:
-            resent = broker.resend_dead_letters([id])
-            if not resent:
-                raise _unknown(id)
-            click.echo(f"resent {resent[0].id} to {resent[0].queue}")
+    with _targeted(obj, id, all_, yes, "Resend all {} dead letters to their queues?") as broker:
+        if broker is None:
             return
-        if not _confirm_all(broker, yes, "Resend all {} dead letters to their queues?"):
-            return
-        resent = broker.resend_dead_letters(None)
+        resent = broker.resend_dead_letters(None if id is None else [id])
+        if id is not None and not resent:
+            raise _unknown(id)
+    if id is not None:
+        click.echo(f"resent {resent[0].id} to {resent[0].queue}")
+        return
     queues = collections.Counter(d.queue for d in resent)
     where = ", ".join(f"{q}: {n}" for q, n in sorted(queues.items()))
     click.echo(f"resent {len(resent)} dead letter{'s' if len(resent) != 1 else ''} ({where})")
@@ -181,17 +179,27 @@ def resend(obj: Obj, id: str | None, all_: bool, yes: bool) -> None:
 @click.pass_obj
 def purge(obj: Obj, id: str | None, all_: bool, yes: bool) -> None:
     """Delete a dead letter (or all) for good."""
+    with _targeted(obj, id, all_, yes, "Delete all {} dead letters for good?") as broker:
+        if broker is None:
+            return
+        purged = broker.purge_dead_letters(None if id is None else [id])
+        if id is not None and not purged:
+            raise _unknown(id)
+    if id is not None:
+        click.echo(f"purged {id}")
+        return
+    click.echo(f"purged {purged} dead letter{'s' if purged != 1 else ''}")
+
+
+@contextmanager
+def _targeted(
+    obj: Obj, id: str | None, all_: bool, yes: bool, question: str
+) -> Iterator[DeadLetters | None]:
+    """The broker to act on dead letter ``id``, or on all of them (``--all``) once there are
+    some and the user agreed to ``question`` (None: nothing to do)."""
     _check_target(id, all_)
     with _broker(obj) as broker:
-        if id is not None:
-            if not broker.purge_dead_letters([id]):
-                raise _unknown(id)
-            click.echo(f"purged {id}")
-            return
-        if not _confirm_all(broker, yes, "Delete all {} dead letters for good?"):
-            return
-        purged = broker.purge_dead_letters(None)
-    click.echo(f"purged {purged} dead letter{'s' if purged != 1 else ''}")
+        yield broker if id is not None or _confirm_all(broker, yes, question) else None
 
 
 def _confirm_all(broker: DeadLetters, yes: bool, question: str) -> bool:
