@@ -7,7 +7,7 @@ Every driver is imported when a URL needs it: importing this module loads none."
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from sagaloop._secrets import mask_url
 from sagaloop.client import Client
@@ -16,6 +16,8 @@ from sagaloop.errors import SagaloopError
 from sagaloop.sagas.app import App
 
 if TYPE_CHECKING:
+    from sagaloop.brokers.kombu import KombuBroker
+    from sagaloop.brokers.rabbitmq import RabbitBroker
     from sagaloop.engine.ports import Broker
     from sagaloop.store.sql import SqlStore
 
@@ -79,36 +81,31 @@ def open_broker(
         from sagaloop.brokers.memory import MemoryBroker
 
         return MemoryBroker(lease=lease)
+    options: dict[str, Any] = {}
+    kind: type[RabbitBroker] | type[KombuBroker]
     if url.startswith(("amqp://", "amqps://")):
         from sagaloop.brokers._amqp import check_namespace
         from sagaloop.brokers.rabbitmq import RabbitBroker
 
         check_namespace(namespace)
-        try:
-            return RabbitBroker(
-                url,
-                namespace=namespace,
-                queue_type=queue_type,
-                lease=lease,
-                connect_timeout=timeout,
-                signing_key=store.signing_key(),
-            )
-        except ValueError as e:  # pika cannot parse the URL (a bad port, say)
-            raise URLError(f"invalid {what} {mask_url(url)!r}: {e}") from e
-    if url.startswith(("redis://", "rediss://")):
+        kind, options["queue_type"] = RabbitBroker, queue_type
+    elif url.startswith(("redis://", "rediss://")):
         from sagaloop.brokers.kombu import KombuBroker  # ImportError: says what to install
 
-        try:
-            return KombuBroker(
-                url,
-                namespace=namespace,
-                lease=lease,
-                connect_timeout=timeout,
-                signing_key=store.signing_key(),
-            )
-        except ValueError as e:  # kombu cannot parse the URL (a bad port, say)
-            raise URLError(f"invalid {what} {mask_url(url)!r}: {e}") from e
-    raise URLError(f"unsupported {what} {mask_url(url)!r}: use {BROKERS}")
+        kind = KombuBroker
+    else:
+        raise URLError(f"unsupported {what} {mask_url(url)!r}: use {BROKERS}")
+    try:
+        return kind(
+            url,
+            namespace=namespace,
+            lease=lease,
+            connect_timeout=timeout,
+            signing_key=store.signing_key(),  # shared through the database
+            **options,
+        )
+    except ValueError as e:  # the client library cannot parse the URL (a bad port, say)
+        raise URLError(f"invalid {what} {mask_url(url)!r}: {e}") from e
 
 
 def open_streams(url: str, *, namespace: str = "sagaloop") -> Streams:
