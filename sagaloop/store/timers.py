@@ -36,8 +36,8 @@ class SqlTimers(SqlCore, TimerStore):
     def take_due_timers(
         self, tx: Any, now: datetime, limit: int, *, app: str | None = None
     ) -> list[Timer]:
-        """Timers that a concurrent transaction is taking are skipped (``SKIP LOCKED`` on
-        PostgreSQL) or waited for (SQLite's write lock)."""
+        """On PostgreSQL ``SKIP LOCKED`` passes over the rows another transaction holds; on
+        SQLite the write lock makes this one wait for it."""
         conn = conn_of(tx)
         q = sa.select(t.timers).where(t.timers.c.fire_at <= now).order_by(t.timers.c.fire_at)
         if app is not None:

@@ -79,6 +79,23 @@ def test_each_sql_mixin_subclasses_the_roles_it_plays() -> None:
             assert role in owner.__mro__ or owner is SqlCore, (owner, role)  # the shared core
 
 
+def _phrases(doc: str | None, n: int = 7) -> set[tuple[str, ...]]:
+    words = (doc or "").split()
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+@pytest.mark.parametrize("role", STORE_ROLES, ids=lambda role: role.__name__)
+def test_a_contract_is_written_once_in_its_port(role: type) -> None:
+    """What a method promises is in the port's docstring; the SQL method's own docstring (if
+    any) says how, and repeats no phrase of the contract."""
+    for name in _methods(role):
+        implemented = getattr(SqlStore, name)
+        if implemented.__doc__ is None:
+            continue
+        repeated = _phrases(implemented.__doc__) & _phrases(getattr(role, name).__doc__)
+        assert not repeated, f"{role.__name__}.{name}: {sorted(repeated)[0]}"
+
+
 def test_sql_store_satisfies_the_roles_statically(store: SqlStore) -> None:
     """mypy checks these assignments: a SqlStore method that drifts from its role fails it."""
     transactions: Transactions = store
