@@ -88,7 +88,9 @@ class Crash(Exception):
 
 
 class Harness:
-    """Drives an app's engine, workers, timers (and relay) one message at a time.
+    """Drives an app's engine, workers, timers (and relay) one message at a time: the parts
+    a ``Service`` runs on threads, built by the same assembly (``sagaloop.runtime.assembly``)
+    and stepped on the caller's thread.
 
     ``broker="database"`` (default) uses the outbox table as the queue, like the embedded
     default; ``broker="memory"`` relays the outbox to the in-memory broker.

@@ -13,6 +13,7 @@ import pytest
 from sagaloop import App, Client, RetryPolicy, SagaContext, StepContext
 from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.engine import history as h
+from sagaloop.runtime.assembly import Roles, Tuning
 from sagaloop.runtime.service import Runtime
 from sagaloop.store.sql import SqlStore
 
@@ -110,3 +111,36 @@ def test_stop_is_prompt_and_leaves_queued_work(tmp_path: Path) -> None:
     assert store.queue_depths() == {"rt.starts": 1}, "nothing consumed after stop"
     assert client.get(run_id).status == "running"
     store.close()
+
+
+def test_runtime_keeps_its_keywords_for_one_release(tmp_path: Path) -> None:
+    """``Runtime``'s 15 keywords are ``Service``'s roles and tuning."""
+    store = SqlStore(f"sqlite:///{tmp_path / 'rt.db'}")
+    store.upgrade()
+    try:
+        runtime = Runtime(
+            app,
+            store,
+            DatabaseBroker(store),
+            engine=False,
+            queues=["q"],
+            timers=False,
+            concurrency=2,
+            poll=0.5,
+            heartbeat=3.0,
+            relay_lease=timedelta(seconds=9),
+            batch=8,
+            activation_deadline=1.0,
+        )
+        assert runtime.roles == Roles(engine=False, queues=["q"], timers=False)
+        assert runtime.tuning == Tuning(
+            concurrency=2,
+            batch=8,
+            poll=0.5,
+            heartbeat=3.0,
+            lease=timedelta(seconds=9),
+            activation_deadline=1.0,
+        )
+        assert [t.name for t in runtime.threads] == ["worker-0", "worker-1"]
+    finally:
+        store.close()
