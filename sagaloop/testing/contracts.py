@@ -152,6 +152,42 @@ class BrokerContract:
         bodies = [d.body for d in got]
         assert got == [], f"{why}, but received {bodies!r}"
 
+    def leased(self, h: BrokerUnderTest, body: bytes = b"m") -> tuple[str, Delivery]:
+        """A new queue with one message, published and received (so leased)."""
+        (q,) = self.queues(h)
+        h.broker.publish([(q, body)])
+        return q, self.receive_one(h, q)
+
+    def back_after(
+        self,
+        h: BrokerUnderTest,
+        q: str,
+        after: timedelta,
+        body: bytes,
+        deliveries: int | None = None,
+        *,
+        quiet_before: str | None = None,
+    ) -> Delivery:
+        """Move the clock ``after`` and a margin on: ``body`` comes back from ``q`` (as its
+        delivery number ``deliveries``, when given). With ``quiet_before``, first check that
+        nothing comes back a margin short of ``after`` (the message saying why)."""
+        if quiet_before is None:
+            h.clock.advance(after + h.margin)
+        else:
+            h.clock.advance(after - h.margin)
+            self.assert_quiet(h, [q], quiet_before)
+            h.clock.advance(2 * h.margin)
+        d = self.receive_one(h, q)
+        assert d.body == body, f"{d.body!r} came back, not {body!r}"
+        if deliveries is not None:
+            assert d.deliveries == deliveries, f"delivery counted {d.deliveries}, not {deliveries}"
+        return d
+
+    def assert_quiet_past_lease(self, h: BrokerUnderTest, queues: Sequence[str], why: str) -> None:
+        """Past the lease, nothing comes from ``queues``."""
+        h.clock.advance(h.lease + h.margin)
+        self.assert_quiet(h, queues, why)
+
     @staticmethod
     def consume(h: BrokerUnderTest, d: Delivery) -> None:
         """Settle in a committed transaction, then ack (the canonical way)."""
@@ -245,19 +281,12 @@ class BrokerContract:
     def test_unacked_delivery_is_redelivered_after_the_lease(
         self, harness: BrokerUnderTest
     ) -> None:
-        h = harness
-        (q,) = self.queues(h)
-        h.broker.publish([(q, b"m")])
-        first = self.receive_one(h, q)
+        q, first = self.leased(harness)
         assert first.deliveries == 1
-        self.assert_quiet(h, [q], "the message is leased")
-        h.clock.advance(h.lease - h.margin)
-        self.assert_quiet(h, [q], "the lease has not expired yet")
-        h.clock.advance(2 * h.margin)
-        again = self.receive_one(h, q)
-        assert again.body == b"m", "a different message came back"
-        assert again.deliveries == 2, f"redelivery counted {again.deliveries}, not 2"
-        self.consume(h, again)
+        self.assert_quiet(harness, [q], "the message is leased")
+        quiet = "the lease has not expired yet"
+        again = self.back_after(harness, q, harness.lease, b"m", 2, quiet_before=quiet)
+        self.consume(harness, again)
 
     def test_ack_after_settle_removes_the_message_for_good(self, harness: BrokerUnderTest) -> None:
         h = harness
@@ -266,20 +295,14 @@ class BrokerContract:
         done, kept = self.receive(h, [q], 2)
         assert (done.body, kept.body) == (b"done", b"kept")
         self.consume(h, done)
-        h.clock.advance(h.lease + h.margin)
-        back = self.receive_one(h, q)
-        assert back.body == b"kept", "the consumed message came back"
-        self.consume(h, back)
-        h.clock.advance(h.lease + h.margin)
-        self.assert_quiet(h, [q], "both messages were consumed")
+        self.consume(h, self.back_after(h, q, h.lease, b"kept"))  # and not b"done": it was consumed
+        self.assert_quiet_past_lease(h, [q], "both messages were consumed")
 
     def test_settle_in_a_rolled_back_transaction_keeps_the_message(
         self, harness: BrokerUnderTest
     ) -> None:
         h = harness
-        (q,) = self.queues(h)
-        h.broker.publish([(q, b"m")])
-        first = self.receive_one(h, q)
+        q, first = self.leased(h)
         try:
             with h.store.transaction() as tx:
                 first.settle(tx)
@@ -288,56 +311,36 @@ class BrokerContract:
             pass
         # no ack: the processing did not commit
         self.assert_quiet(h, [q], "the lease has not expired yet")
-        h.clock.advance(h.lease + h.margin)
-        again = self.receive_one(h, q)
-        assert again.body == b"m"
-        assert again.deliveries == 2, f"redelivery counted {again.deliveries}, not 2"
-        self.consume(h, again)
-        h.clock.advance(h.lease + h.margin)
-        self.assert_quiet(h, [q], "the redelivered message was consumed")
+        self.consume(h, self.back_after(h, q, h.lease, b"m", 2))
+        self.assert_quiet_past_lease(h, [q], "the redelivered message was consumed")
 
     def test_retry_later_brings_the_message_back_after_the_delay(
         self, harness: BrokerUnderTest
     ) -> None:
         h = harness
-        (q,) = self.queues(h)
-        h.broker.publish([(q, b"m")])
-        d = self.receive_one(h, q)
+        q, d = self.leased(h)
+        quiet = "the retry delay has not passed yet"
 
         short = h.lease / 2  # back before the lease would have expired
         d.retry_later(short)
         self.assert_quiet(h, [q], "retry_later must wait for its delay")
-        h.clock.advance(short - h.margin)
-        self.assert_quiet(h, [q], "the retry delay has not passed yet")
-        h.clock.advance(2 * h.margin)
-        d = self.receive_one(h, q)
-        assert d.body == b"m"
-        assert d.deliveries == 2, f"a retry counted {d.deliveries}, not 2"
+        d = self.back_after(h, q, short, b"m", 2, quiet_before=quiet)
 
         long = 2 * h.lease  # not back when the lease would have expired
         d.retry_later(long)
-        h.clock.advance(h.lease + h.margin)
-        self.assert_quiet(h, [q], "the retry delay is longer than the lease")
-        h.clock.advance(long - h.lease - 2 * h.margin)
-        self.assert_quiet(h, [q], "the retry delay has not passed yet")
-        h.clock.advance(2 * h.margin)
-        d = self.receive_one(h, q)
-        assert d.body == b"m"
-        assert d.deliveries == 3, f"a second retry counted {d.deliveries}, not 3"
+        self.assert_quiet_past_lease(h, [q], "the retry delay is longer than the lease")
+        d = self.back_after(h, q, long - h.lease - h.margin, b"m", 3, quiet_before=quiet)
         self.consume(h, d)
 
     def test_dead_letter_removes_and_records_the_reason(self, harness: BrokerUnderTest) -> None:
         h = harness
-        (q,) = self.queues(h)
         before = len(h.dead_letters())
         body = b"\x00not json"
-        h.broker.publish([(q, body)])
-        d = self.receive_one(h, q)
+        q, d = self.leased(h, body)
         d.dead_letter("not JSON: poison")
         dead = h.dead_letters()
         assert dead[before:] == [(q, body, "not JSON: poison")], f"dead letters: {dead!r}"
-        h.clock.advance(h.lease + h.margin)
-        self.assert_quiet(h, [q], "the message was dead-lettered")
+        self.assert_quiet_past_lease(h, [q], "the message was dead-lettered")
 
     def _stale_consume(self, h: BrokerUnderTest, stale: Delivery) -> None:
         """Consume a delivery whose lease was lost: settle may refuse with a BrokerError (and
@@ -349,35 +352,27 @@ class BrokerContract:
             pass
         stale.ack()
 
-    def _lose_lease(self, h: BrokerUnderTest, q: str) -> tuple[Delivery, Delivery]:
-        h.broker.publish([(q, b"m")])
-        stale = self.receive_one(h, q)
-        h.clock.advance(h.lease + h.margin)
-        current = self.receive_one(h, q)
-        assert current.body == b"m" and current.deliveries == 2
-        return stale, current
+    def _lose_lease(self, h: BrokerUnderTest) -> tuple[str, Delivery, Delivery]:
+        """A new queue whose one message was leased (``stale``), then leased again past the
+        lease (``current``)."""
+        q, stale = self.leased(h)
+        return q, stale, self.back_after(h, q, h.lease, b"m", 2)
 
     def test_stale_ack_leaves_the_new_claim_in_place(self, harness: BrokerUnderTest) -> None:
         h = harness
-        (q,) = self.queues(h)
-        stale, _current = self._lose_lease(h, q)
+        q, stale, _current = self._lose_lease(h)
         self._stale_consume(h, stale)
         self.assert_quiet(h, [q], "the second consumer still holds the message")
-        # The second consumer dies too: the message must still exist and come back.
-        h.clock.advance(h.lease + h.margin)
-        third = self.receive_one(h, q)
-        assert third.body == b"m", "the stale ack deleted the message"
-        assert third.deliveries == 3, f"redelivery counted {third.deliveries}, not 3"
-        self.consume(h, third)
+        # The second consumer dies too: the message must still exist (the stale ack did not
+        # delete it) and come back.
+        self.consume(h, self.back_after(h, q, h.lease, b"m", 3))
 
     def test_stale_ack_does_not_break_the_new_consumers_ack(self, harness: BrokerUnderTest) -> None:
         h = harness
-        (q,) = self.queues(h)
-        stale, current = self._lose_lease(h, q)
+        q, stale, current = self._lose_lease(h)
         self._stale_consume(h, stale)
         self.consume(h, current)  # must not raise: this consumer holds the lease
-        h.clock.advance(h.lease + h.margin)
-        self.assert_quiet(h, [q], "the second consumer consumed the message")
+        self.assert_quiet_past_lease(h, [q], "the second consumer consumed the message")
 
     # --- managing dead letters (DeadLetters) -------------------------------------------------
 
@@ -448,8 +443,7 @@ class BrokerContract:
         else:
             assert broker.purge_dead_letters() == 1
             assert broker.list_dead_letters() == [] and broker.count_dead_letters() == 0
-        h.clock.advance(h.lease + h.margin)
-        self.assert_quiet(h, [q], "only the resent dead letters came back")
+        self.assert_quiet_past_lease(h, [q], "only the resent dead letters came back")
 
     # --- durability and concurrency ----------------------------------------------------------
 
@@ -519,5 +513,4 @@ class BrokerContract:
         assert duplicates == 0, f"{duplicates} messages were received twice"
         assert got == bodies, f"{len(bodies) - len(got)} messages were not received in time"
         assert {n for _, n in received} == {1}, "a message was redelivered within its lease"
-        h.clock.advance(h.lease + h.margin)
-        self.assert_quiet(h, [q], "every message was consumed")
+        self.assert_quiet_past_lease(h, [q], "every message was consumed")
