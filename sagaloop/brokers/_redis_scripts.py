@@ -53,30 +53,38 @@ redis.call('ZADD', KEYS[2], 'XX', ARGV[2], ARGV[1])
 return 1
 """
 
-ACK = (
+_RELEASE = (
     _SPLIT
     + """
+-- A claim still held, forgotten (with its message's delivery count): its list and message;
+-- nil when it is no longer held.
+local function release(held, back_at, counts, claim)
+  local v = redis.call('HGET', held, claim)
+  if not v then return nil end
+  local list, message = split(v)
+  redis.call('HDEL', held, claim)
+  redis.call('ZREM', back_at, claim)
+  redis.call('HDEL', counts, redis.sha1hex(message))
+  return list, message
+end
+"""
+)
+
+ACK = (
+    _RELEASE
+    + """
 -- KEYS: held, until, deliveries; ARGV: claim id
-local v = redis.call('HGET', KEYS[1], ARGV[1])
-if not v then return 0 end
-local _, message = split(v)
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], redis.sha1hex(message))
+if not release(KEYS[1], KEYS[2], KEYS[3], ARGV[1]) then return 0 end
 return 1
 """
 )
 
 BURY = (
-    _SPLIT
+    _RELEASE
     + """
 -- KEYS: held, until, deliveries, seq, dead, dead-ids; ARGV: claim id, metadata (JSON)
-local v = redis.call('HGET', KEYS[1], ARGV[1])
-if not v then return 0 end
-local list, message = split(v)
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], redis.sha1hex(message))
+local list, message = release(KEYS[1], KEYS[2], KEYS[3], ARGV[1])
+if not list then return 0 end
 local id = redis.call('INCR', KEYS[4])
 redis.call('HSET', KEYS[5], id, #list .. ':' .. list .. #ARGV[2] .. ':' .. ARGV[2] .. message)
 redis.call('ZADD', KEYS[6], id, id)
