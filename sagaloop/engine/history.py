@@ -12,51 +12,97 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, Final
 
-RUN_STARTED: Final = "run_started"
-STEP_SCHEDULED: Final = "step_scheduled"
-STEP_RETRYING: Final = "step_retrying"
-STEP_DISPATCHED: Final = "step_dispatched"
-STEP_COMPLETED: Final = "step_completed"
-STEP_FAILED: Final = "step_failed"
-STEP_HALTED: Final = "step_halted"
-TIMER_STARTED: Final = "timer_started"
-TIMER_FIRED: Final = "timer_fired"
-EVENT_WAITING: Final = "event_waiting"
-EVENT_ARRIVED: Final = "event_arrived"
-EVENT_REJECTED: Final = "event_rejected"
-"""An event whose data did not fit the wait it reached: recorded, and the wait goes on."""
-EVENTS_DECLARED: Final = "events_declared"
-"""The events the saga declares it accepts (``@app.saga(events=...)``), for clients without
-its code, when the engine wrote the run's start (a client records them in ``run_started``)."""
-MARKER: Final = "marker"
-COMPENSATE_REQUESTED: Final = "compensate_requested"
-"""Saga code asked to undo the steps completed so far (``ctx.compensate``) and goes on after."""
-COMPENSATE_DONE: Final = "compensate_done"
-PUBLISHED: Final = "published"
-RUN_CONTINUED: Final = "run_continued"
-"""Saga code continued as new (``ctx.continue_as_new``): the history restarts with this input."""
-CHILD_STARTED: Final = "child_started"
-"""Saga code called a saga (``await ctx.call(saga, input)``): a child run, awaited."""
-CHILD_COMPLETED: Final = "child_completed"
-CHILD_FAILED: Final = "child_failed"
-UNDO_REQUESTED: Final = "undo_requested"
-"""A completed child run is undone as a whole: its parent compensates."""
-EVENT_SENT: Final = "event_sent"
-"""Saga code sent an event to another run (``ctx.send_event``), through the outbox."""
-RUN_SPAWNED: Final = "run_spawned"
-"""Saga code started another run, fire-and-forget (``ctx.start``), through the outbox."""
-"""A value saga code published (``ctx.publish``): readable from outside, the latest per key."""
-CANCEL_REQUESTED: Final = "cancel_requested"
-RUN_RESUMED: Final = "run_resumed"
-RUN_PARKED: Final = "run_parked"
-SAGA_FINISHED: Final = "saga_finished"
-COMPENSATION_SCHEDULED: Final = "compensation_scheduled"
-COMPENSATION_RETRYING: Final = "compensation_retrying"
-COMPENSATION_COMPLETED: Final = "compensation_completed"
-COMPENSATION_FAILED: Final = "compensation_failed"
-RUN_FINISHED: Final = "run_finished"
+
+class EventKind(StrEnum):
+    """The kind of a history event. A member is its string: it is stored, sent and read back
+    as that string, and compares equal to it. The module's constants are its members, typed
+    ``str`` as they always were (``Event.kind`` is the stored string)."""
+
+    RUN_STARTED = "run_started"
+    STEP_SCHEDULED = "step_scheduled"
+    STEP_RETRYING = "step_retrying"
+    STEP_DISPATCHED = "step_dispatched"
+    STEP_COMPLETED = "step_completed"
+    STEP_FAILED = "step_failed"
+    STEP_HALTED = "step_halted"
+    TIMER_STARTED = "timer_started"
+    TIMER_FIRED = "timer_fired"
+    EVENT_WAITING = "event_waiting"
+    EVENT_ARRIVED = "event_arrived"
+    EVENT_REJECTED = "event_rejected"
+    """An event whose data did not fit the wait it reached: recorded, and the wait goes on."""
+    EVENTS_DECLARED = "events_declared"
+    """The events the saga declares it accepts (``@app.saga(events=...)``), for clients
+    without its code, when the engine wrote the run's start (a client records them in
+    ``run_started``)."""
+    MARKER = "marker"
+    COMPENSATE_REQUESTED = "compensate_requested"
+    """Saga code asked to undo the steps completed so far (``ctx.compensate``) and goes on
+    after."""
+    COMPENSATE_DONE = "compensate_done"
+    PUBLISHED = "published"
+    """A value saga code published (``ctx.publish``): readable from outside, the latest per
+    key."""
+    RUN_CONTINUED = "run_continued"
+    """Saga code continued as new (``ctx.continue_as_new``): the history restarts with this
+    input."""
+    CHILD_STARTED = "child_started"
+    """Saga code called a saga (``await ctx.call(saga, input)``): a child run, awaited."""
+    CHILD_COMPLETED = "child_completed"
+    CHILD_FAILED = "child_failed"
+    UNDO_REQUESTED = "undo_requested"
+    """A completed child run is undone as a whole: its parent compensates."""
+    EVENT_SENT = "event_sent"
+    """Saga code sent an event to another run (``ctx.send_event``), through the outbox."""
+    RUN_SPAWNED = "run_spawned"
+    """Saga code started another run, fire-and-forget (``ctx.start``), through the outbox."""
+    CANCEL_REQUESTED = "cancel_requested"
+    RUN_RESUMED = "run_resumed"
+    RUN_PARKED = "run_parked"
+    SAGA_FINISHED = "saga_finished"
+    COMPENSATION_SCHEDULED = "compensation_scheduled"
+    COMPENSATION_RETRYING = "compensation_retrying"
+    COMPENSATION_COMPLETED = "compensation_completed"
+    COMPENSATION_FAILED = "compensation_failed"
+    RUN_FINISHED = "run_finished"
+
+
+RUN_STARTED: Final[str] = EventKind.RUN_STARTED
+STEP_SCHEDULED: Final[str] = EventKind.STEP_SCHEDULED
+STEP_RETRYING: Final[str] = EventKind.STEP_RETRYING
+STEP_DISPATCHED: Final[str] = EventKind.STEP_DISPATCHED
+STEP_COMPLETED: Final[str] = EventKind.STEP_COMPLETED
+STEP_FAILED: Final[str] = EventKind.STEP_FAILED
+STEP_HALTED: Final[str] = EventKind.STEP_HALTED
+TIMER_STARTED: Final[str] = EventKind.TIMER_STARTED
+TIMER_FIRED: Final[str] = EventKind.TIMER_FIRED
+EVENT_WAITING: Final[str] = EventKind.EVENT_WAITING
+EVENT_ARRIVED: Final[str] = EventKind.EVENT_ARRIVED
+EVENT_REJECTED: Final[str] = EventKind.EVENT_REJECTED
+EVENTS_DECLARED: Final[str] = EventKind.EVENTS_DECLARED
+MARKER: Final[str] = EventKind.MARKER
+COMPENSATE_REQUESTED: Final[str] = EventKind.COMPENSATE_REQUESTED
+COMPENSATE_DONE: Final[str] = EventKind.COMPENSATE_DONE
+PUBLISHED: Final[str] = EventKind.PUBLISHED
+RUN_CONTINUED: Final[str] = EventKind.RUN_CONTINUED
+CHILD_STARTED: Final[str] = EventKind.CHILD_STARTED
+CHILD_COMPLETED: Final[str] = EventKind.CHILD_COMPLETED
+CHILD_FAILED: Final[str] = EventKind.CHILD_FAILED
+UNDO_REQUESTED: Final[str] = EventKind.UNDO_REQUESTED
+EVENT_SENT: Final[str] = EventKind.EVENT_SENT
+RUN_SPAWNED: Final[str] = EventKind.RUN_SPAWNED
+CANCEL_REQUESTED: Final[str] = EventKind.CANCEL_REQUESTED
+RUN_RESUMED: Final[str] = EventKind.RUN_RESUMED
+RUN_PARKED: Final[str] = EventKind.RUN_PARKED
+SAGA_FINISHED: Final[str] = EventKind.SAGA_FINISHED
+COMPENSATION_SCHEDULED: Final[str] = EventKind.COMPENSATION_SCHEDULED
+COMPENSATION_RETRYING: Final[str] = EventKind.COMPENSATION_RETRYING
+COMPENSATION_COMPLETED: Final[str] = EventKind.COMPENSATION_COMPLETED
+COMPENSATION_FAILED: Final[str] = EventKind.COMPENSATION_FAILED
+RUN_FINISHED: Final[str] = EventKind.RUN_FINISHED
 
 COMMAND_KINDS: Final = frozenset(
     {

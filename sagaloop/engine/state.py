@@ -8,38 +8,55 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime
-from typing import Any
+from enum import StrEnum
+from typing import Any, Final
 
 from sagaloop.engine import history as h
 from sagaloop.engine.history import Event
 
-# Run statuses.
-RUNNING = "running"
-WAITING = "waiting"
-COMPENSATING = "compensating"
-COMPLETED = "completed"
-FAILED = "failed"
-COMPENSATED = "compensated"
-CANCELLED = "cancelled"
-NEEDS_ATTENTION = "needs_attention"
-FINAL_STATUSES = frozenset({COMPLETED, FAILED, COMPENSATED, CANCELLED})
-ALL_STATUSES = (
-    RUNNING,
-    WAITING,
-    COMPENSATING,
-    COMPLETED,
-    FAILED,
-    COMPENSATED,
-    CANCELLED,
-    NEEDS_ATTENTION,
-)
 
-# Step states (also used for the compensation of a step).
-SCHEDULED = "scheduled"
-RETRYING = "retrying"
-DONE = "completed"
-GAVE_UP = "failed"
-HALTED = "halted"
+class RunStatus(StrEnum):
+    """A run's status. A member is its string: it is stored and read back as that string, and
+    compares equal to it. The module's constants are its members, typed ``str`` as they
+    always were (``RunRecord.status`` is the stored string)."""
+
+    RUNNING = "running"
+    WAITING = "waiting"
+    COMPENSATING = "compensating"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    COMPENSATED = "compensated"
+    CANCELLED = "cancelled"
+    NEEDS_ATTENTION = "needs_attention"
+
+
+RUNNING: Final[str] = RunStatus.RUNNING
+WAITING: Final[str] = RunStatus.WAITING
+COMPENSATING: Final[str] = RunStatus.COMPENSATING
+COMPLETED: Final[str] = RunStatus.COMPLETED
+FAILED: Final[str] = RunStatus.FAILED
+COMPENSATED: Final[str] = RunStatus.COMPENSATED
+CANCELLED: Final[str] = RunStatus.CANCELLED
+NEEDS_ATTENTION: Final[str] = RunStatus.NEEDS_ATTENTION
+FINAL_STATUSES: frozenset[str] = frozenset({COMPLETED, FAILED, COMPENSATED, CANCELLED})
+ALL_STATUSES: tuple[str, ...] = tuple(RunStatus)
+
+
+class StepStatus(StrEnum):
+    """The state of a step (also of its compensation), in a run's folded state."""
+
+    SCHEDULED = "scheduled"
+    RETRYING = "retrying"
+    DONE = "completed"
+    GAVE_UP = "failed"
+    HALTED = "halted"
+
+
+SCHEDULED: Final[str] = StepStatus.SCHEDULED
+RETRYING: Final[str] = StepStatus.RETRYING
+DONE: Final[str] = StepStatus.DONE
+GAVE_UP: Final[str] = StepStatus.GAVE_UP
+HALTED: Final[str] = StepStatus.HALTED
 IN_FLIGHT = frozenset({SCHEDULED, RETRYING})
 
 

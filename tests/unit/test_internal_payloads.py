@@ -3,13 +3,20 @@ and the worker wrote by hand before, key for key and byte for byte."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sagaloop.engine.contract import DO, UNDO
+from sagaloop.engine import history as h
+from sagaloop.engine import state as s
+from sagaloop.engine.contract import DO, UNDO, Direction
+from sagaloop.engine.history import NewEvent
 from sagaloop.engine.messages import (
     ChildResult,
     ChildStart,
@@ -21,7 +28,9 @@ from sagaloop.engine.messages import (
     UndoRun,
     step_result,
 )
+from sagaloop.engine.ports import RunRecord
 from sagaloop.errors import MessageError
+from sagaloop.store.sql import SqlStore
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -198,3 +207,34 @@ def test_a_malformed_internal_payload_is_a_message_error(
 ) -> None:
     with pytest.raises(MessageError, match="invalid child_start payload"):
         model.parse(Envelope(type="child_start", run_id="r", payload=payload))
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlStore]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'enums.db'}"
+    else:
+        url = request.getfixturevalue("postgres_url")
+    store = SqlStore(url)
+    store.upgrade()
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def test_the_str_enums_are_stored_and_read_back_as_plain_strings(store: SqlStore) -> None:
+    run_id = f"enums-{uuid.uuid4().hex}"
+    run = RunRecord(run_id, "app", "saga", s.RunStatus.RUNNING, None, NOW, NOW)
+    data = {"status": s.FAILED, "direction": Direction.UNDO, "outcome": Outcome.HALTED}
+    with store.transaction() as tx:
+        assert store.create_run(tx, run)
+        store.append_events(tx, run_id, 0, [NewEvent(h.EventKind.RUN_FINISHED, data=data)], NOW)
+        store.save_run(tx, dataclasses.replace(run, status=s.RunStatus.COMPENSATED, last_seq=1))
+    stored = store.get_run(run_id)
+    assert stored is not None and type(stored.status) is str and stored.status == "compensated"
+    [event] = store.load_history(None, run_id)
+    assert type(event.kind) is str and event.kind == "run_finished"
+    assert event.data == {"status": "failed", "direction": "undo", "outcome": "halted"}
+    assert all(type(value) is str for value in event.data.values())
+    assert store.count_runs(app="app").get("compensated", 0) >= 1
