@@ -128,6 +128,8 @@ class Context(SagaContext):
             raise ValidationError(
                 f"saga {saga.name!r} is not registered in app {self._r.app.name!r}"
             )
+        if not saga.has_input and args == (None,):  # as Client.start(saga, None) accepts
+            args = ()
         if len(args) > 1 or (len(args) == 1 and not saga.has_input):
             raise ValidationError(f"saga {saga.name!r} takes {int(saga.has_input)} input")
         value = saga.input.to_json(args[0] if args else None, what=f"input of saga {saga.name!r}")

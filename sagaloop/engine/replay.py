@@ -52,8 +52,12 @@ FED_KINDS = frozenset(
 )
 
 
-def seed_for(run_id: str) -> int:
-    return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:8], "big")
+def seed_for(run_id: str, epoch: int = 0) -> int:
+    """The seed of ``ctx.uuid4()`` and ``ctx.random()`` in the history ``epoch`` of a run (how
+    many times it continued as new before): a function of the history, so a replay draws what
+    the first execution drew, and different in each history of a continue-as-new chain."""
+    text = run_id if epoch == 0 else f"{run_id}\x00{epoch}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
 class _Pending:
@@ -113,10 +117,11 @@ class Replayer:
         there, as the OpenAI Agents SDK and anyio do, finds the one it set), not wherever the
         garbage collector happens to run. What the code issues while unwinding is not
         recorded: this object is being dropped, the run's state is its history."""
+        self.stopped = True  # fed nothing more
         tasks = [task for task, _ in self.loop.suspended_tasks()]
         if not tasks or self.loop.is_closed():
             return
-        self.stopped = self.replaying = True  # silent, and fed nothing more
+        self.replaying = True  # silent
         for task in tasks:
             task.cancel()
         try:
@@ -152,6 +157,8 @@ class Replayer:
         if declared and "events" not in ev.data and not self.replaying:  # the engine's start
             self.rejections.append(NewEvent(h.EVENTS_DECLARED, data={"events": declared}))
         self.next_pos = int(ev.data.get("first_pos", 0))  # continued: positions go on
+        if epoch := int(ev.data.get("epoch", 0)):
+            self.rng.seed(seed_for(self.run_id, epoch))
         input_json = ev.data.get("input")
         args: tuple[Any, ...] = ()
         if self.saga.has_input:
@@ -169,8 +176,8 @@ class Replayer:
 
     def _deliver(self, ev: Event) -> None:
         self.loop.set_time(ev.at.timestamp())
-        if ev.kind == h.CANCEL_REQUESTED:
-            self.stopped = True
+        if ev.kind == h.CANCEL_REQUESTED:  # the code is fed no more: unwind it now, on its
+            self.close()  # own loop, rather than leave it to the garbage collector
             return
         if ev.kind == h.EVENT_ARRIVED:
             name = str(ev.name)

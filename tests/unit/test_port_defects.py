@@ -1,0 +1,119 @@
+"""Defects found by porting other engines' samples (issue 25), each pinned by the test that
+failed for its reason before the fix."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import warnings
+from typing import Any
+
+import pytest
+
+from sagaloop import App, SagaContext, StepContext
+from sagaloop.testing import Harness
+
+
+def test_uuid4_and_random_differ_in_each_history_of_a_continue_as_new_chain() -> None:
+    """Defect 2: seeded by the run id alone, every history of the chain drew the same values;
+    ``Conversation(ctx)`` and ``SagaRunner`` take their ids from ``ctx.uuid4()``."""
+    app = App("chain")
+    drawn: list[tuple[str, float]] = []
+
+    @app.step
+    def keep(ctx: StepContext, u: str, r: float) -> None:
+        drawn.append((u, r))
+
+    @app.saga(name="loop")
+    async def loop(ctx: SagaContext, n: int) -> int:
+        await ctx.call(keep, str(ctx.uuid4()), ctx.random())
+        if n < 3:
+            ctx.continue_as_new(n + 1)
+        return n
+
+    env = Harness(app)
+    rid = env.start(loop, 0)
+    env.run_until_idle()
+    assert env.result(rid) == 3
+    assert len(drawn) == 4
+    assert len({u for u, _ in drawn}) == 4 and len({r for _, r in drawn}) == 4, drawn
+
+
+def test_a_replay_of_each_history_of_the_chain_draws_its_own_values_again() -> None:
+    """The seed is a function of the history (run id and its place in the chain), so a
+    replay after a restart draws what the first execution drew."""
+    app = App("chain2")
+    drawn: list[str] = []
+
+    @app.step
+    def keep(ctx: StepContext, u: str) -> None:
+        drawn.append(u)
+
+    @app.saga(name="loop")
+    async def loop(ctx: SagaContext, n: int) -> str:
+        u = str(ctx.uuid4())
+        await ctx.call(keep, u)
+        await ctx.call(keep, u)  # the second call's activation replays the first
+        if n < 1:
+            ctx.continue_as_new(n + 1)
+        return u
+
+    env = Harness(app)
+    rid = env.start(loop, 0)
+    env.run_until_idle()
+    assert drawn[0] == drawn[1] and drawn[2] == drawn[3] and drawn[0] != drawn[2]
+    assert env.result(rid) == drawn[2]
+
+
+def test_a_child_saga_without_input_is_called_with_none() -> None:
+    """Papercut: ``Client.start(saga, None)`` accepts a saga without input; so does
+    ``ctx.call(saga, None)`` now (it raised ValidationError "takes 0 input")."""
+    app = App("noinput")
+
+    @app.saga(name="kid")
+    async def kid(ctx: SagaContext) -> str:
+        return "done"
+
+    @app.saga(name="parent")
+    async def parent(ctx: SagaContext) -> list[str]:
+        return [await ctx.call(kid, None), await ctx.call(kid)]
+
+    env = Harness(app)
+    rid = env.start(parent, None)
+    env.run_until_idle()
+    assert env.result(rid) == ["done", "done"]
+
+
+def _unwinding_app(unwound: list[str]) -> tuple[App, Any]:
+    app = App("unwind")
+
+    @app.saga(name="waits")
+    async def waits(ctx: SagaContext) -> None:
+        try:
+            await ctx.wait_for_event("never")
+        finally:
+            await asyncio.sleep(0)  # an await in finally: only a loop can run it
+            unwound.append(ctx.run_id)
+
+    return app, waits
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_the_code_of_a_cancelled_run_unwinds_on_its_own_loop(cache: bool) -> None:
+    """Defect 5: the saga code of a run that ended by cancellation was closed by the garbage
+    collector ("coroutine ignored GeneratorExit"), its ``finally`` cut at the first await."""
+    unwound: list[str] = []
+    app, waits = _unwinding_app(unwound)
+    env = Harness(app, cache=cache)
+    rid = env.start(waits, None)
+    env.run_until_idle()
+    before = list(unwound)  # without the cache, each activation's code unwinds when dropped
+    assert before == ([] if cache else [rid])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        env.cancel(rid)
+        env.run_until_idle()
+        gc.collect()
+    assert env.get(rid).status == "cancelled"
+    assert unwound == [*before, rid]
+    assert not [w for w in seen if "GeneratorExit" in str(w.message)]
