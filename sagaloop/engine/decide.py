@@ -30,6 +30,7 @@ from sagaloop.engine.messages import (
     ChildResult,
     ChildStart,
     Envelope,
+    Outcome,
     StepReply,
     StepTask,
     UndoRun,
@@ -67,6 +68,13 @@ class Effects:
         message = Envelope(created_at=self.at, trace=self.trace, **envelope)
         self.messages.append(Outgoing(queue, message))
 
+    def start(self, queue: str, message_id: str, run_id: str, saga: str, value: Any) -> None:
+        """Queue the start of run ``run_id`` of ``saga`` with the input ``value`` (JSON)."""
+        payload = {"input": value}
+        self.send(
+            queue, type="start", message_id=message_id, run_id=run_id, saga=saga, payload=payload
+        )
+
 
 # --- what a fact does to the run -----------------------------------------------------------------
 
@@ -94,12 +102,12 @@ def result_events(
     if direction == DO:
         if step_state.status not in s.IN_FLIGHT or step_state.attempt != attempt:
             return []  # a late or duplicate reply
-        if outcome == "completed":
+        if outcome == Outcome.COMPLETED:
             data = {"result": reply.result, "reconciled": reply.reconciled}
             if reply.reconciled and reply.took_s is not None:  # the attempt's time
                 data["took_s"] = reply.took_s  # (not the lease a dead worker's message waited)
             return [NewEvent(h.STEP_COMPLETED, pos, name, {**data, **worker})]
-        if outcome == "halted":
+        if outcome == Outcome.HALTED:
             assert reply.error is not None  # a halted reply says why (StepReply checks)
             reason = str(reply.error.get("message"))
             return [
@@ -109,9 +117,9 @@ def result_events(
     else:
         if step_state.comp_status not in s.IN_FLIGHT or step_state.comp_attempt != attempt:
             return []
-        if outcome == "completed":
+        if outcome == Outcome.COMPLETED:
             return [NewEvent(h.COMPENSATION_COMPLETED, pos, name, {**worker})]
-        if outcome == "halted":  # the worker gave up on the message: `retry` undoes again
+        if outcome == Outcome.HALTED:  # the worker gave up on the message: `retry` undoes again
             assert reply.error is not None
             reason = f"compensation of step {name!r}: {reply.error.get('message')}"
             return [
@@ -441,14 +449,8 @@ def effects_of(
         )
     elif kind == h.RUN_SPAWNED:
         assert ev.pos is not None and ev.name is not None
-        effects.send(
-            queue,
-            type="start",
-            message_id=derived_id("spawned", st.run_id, ev.pos),
-            run_id=str(ev.data["run_id"]),
-            saga=ev.name,
-            payload={"input": ev.data.get("input")},
-        )
+        spawned = derived_id("spawned", st.run_id, ev.pos)
+        effects.start(queue, spawned, str(ev.data["run_id"]), ev.name, ev.data.get("input"))
     elif kind == h.EVENT_REJECTED:  # the wait goes on: so does its timeout
         rejected = st.waits.get(ev.pos) if ev.pos is not None else None
         if rejected is not None and rejected.until is not None and not rejected.resolved:
@@ -462,14 +464,8 @@ def effects_of(
             **({"trace": st.trace} if st.trace else {}),  # the same run: the same trace
         }
         effects.restart = NewEvent(h.RUN_STARTED, name=st.saga, data=data)
-        effects.send(
-            queue,
-            type="start",
-            message_id=derived_id("continued", st.run_id, st.epoch + 1),
-            run_id=st.run_id,
-            saga=st.saga,
-            payload={"input": ev.data.get("input")},
-        )
+        continued = derived_id("continued", st.run_id, st.epoch + 1)
+        effects.start(queue, continued, st.run_id, st.saga, ev.data.get("input"))
         cancel_children(app, st, effects)
     elif kind == h.CHILD_STARTED:
         assert ev.pos is not None and ev.name is not None

@@ -206,6 +206,13 @@ def _error_of(step: StepDef[Any, Any], e: BaseException) -> ErrorInfo:
     return info
 
 
+def _note(ctx: _StepContext, level: int, state: str, why: str) -> None:
+    """One line on what an attempt in doubt does: ``run R: step 'S' <state> (attempt N): <why>``."""
+    ctx.logger.log(
+        level, "run %s: step %r %s (attempt %d): %s", ctx.run_id, ctx.step, state, ctx.attempt, why
+    )
+
+
 def _log_failure(
     ctx: _StepContext, step: StepDef[Any, Any], direction: str, info: ErrorInfo, e: BaseException
 ) -> None:
@@ -380,52 +387,26 @@ class StepRunner:
             if step.reconcile_fn is not None:
                 found = self._call(step, inline, step.reconcile_fn, ctx, **args)
                 if found is not None:
-                    ctx.logger.info(
-                        "run %s: step %r reconciled (attempt %d): an earlier attempt took "
-                        "effect, so it was not run again",
-                        ctx.run_id,
-                        step.name,
-                        ctx.attempt,
-                    )
+                    why = "an earlier attempt took effect, so it was not run again"
+                    _note(ctx, logging.INFO, "reconciled", why)
                     what = f"reconciled result of step {step.name!r}"
                     result = step.result.to_json(found, what=what)
                     return {"outcome": COMPLETED, "result": result, "reconciled": True}
-                ctx.logger.info(
-                    "run %s: step %r in doubt (attempt %d): its reconcile found no effect of "
-                    "an earlier attempt; running it",
-                    ctx.run_id,
-                    step.name,
-                    ctx.attempt,
-                )
+                why = "its reconcile found no effect of an earlier attempt; running it"
+                _note(ctx, logging.INFO, "in doubt", why)
             elif halts_in_doubt(step):  # no reconcile, and idempotent=False
                 reason = (
                     f"step {step.name!r} is declared idempotent=False and has no reconcile; an "
                     f"earlier attempt may have taken effect, so attempt {ctx.attempt} was not "
                     "run. Check the effect by hand, then `sagaloop retry` the run."
                 )
-                ctx.logger.warning(
-                    "run %s: step %r in doubt (attempt %d): not run again, as it is "
-                    "idempotent=False without a reconcile",
-                    ctx.run_id,
-                    step.name,
-                    ctx.attempt,
-                )
+                why = "not run again, as it is idempotent=False without a reconcile"
+                _note(ctx, logging.WARNING, "in doubt", why)
                 return {"outcome": HALTED, "error": ErrorInfo("InDoubt", reason).to_json()}
             else:
-                ctx.logger.debug(
-                    "run %s: step %r in doubt (attempt %d): idempotent, so run again",
-                    ctx.run_id,
-                    step.name,
-                    ctx.attempt,
-                )
+                _note(ctx, logging.DEBUG, "in doubt", "idempotent, so run again")
         elif in_doubt:
-            ctx.logger.info(
-                "run %s: step %r run again although in doubt (attempt %d): `sagaloop retry` "
-                "forced it",
-                ctx.run_id,
-                step.name,
-                ctx.attempt,
-            )
+            _note(ctx, logging.INFO, "run again although in doubt", "`sagaloop retry` forced it")
         value = self._call(step, inline, step.fn, ctx, **args)
         return {
             "outcome": COMPLETED,
