@@ -33,6 +33,7 @@ from sagaloop.engine.messages import (
     Outcome,
     StepReply,
     StepTask,
+    TimerKind,
     UndoRun,
     derived_id,
     engine_queue,
@@ -208,16 +209,21 @@ def timer_events(st: RunState, pos: int, kind: str, attempt: int) -> list[NewEve
     """What a timer of ``kind`` (``sleep``, ``wait``, ``retry``, ``undo_retry``) for the
     command at ``pos`` does; none when what it was for has already happened."""
     step = st.steps.get(pos)
-    if kind == "sleep" and pos in st.sleeps:
+    if kind == TimerKind.SLEEP and pos in st.sleeps:
         return [NewEvent(h.TIMER_FIRED, pos)]
     wait = st.waits.get(pos)
-    if kind == "wait" and wait is not None and not wait.resolved:
+    if kind == TimerKind.WAIT and wait is not None and not wait.resolved:
         return [NewEvent(h.TIMER_FIRED, pos, wait.name)]
-    if kind == "retry" and step and step.status == s.RETRYING and step.attempt + 1 == attempt:
+    if (
+        kind == TimerKind.RETRY
+        and step
+        and step.status == s.RETRYING
+        and step.attempt + 1 == attempt
+    ):
         data = {"attempt": attempt, "in_doubt": step.in_doubt}
         return [NewEvent(h.STEP_DISPATCHED, pos, step.name, data)]
     if (
-        kind == "undo_retry"
+        kind == TimerKind.UNDO_RETRY
         and step
         and step.comp_status == s.RETRYING
         and step.comp_attempt + 1 == attempt
@@ -420,20 +426,20 @@ def effects_of(
         return dispatch(app, st, ev.pos, direction, attempt, force, effects, now=now)
     if kind == h.TIMER_STARTED:
         assert ev.pos is not None
-        effects.timers.append(Timer(st.run_id, ev.pos, "sleep", st.sleeps[ev.pos]))
+        effects.timers.append(Timer(st.run_id, ev.pos, TimerKind.SLEEP, st.sleeps[ev.pos]))
     elif kind == h.EVENT_WAITING:
         assert ev.pos is not None
         wait = st.waits[ev.pos]
         if wait.until is not None and not wait.resolved:
-            effects.timers.append(Timer(st.run_id, ev.pos, "wait", wait.until))
+            effects.timers.append(Timer(st.run_id, ev.pos, TimerKind.WAIT, wait.until))
     elif kind in (h.STEP_RETRYING, h.COMPENSATION_RETRYING):
         assert ev.pos is not None
         step_state = st.steps[ev.pos]
         if kind == h.STEP_RETRYING:
-            timer_kind, attempt = "retry", step_state.attempt + 1
+            timer_kind, attempt = TimerKind.RETRY, step_state.attempt + 1
             fire_at = step_state.retry_at
         else:
-            timer_kind, attempt = "undo_retry", step_state.comp_attempt + 1
+            timer_kind, attempt = TimerKind.UNDO_RETRY, step_state.comp_attempt + 1
             fire_at = step_state.comp_retry_at
         assert fire_at is not None
         effects.timers.append(Timer(st.run_id, ev.pos, timer_kind, fire_at, attempt))
@@ -454,7 +460,7 @@ def effects_of(
     elif kind == h.EVENT_REJECTED:  # the wait goes on: so does its timeout
         rejected = st.waits.get(ev.pos) if ev.pos is not None else None
         if rejected is not None and rejected.until is not None and not rejected.resolved:
-            effects.timers.append(Timer(st.run_id, rejected.pos, "wait", rejected.until))
+            effects.timers.append(Timer(st.run_id, rejected.pos, TimerKind.WAIT, rejected.until))
     elif kind == h.RUN_CONTINUED:  # a fresh history; a start message activates it
         effects.clear_timers = True
         data = {

@@ -277,6 +277,16 @@ class StepReply(InternalPayload):
         return self
 
 
+class TimerKind(StrEnum):
+    """What a run's timer is for: a ``ctx.sleep``, a wait's timeout, the next attempt of a step
+    or of its compensation."""
+
+    SLEEP = "sleep"
+    WAIT = "wait"
+    RETRY = "retry"
+    UNDO_RETRY = "undo_retry"
+
+
 class TimerPayload(InternalPayload):
     """The payload of a ``timer`` message (the run and its command's position are the
     envelope's): which of the command's timers fired (``sleep``, ``wait``, ``retry``,

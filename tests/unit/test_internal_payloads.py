@@ -24,11 +24,12 @@ from sagaloop.engine.messages import (
     Outcome,
     StepReply,
     StepTask,
+    TimerKind,
     TimerPayload,
     UndoRun,
     step_result,
 )
-from sagaloop.engine.ports import RunRecord
+from sagaloop.engine.ports import RunRecord, Timer
 from sagaloop.errors import MessageError
 from sagaloop.store.sql import SqlStore
 
@@ -225,7 +226,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlStore]:
 
 def test_the_str_enums_are_stored_and_read_back_as_plain_strings(store: SqlStore) -> None:
     run_id = f"enums-{uuid.uuid4().hex}"
-    run = RunRecord(run_id, "app", "saga", s.RunStatus.RUNNING, None, NOW, NOW)
+    run = RunRecord(run_id, run_id, "saga", s.RunStatus.RUNNING, None, NOW, NOW)  # its own app
     data = {"status": s.FAILED, "direction": Direction.UNDO, "outcome": Outcome.HALTED}
     with store.transaction() as tx:
         assert store.create_run(tx, run)
@@ -237,4 +238,9 @@ def test_the_str_enums_are_stored_and_read_back_as_plain_strings(store: SqlStore
     assert type(event.kind) is str and event.kind == "run_finished"
     assert event.data == {"status": "failed", "direction": "undo", "outcome": "halted"}
     assert all(type(value) is str for value in event.data.values())
-    assert store.count_runs(app="app").get("compensated", 0) >= 1
+    assert store.count_runs(app=run_id) == {"compensated": 1}
+    with store.transaction() as tx:
+        store.add_timer(tx, Timer(run_id, 1, TimerKind.UNDO_RETRY, NOW, 2))
+    with store.transaction() as tx:
+        [timer] = store.take_due_timers(tx, NOW, 10, app=run_id)
+    assert type(timer.kind) is str and timer.kind == "undo_retry"
