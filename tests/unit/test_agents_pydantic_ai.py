@@ -27,7 +27,8 @@ from pydantic_ai.usage import UsageLimits
 
 from sagaloop import App, SagaContext, StepContext
 from sagaloop.agents import Budget, BudgetExceeded
-from sagaloop.agents.pydantic_ai import _RESPONSE, SagaAgent, ToolPolicy, step_as_tool
+from sagaloop.agents.pydantic_ai import SagaAgent, ToolPolicy, step_as_tool
+from sagaloop.agents.pydantic_ai.agent import _RESPONSE
 from sagaloop.engine import history as h
 from sagaloop.errors import ValidationError
 from sagaloop.testing import Harness
@@ -302,7 +303,7 @@ def test_the_transcript_is_stored_once() -> None:
 
 
 def test_a_worker_without_the_transcript_rebuilds_it_from_the_history() -> None:
-    from sagaloop.agents import pydantic_ai as adapter
+    from sagaloop.agents.pydantic_ai import agent as adapter
 
     app, saga, _script = loop_app(4, result_bytes=10)
     env = Harness(app)

@@ -466,7 +466,8 @@ def test_an_openai_agents_model_step_carries_gen_ai_attributes(traces: Traces) -
     from agents.usage import Usage
     from openai import AsyncOpenAI
 
-    from sagaloop.agents.openai_agents import SagaRunner, _model_ref
+    from sagaloop.agents.openai_agents import SagaRunner
+    from sagaloop.agents.openai_agents.model import model_ref
 
     usage = Usage(requests=1, input_tokens=12, output_tokens=3, total_tokens=15)
     model = ScriptedModel(
@@ -491,7 +492,7 @@ def test_an_openai_agents_model_step_carries_gen_ai_attributes(traces: Traces) -
     assert span.attributes["gen_ai.usage.output_tokens"] == 3
     # the model's name and provider, when the runner can tell them
     openai = OpenAIResponsesModel("gpt-5", AsyncOpenAI(api_key="unused"))
-    assert _model_ref("gpt-5", openai) == ("gpt-5", "openai")
-    assert _model_ref(None, openai) == ("gpt-5", "openai")
-    assert _model_ref("litellm/claude", model) == ("claude", "litellm")
-    assert _model_ref(None, model) == (None, None)
+    assert model_ref("gpt-5", openai) == ("gpt-5", "openai")
+    assert model_ref(None, openai) == ("gpt-5", "openai")
+    assert model_ref("litellm/claude", model) == ("claude", "litellm")
+    assert model_ref(None, model) == (None, None)

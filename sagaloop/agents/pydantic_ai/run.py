@@ -1,7 +1,7 @@
-"""The saga side of one :class:`~sagaloop.agents.pydantic_ai.SagaAgent` run, shared by the agent
-and its MCP servers (:mod:`sagaloop.agents._mcp`): the run's state, the tools as saga code sees
-them (each call a step, an approval asked inside the run), and how a tool's signals
-(``ModelRetry``, ``ApprovalRequired``, ``CallDeferred``) cross a step as values."""
+"""The saga side of one :class:`~sagaloop.agents.pydantic_ai.SagaAgent` run, shared by the
+agent and its MCP servers (:mod:`sagaloop.agents.pydantic_ai.mcp`): the run's state, the tools
+as saga code sees them (each call a step, an approval asked inside the run), and how a tool's
+signals (``ModelRetry``, ``ApprovalRequired``, ``CallDeferred``) cross a step as values."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from sagaloop.errors import ApprovalDenied
 from sagaloop.sagas.approvals import Approval
 
 if TYPE_CHECKING:
-    from sagaloop.agents.pydantic_ai import SagaAgent
+    from sagaloop.agents.pydantic_ai.agent import SagaAgent
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -1,43 +1,10 @@
-"""OpenAI Agents SDK agents that run as a saga: :class:`SagaRunner`.
-
-Built on the SDK's public extension points (``Model``, ``FunctionTool``, ``Handoff``,
-``MCPServer``, ``Agent.clone``, ``RunResult.to_state``), no monkey-patching::
-
-    runner = SagaRunner(app, triage_agent)  # where the app's steps are declared
-
-    @app.saga(name="triage")
-    async def triage(ctx: SagaContext, ticket: str) -> str:
-        result = await runner.run(triage_agent, ticket, max_turns=20)
-        return result.final_output
-
-- every model call is the step ``agent__{agent}__model_request``: the worker runs the real model
-  (the agent's ``Model`` instance, or its model name through ``model_provider``); the response
-  and its usage are recorded, never paid again on replay. The request records only the input
-  items new since the previous request of the same run (:mod:`sagaloop.agents.transcript`);
-- every function tool is its own step ``agent__{agent}__tool__{tool}``, with its
-  :class:`~sagaloop.agents.ToolPolicy` (``SagaRunner(tools={name: ToolPolicy(...)})``): the SDK
-  would run tools in the saga's process, and a replay would run their effects again.
-  :func:`step_as_function_tool` hands an existing ``@app.step`` to the model;
-- a tool that needs approval (``needs_approval``, an MCP server's ``require_approval``, or
-  ``ToolPolicy(requires_approval=True)``) pauses the same saga run through ``ctx.approval``
-  (``sagaloop approvals/approve/deny``); the SDK's run is resumed from its in-memory state;
-- an agent's MCP servers are listed and called through the steps
-  ``agent__{agent}__mcp__{server}__list_tools`` and ``...__call_tool``;
-- handoffs move to the durable copy of the target agent; guardrails, instructions and hooks
-  are saga code (they run again on every replay: keep them free of effects, or make the effect
-  a step); ``max_turns`` and a :class:`~sagaloop.agents.Budget` bound the run;
-- ``SagaRunner(stream=True)``: the worker streams the model's events to the run's live channel
-  (``Client.stream``, ``sagaloop tail``).
-
-Outside saga code ``runner.run`` is the SDK's ``Runner.run``. Step names are compatibility data:
-a run in flight resolves its steps by these names (tests pin them).
-"""
+"""`SagaRunner` and `step_as_function_tool`: OpenAI Agents SDK agents whose models, tools and
+handoffs go through steps (see :mod:`sagaloop.agents.openai_agents`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 from datetime import timedelta
 from typing import Any, Unpack
 
@@ -74,15 +41,15 @@ from sagaloop.agents._core import (
     denial,
     jsonable,
     run_plain,
-    server_steps,
     step_part,
     tool_step,
     usage_of,
 )
 from sagaloop.agents._model_call import finish_run
-from sagaloop.agents._openai_model import StepModel, model_ref, serve_request
-from sagaloop.agents._openai_run import OpenAIRun, StepMCPServer, current, in_run, unless_refused
 from sagaloop.agents.budgets import Budget
+from sagaloop.agents.openai_agents import mcp
+from sagaloop.agents.openai_agents.model import StepModel, serve_request
+from sagaloop.agents.openai_agents.run import OpenAIRun, current, in_run, unless_refused
 from sagaloop.agents.options import AgentOptions, DurableAdapter
 from sagaloop.agents.tools import StepTool, StepTools, ToolCallError
 from sagaloop.engine import sandbox
@@ -91,8 +58,6 @@ from sagaloop.sagas.app import App, StepDef
 from sagaloop.sagas.context import StepContext, current_saga
 
 __all__ = ["SagaRunner", "step_as_function_tool"]
-
-_model_ref = model_ref  # its old name, which tests read
 
 # The SDK keys in-memory state with uuid4 from its own modules (the scope of an agent-as-tool's
 # state, occurrence keys of run items, a trace group): values that "never enter model payloads"
@@ -191,7 +156,6 @@ class SagaRunner(DurableAdapter):
         self.tool_steps: dict[tuple[str, str], StepDef[Any, Any]] = {}
         self.mcp_steps: dict[tuple[str, str], tuple[StepDef[Any, Any], StepDef[Any, Any]]] = {}
         self._function_tools: dict[tuple[str, str], FunctionTool] = {}
-        self._mcp_servers: dict[tuple[str, str], tuple[MCPServer, threading.Lock]] = {}
         self._clones: dict[int, Agent[Any]] = {}
         for agent in agents:
             self._declare(agent)
@@ -265,28 +229,12 @@ class SagaRunner(DurableAdapter):
         self.tool_steps[key] = tool_step(self.app, name, policy, queue)(run_tool)
 
     def _declare_mcp(self, agent: Agent[Any], prefix: str, server: MCPServer) -> None:
-        key = (agent.name, server.name)
-        policy = self._given.get(f"mcp:{server.name}") or ToolPolicy()
-        if f"mcp:{server.name}" in self._given:
-            self.policies[f"mcp:{server.name}"] = policy
-        self._mcp_servers[key] = (server, threading.Lock())
-        step_prefix = f"{prefix}__mcp__{step_part(server.name)}"
-        queue = policy.queue or self.tool_queue
-
-        async def list_tools(ctx: StepContext, _: dict[str, Any]) -> list[Any]:
-            tools = await self._on_server(key, lambda s: s.list_tools())
-            return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]
-
-        async def call_tool(ctx: StepContext, call: dict[str, Any]) -> Any:
-            tracing.tool_call(str(call["tool"]))  # on the step's span: gen_ai.tool.name
-            result = await self._on_server(
-                key, lambda s: s.call_tool(call["tool"], call.get("args"), call.get("meta"))
-            )
-            return result.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-        self.mcp_steps[key] = server_steps(
-            self.app, step_prefix, policy, queue, ("list_tools", list_tools), call_tool
-        )
+        key = f"{mcp.SERVER_KEY}{server.name}"
+        policy = self._given.get(key) or ToolPolicy()
+        if key in self._given:
+            self.policies[key] = policy
+        steps = mcp.declare(self.app, prefix, server, policy, self.tool_queue)
+        self.mcp_steps[(agent.name, server.name)] = steps
 
     # --- the saga side -----------------------------------------------------------------------
 
@@ -305,7 +253,10 @@ class SagaRunner(DurableAdapter):
             model=StepModel(self, agent.name),
             model_settings=agent.model_settings,
             tools=[self._durable_tool(agent, t) for t in agent.tools],
-            mcp_servers=[StepMCPServer(self, agent.name, s) for s in agent.mcp_servers],
+            mcp_servers=[
+                mcp.StepMCPServer(s, self.mcp_steps[(agent.name, s.name)])
+                for s in agent.mcp_servers
+            ],
             handoffs=[],
         )
         self._clones[id(agent)] = clone
@@ -507,17 +458,6 @@ class SagaRunner(DurableAdapter):
             function_tool=tool, context=tool_ctx, arguments=arguments
         )
         return {"value": jsonable(value, f"the result of tool {tool.name!r}")}
-
-    async def _on_server(self, key: tuple[str, str], act: Any) -> Any:
-        """``act(server)`` with the server connected; one step at a time per server in this
-        process (each async step runs on an event loop of its own)."""
-        server, lock = self._mcp_servers[key]
-        with lock:
-            await server.connect()  # type: ignore[no-untyped-call]
-            try:
-                return await act(server)
-            finally:
-                await server.cleanup()  # type: ignore[no-untyped-call]
 
 
 def _handoff_target(handoff: Handoff[Any, Any]) -> Agent[Any] | None:

@@ -24,12 +24,12 @@ from sagaloop import tracing
 from sagaloop.agents import transcript
 from sagaloop.agents._core import attempt_timeout, jsonable
 from sagaloop.agents._model_call import count_response, relay, request_model
-from sagaloop.agents._openai_run import in_run
+from sagaloop.agents.openai_agents.run import in_run
 from sagaloop.sagas.app import StepDef
 from sagaloop.sagas.context import StepContext
 
 if TYPE_CHECKING:
-    from sagaloop.agents.openai_agents import SagaRunner
+    from sagaloop.agents.openai_agents.runner import SagaRunner
 
 RESPONSE: pydantic.TypeAdapter[ModelResponse] = pydantic.TypeAdapter(ModelResponse)
 _SETTINGS: pydantic.TypeAdapter[ModelSettings] = pydantic.TypeAdapter(ModelSettings)

@@ -54,7 +54,7 @@ from sagaloop.agents._core import (
     tool_step,
     usage_of,
 )
-from sagaloop.agents._pydantic_run import (
+from sagaloop.agents.pydantic_ai.run import (
     TOOL_SIGNALS,
     SagaToolset,
     ask_person,
@@ -69,7 +69,7 @@ from sagaloop.sagas.context import StepContext
 if TYPE_CHECKING:
     from pydantic_ai.mcp import MCPToolset
 
-    from sagaloop.agents.pydantic_ai import SagaAgent
+    from sagaloop.agents.pydantic_ai.agent import SagaAgent
 
 SERVER_KEY = "mcp:"
 """``SagaAgent(tools={"mcp:{id}": ToolPolicy(...)})``: the policy of MCP server ``id``'s steps."""

@@ -1,21 +1,5 @@
-"""A Pydantic AI agent that runs as a saga: `SagaAgent`.
-
-Built only on Pydantic AI's public extension points (``WrapperAgent``, ``WrapperModel``,
-``WrapperToolset``, ``Agent.override``, ``DurableRunContext``):
-
-- every model request is the step ``agent__{name}__model_request``: the worker runs the real
-  model; the response, its usage and its price are recorded, never paid again on replay. The
-  request records only the transcript's new messages (:mod:`sagaloop.agents.transcript`);
-- every function tool is its own step ``agent__{name}__tool__{tool}``, with its own policy
-  (:class:`ToolPolicy`: queue, retry, timeout, idempotent, reconcile, compensation), and
-  :func:`step_as_tool` hands an existing ``@app.step`` to the model. ``ModelRetry``,
-  ``ApprovalRequired`` and ``CallDeferred`` raised by a tool cross the step as values;
-- a tool that needs approval pauses the same run (``ctx.approval``) instead of ending it;
-- budgets are counted from the recorded usage (:mod:`sagaloop.agents.budgets`).
-
-Outside saga code a ``SagaAgent`` is the plain agent. Step names are compatibility data: a run in
-flight resolves its steps by these names (tests pin them).
-"""
+"""`SagaAgent` and `step_as_tool`: the agent, its model and function tools as steps (see
+:mod:`sagaloop.agents.pydantic_ai`)."""
 
 from __future__ import annotations
 
@@ -47,7 +31,7 @@ from pydantic_ai.tools import RunContext, Tool
 from pydantic_ai.toolsets import AbstractToolset, CombinedToolset, FunctionToolset
 
 from sagaloop import tracing
-from sagaloop.agents import _mcp, transcript
+from sagaloop.agents import transcript
 from sagaloop.agents._core import (
     ToolPolicy,
     attempt_timeout,
@@ -63,8 +47,11 @@ from sagaloop.agents._model_call import (
     relay,
     request_model,
 )
-from sagaloop.agents._pydantic_models import lifted_request_limit, profile_model
-from sagaloop.agents._pydantic_run import (
+from sagaloop.agents.budgets import Budget
+from sagaloop.agents.options import AgentOptions, DurableAdapter
+from sagaloop.agents.pydantic_ai import mcp
+from sagaloop.agents.pydantic_ai.profiles import lifted_request_limit, profile_model
+from sagaloop.agents.pydantic_ai.run import (
     TOOL_SIGNALS,
     BudgetGate,
     PydanticRun,
@@ -72,8 +59,6 @@ from sagaloop.agents._pydantic_run import (
     run_context,
     signal_of,
 )
-from sagaloop.agents.budgets import Budget
-from sagaloop.agents.options import AgentOptions, DurableAdapter
 from sagaloop.engine import sandbox
 from sagaloop.errors import ValidationError
 from sagaloop.sagas.app import App, StepDef
@@ -89,7 +74,7 @@ _PARAMS: pydantic.TypeAdapter[ModelRequestParameters] = pydantic.TypeAdapter(Mod
 _RESPONSE: pydantic.TypeAdapter[_messages.ModelResponse] = pydantic.TypeAdapter(
     _messages.ModelResponse
 )
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("sagaloop.agents.pydantic_ai")
 DepsT = TypeVar("DepsT")
 OutputT = TypeVar("OutputT")
 METADATA_KEY = "sagaloop"
@@ -288,7 +273,7 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], DurableAdapter, Generic[DepsT, Out
             for tool_name, tool in toolset.tools.items():
                 self._declare_tool(toolset, tool_name, tool, given.pop(tool_name, None))
         # MCP servers: their tools are only known at run time
-        self.mcp_servers = _mcp.declare(self, given)
+        self.mcp_servers = mcp.declare(self, given)
         if given:
             raise ValidationError(f"SagaAgent(tools=...) names unknown tools: {sorted(given)}")
 
@@ -431,7 +416,7 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], DurableAdapter, Generic[DepsT, Out
             ),
         )
         usage_of(saga)
-        toolset = BudgetGate(_mcp.saga_toolset(self, CombinedToolset(list(self.wrapped.toolsets))))
+        toolset = BudgetGate(mcp.saga_toolset(self, CombinedToolset(list(self.wrapped.toolsets))))
         token = current.set(run)
         try:
             with self.wrapped.override(model=self._saga_side_model(), tools=[], toolsets=[toolset]):
