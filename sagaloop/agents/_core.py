@@ -82,9 +82,6 @@ async def run_plain(step: StepDef[Any, Any], kwargs: dict[str, Any]) -> Any:
     return result
 
 
-_run_plain = run_plain  # its old name, which tests/unit/test_current_step.py reads
-
-
 def attempt_timeout(limit: timedelta | None) -> asyncio.Timeout:
     """A step body's own deadline (its step's timeout): a model stream read under it is
     closed when the attempt times out, where the engine only stops waiting for it."""

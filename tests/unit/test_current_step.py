@@ -231,7 +231,7 @@ def test_a_step_reads_its_runs_history_and_a_childs() -> None:
 
 
 def test_a_step_called_outside_a_saga_cannot_read_histories() -> None:
-    from sagaloop.agents._core import _run_plain
+    from sagaloop.agents._core import run_plain
     from sagaloop.errors import ValidationError
 
     app = App("plain")
@@ -241,4 +241,4 @@ def test_a_step_called_outside_a_saga_cannot_read_histories() -> None:
         return len(ctx.history())
 
     with pytest.raises(ValidationError, match="cannot read a run's history here"):
-        asyncio.run(_run_plain(look, {}))
+        asyncio.run(run_plain(look, {}))
