@@ -16,6 +16,7 @@ from sagaloop.cli.render import _table, printable
 
 REASON_WIDTH = 60
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 @click.group("dead-letters")
@@ -160,12 +161,10 @@ def _one_or_all(verb: str) -> Callable[[F], F]:
 def resend(obj: Obj, id: str | None, all_: bool, yes: bool) -> None:
     """Publish a dead letter (or all) again to the queue it came from, unchanged (same message
     id: a consumer that processed it already skips it), then remove it from the dead letters."""
-    with _targeted(obj, id, all_, yes, "Resend all {} dead letters to their queues?") as broker:
-        if broker is None:
-            return
-        resent = broker.resend_dead_letters(None if id is None else [id])
-        if id is not None and not resent:
-            raise _unknown(id)
+    question = "Resend all {} dead letters to their queues?"
+    resent = _apply(obj, id, all_, yes, question, lambda b, ids: b.resend_dead_letters(ids))
+    if resent is None:
+        return
     if id is not None:
         click.echo(f"resent {resent[0].id} to {resent[0].queue}")
         return
@@ -179,27 +178,35 @@ def resend(obj: Obj, id: str | None, all_: bool, yes: bool) -> None:
 @click.pass_obj
 def purge(obj: Obj, id: str | None, all_: bool, yes: bool) -> None:
     """Delete a dead letter (or all) for good."""
-    with _targeted(obj, id, all_, yes, "Delete all {} dead letters for good?") as broker:
-        if broker is None:
-            return
-        purged = broker.purge_dead_letters(None if id is None else [id])
-        if id is not None and not purged:
-            raise _unknown(id)
+    question = "Delete all {} dead letters for good?"
+    purged = _apply(obj, id, all_, yes, question, lambda b, ids: b.purge_dead_letters(ids))
+    if purged is None:
+        return
     if id is not None:
         click.echo(f"purged {id}")
         return
     click.echo(f"purged {purged} dead letter{'s' if purged != 1 else ''}")
 
 
-@contextmanager
-def _targeted(
-    obj: Obj, id: str | None, all_: bool, yes: bool, question: str
-) -> Iterator[DeadLetters | None]:
-    """The broker to act on dead letter ``id``, or on all of them (``--all``) once there are
-    some and the user agreed to ``question`` (None: nothing to do)."""
+def _apply(
+    obj: Obj,
+    id: str | None,
+    all_: bool,
+    yes: bool,
+    question: str,
+    act: Callable[[DeadLetters, list[str] | None], T],
+) -> T | None:
+    """``act(broker, [id])`` on dead letter ``id`` (which must exist), or ``act(broker, None)``
+    on all of them (``--all``) once there are some and the user agreed to ``question``; None:
+    nothing was done."""
     _check_target(id, all_)
     with _broker(obj) as broker:
-        yield broker if id is not None or _confirm_all(broker, yes, question) else None
+        if id is None:
+            return act(broker, None) if _confirm_all(broker, yes, question) else None
+        done = act(broker, [id])
+        if not done:
+            raise _unknown(id)
+        return done
 
 
 def _confirm_all(broker: DeadLetters, yes: bool, question: str) -> bool:
