@@ -9,7 +9,7 @@ import shlex
 import click
 
 from sagaloop.cli.common import Obj, errors, json_arg
-from sagaloop.cli.render import _table, printable
+from sagaloop.cli.render import printable, text_table
 from sagaloop.client import Client
 from sagaloop.client.timeline import short_json
 from sagaloop.sagas.approvals import PendingApproval
@@ -32,7 +32,7 @@ def approvals_text(pending: list[PendingApproval]) -> str:
     ]
     headers = ["run", "call", "action", "args", "hash", "deadline (UTC)", "status"]
     hint = "answer with: sagaloop approve RUN CALL [--args JSON] | sagaloop deny RUN CALL --reason"
-    return f"{_table(headers, rows)}\n\n{hint}"
+    return f"{text_table(headers, rows)}\n\n{hint}"
 
 
 @click.command("approvals")

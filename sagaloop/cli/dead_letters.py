@@ -12,7 +12,7 @@ import click
 
 from sagaloop.brokers.dead_letters import DeadLetter, DeadLetters
 from sagaloop.cli.common import Obj, errors
-from sagaloop.cli.render import _table, printable
+from sagaloop.cli.render import printable, text_table
 
 REASON_WIDTH = 60
 F = TypeVar("F", bound=Callable[..., Any])
@@ -100,7 +100,7 @@ def list_(obj: Obj, limit: int, as_json: bool) -> None:
         for d in letters
     ]
     headers = ["id", "queue", "type", "run", "bytes", "dead-lettered (UTC)", "reason"]
-    click.echo(_table(headers, rows))
+    click.echo(text_table(headers, rows))
     shown = f"{len(letters)} shown of {total}" if total > len(letters) else str(total)
     click.echo(f"\n{shown} dead letter{'s' if total != 1 else ''}")
 

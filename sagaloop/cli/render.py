@@ -79,7 +79,7 @@ def _rich(table: Any) -> str:
     return "\n".join(lines).strip("\n")
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Columns under their headers: plain, or drawn by rich where :func:`in_colour`. Each cell
     is shown :func:`printable`."""
     rows = [[printable(cell) for cell in row] for row in rows]
@@ -155,7 +155,7 @@ def timeline_text(tl: Timeline) -> str:
     parts = ["\n".join(head)]
     if rows:
         headers = ["#", "step", "state", "tries", "took", "worker", "undo", "idempotency key"]
-        parts.append(_table(headers, rows))
+        parts.append(text_table(headers, rows))
     errors = [
         f"  #{s.position} {printable(s.step)}: {printable(s.error)}"
         + (f"\n{_indent(s.traceback)}" if s.traceback else "")
@@ -233,7 +233,7 @@ def _indent(text: str, by: str = "      ") -> str:
 
 def runs_text(runs: Sequence[RunRecord], counts: dict[str, int]) -> str:
     rows = [[r.run_id, r.app, r.saga, r.status, _t(r.created_at), _t(r.updated_at)] for r in runs]
-    table = _table(["run", "app", "saga", "status", "started (UTC)", "updated (UTC)"], rows)
+    table = text_table(["run", "app", "saga", "status", "started (UTC)", "updated (UTC)"], rows)
     summary = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no runs"
     summary = printable(summary)
     return f"{table}\n\n{summary} (total {sum(counts.values())})"

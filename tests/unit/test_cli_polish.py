@@ -389,7 +389,7 @@ def test_tables_are_in_colour_only_on_a_terminal_without_no_color(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr("sys.stdout", Terminal() if tty else io.StringIO())
-    table = render._table(["run", "status"], [["r1", "completed"], ["r2", "failed"]])
+    table = render.text_table(["run", "status"], [["r1", "completed"], ["r2", "failed"]])
     assert render.in_colour() is colour
     if colour:
         assert "\x1b[32mcompleted" in table and "\x1b[1;31mfailed" in table, repr(table)
