@@ -4,17 +4,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, Literal, TypedDict, cast
 
-from sagaloop.agents._core import ToolPolicy
+from sagaloop.agents._core import ToolPolicy, step_part, tool_step
 from sagaloop.agents._model_call import ModelStepOptions
 from sagaloop.agents.budgets import Budget
-from sagaloop.sagas.app import App
+from sagaloop.sagas.app import App, StepDef
 from sagaloop.sagas.policy import RetryPolicy
 
-__all__ = ["AgentOptions", "DurableAdapter"]
+__all__ = ["AgentOptions", "DurableAdapter", "steps_prefix"]
 
 
 class AgentOptions(TypedDict, total=False):
@@ -86,3 +86,18 @@ class DurableAdapter:
             **{field: given[key] for key, field in _MODEL_STEP.items() if key in given}
         )
         return dict(options.get("tools") or {})
+
+    def _tool_step(
+        self, prefix: str, tool_name: str, policy: ToolPolicy, run_tool: Callable[..., Any]
+    ) -> StepDef[Any, Any]:
+        """Register ``run_tool`` (the worker side of a function tool) as the step
+        ``{prefix}__tool__{tool_name}``, with the tool's ``policy``, on its queue (else
+        ``tool_queue``)."""
+        name = f"{prefix}__tool__{step_part(tool_name)}"
+        return tool_step(self.app, name, policy, policy.queue or self.tool_queue)(run_tool)
+
+
+def steps_prefix(agent_name: str) -> str:
+    """``agent__{agent_name}``: the start of the names of an agent's steps (compatibility data:
+    a run in flight resolves its steps by these names)."""
+    return f"agent__{step_part(agent_name)}"

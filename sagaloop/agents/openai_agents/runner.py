@@ -41,8 +41,6 @@ from sagaloop.agents._core import (
     denial,
     jsonable,
     run_plain,
-    step_part,
-    tool_step,
     usage_of,
 )
 from sagaloop.agents._model_call import finish_run
@@ -50,7 +48,7 @@ from sagaloop.agents.budgets import Budget
 from sagaloop.agents.openai_agents import mcp
 from sagaloop.agents.openai_agents.model import StepModel, serve_request
 from sagaloop.agents.openai_agents.run import OpenAIRun, current, in_run, unless_refused
-from sagaloop.agents.options import AgentOptions, DurableAdapter
+from sagaloop.agents.options import AgentOptions, DurableAdapter, steps_prefix
 from sagaloop.agents.tools import StepTool, StepTools, ToolCallError
 from sagaloop.engine import sandbox
 from sagaloop.errors import StepFailedError, ValidationError
@@ -184,7 +182,7 @@ class SagaRunner(DurableAdapter):
                 " (their steps are named after them)"
             )
         self.agents[agent.name] = agent
-        prefix = f"agent__{step_part(agent.name)}"
+        prefix = steps_prefix(agent.name)
 
         async def model_request(ctx: StepContext, request: dict[str, Any]) -> dict[str, Any]:
             return await self._model_request(agent.name, ctx, request)
@@ -224,9 +222,7 @@ class SagaRunner(DurableAdapter):
         if timeout is None and tool.timeout_seconds is not None:
             timeout = timedelta(seconds=tool.timeout_seconds)
         policy = dataclasses.replace(policy, timeout=timeout)
-        name = f"{prefix}__tool__{step_part(tool.name)}"
-        queue = policy.queue or self.tool_queue
-        self.tool_steps[key] = tool_step(self.app, name, policy, queue)(run_tool)
+        self.tool_steps[key] = self._tool_step(prefix, tool.name, policy, run_tool)
 
     def _declare_mcp(self, agent: Agent[Any], prefix: str, server: MCPServer) -> None:
         key = f"{mcp.SERVER_KEY}{server.name}"

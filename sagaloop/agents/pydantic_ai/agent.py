@@ -37,8 +37,6 @@ from sagaloop.agents._core import (
     attempt_timeout,
     jsonable,
     run_plain,
-    step_part,
-    tool_step,
     usage_of,
 )
 from sagaloop.agents._model_call import (
@@ -48,7 +46,7 @@ from sagaloop.agents._model_call import (
     request_model,
 )
 from sagaloop.agents.budgets import Budget
-from sagaloop.agents.options import AgentOptions, DurableAdapter
+from sagaloop.agents.options import AgentOptions, DurableAdapter, steps_prefix
 from sagaloop.agents.pydantic_ai import mcp
 from sagaloop.agents.pydantic_ai.profiles import lifted_request_limit, profile_model
 from sagaloop.agents.pydantic_ai.run import (
@@ -262,7 +260,7 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], DurableAdapter, Generic[DepsT, Out
         self._fallbacks = tuple(fallback_models)
         self._worker_model: Model | None = None
         self._saga_model: _SagaModel | None = None
-        self.prefix = f"agent__{step_part(self.saga_name)}"
+        self.prefix = steps_prefix(self.saga_name)
         self.model_step = self.model_options.declare(app, self.prefix, self._model_request)
         self.tool_steps: dict[str, str] = {}
         self.step_tools: set[str] = set()
@@ -315,9 +313,7 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], DurableAdapter, Generic[DepsT, Out
         async def run_tool(ctx: StepContext, call: dict[str, Any]) -> dict[str, Any]:
             return await self._run_tool(tool_name, ctx, call)
 
-        name = f"{self.prefix}__tool__{step_part(tool_name)}"
-        step = tool_step(self.app, name, policy, policy.queue or self.tool_queue)(run_tool)
-        self.tool_steps[tool_name] = step.name
+        self.tool_steps[tool_name] = self._tool_step(self.prefix, tool_name, policy, run_tool).name
 
     # --- the saga side -----------------------------------------------------------------------
 
