@@ -467,6 +467,7 @@ def effects_of(
             "input": ev.data.get("input"),
             "first_pos": ev.data.get("next_pos", 0),
             "epoch": st.epoch + 1,
+            **({"parent": st.parent} if st.parent else {}),  # still its parent's call
             **({"trace": st.trace} if st.trace else {}),  # the same run: the same trace
         }
         effects.restart = NewEvent(h.RUN_STARTED, name=st.saga, data=data)
@@ -486,6 +487,9 @@ def effects_of(
         )
     elif kind == h.CANCEL_REQUESTED:
         cancel_children(app, st, effects)
+    elif kind == h.CHILD_CANCEL_REQUESTED:
+        why = f"its parent run {st.run_id!r} stopped waiting for it"
+        cancel_children(app, st, effects, only=ev.pos, why=why)
     elif kind == h.RUN_FINISHED:
         effects.clear_timers = True
         cancel_children(app, st, effects)
@@ -507,15 +511,21 @@ def effects_of(
     return []
 
 
-def cancel_children(app: App, st: RunState, effects: Effects) -> None:
-    """Cancel the child runs still in flight: their parent is cancelled or has ended."""
+def cancel_children(
+    app: App, st: RunState, effects: Effects, only: int | None = None, why: str = ""
+) -> None:
+    """Cancel the child runs still in flight (or the one at position ``only``): their parent
+    is cancelled or has ended, or stopped waiting for it. One message id per child, whichever
+    asks first."""
     for pos, (child, _) in st.children.items():
+        if only is not None and pos != only:
+            continue
         effects.send(
             engine_queue(app.name),
             type="cancel",
             message_id=derived_id("cancel-child", st.run_id, pos),
             run_id=child,
-            payload={"reason": f"its parent run {st.run_id!r} was cancelled or ended"},
+            payload={"reason": why or f"its parent run {st.run_id!r} was cancelled or ended"},
         )
 
 

@@ -53,6 +53,10 @@ class EventKind(StrEnum):
     """Saga code called a saga (``await ctx.call(saga, input)``): a child run, awaited."""
     CHILD_COMPLETED = "child_completed"
     CHILD_FAILED = "child_failed"
+    CHILD_CANCEL_REQUESTED = "child_cancel_requested"
+    """Saga code cancelled its await of a child run (it lost a race, say): the child run is
+    asked to cancel. Its outcome still settles the call in the parent's state, so a child that
+    completed first is undone with the parent's compensations."""
     UNDO_REQUESTED = "undo_requested"
     """A completed child run is undone as a whole: its parent compensates."""
     EVENT_SENT = "event_sent"
@@ -91,6 +95,7 @@ RUN_CONTINUED: Final[str] = EventKind.RUN_CONTINUED
 CHILD_STARTED: Final[str] = EventKind.CHILD_STARTED
 CHILD_COMPLETED: Final[str] = EventKind.CHILD_COMPLETED
 CHILD_FAILED: Final[str] = EventKind.CHILD_FAILED
+CHILD_CANCEL_REQUESTED: Final[str] = EventKind.CHILD_CANCEL_REQUESTED
 UNDO_REQUESTED: Final[str] = EventKind.UNDO_REQUESTED
 EVENT_SENT: Final[str] = EventKind.EVENT_SENT
 RUN_SPAWNED: Final[str] = EventKind.RUN_SPAWNED

@@ -261,11 +261,14 @@ class Replayer:
 
     def _on_done(self, pos: int, future: asyncio.Future[Any]) -> None:
         """An await that saga code cancelled (it lost a race in ``asyncio.wait``, say) stops
-        waiting: its later result, timer or event goes elsewhere or nowhere."""
+        waiting: its later result, timer or event goes elsewhere or nowhere. The child run of
+        a cancelled ``ctx.call`` is asked to cancel (recorded once, when it happens)."""
         if future.cancelled():
             pending = self.pending.pop(pos, None)
             if pending is not None and pending.kind == h.EVENT_WAITING:
                 self._forget_wait(pos, pending.model)
+            elif pending is not None and pending.kind == h.CHILD_STARTED and not self.replaying:
+                self.rejections.append(NewEvent(h.CHILD_CANCEL_REQUESTED, pos, pending.name, {}))
 
     def take_rejections(self) -> list[NewEvent]:
         rejections, self.rejections = self.rejections, []

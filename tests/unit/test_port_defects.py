@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import warnings
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -117,3 +118,58 @@ def test_the_code_of_a_cancelled_run_unwinds_on_its_own_loop(cache: bool) -> Non
     assert env.get(rid).status == "cancelled"
     assert unwound == [*before, rid]
     assert not [w for w in seen if "GeneratorExit" in str(w.message)]
+
+
+def test_a_child_run_that_continues_as_new_answers_its_parent() -> None:
+    """Defect 1: the child's new history had no parent link, so the parent's ``ctx.call``
+    waited for ever (and ``status`` blamed a step 'queued or running on ?')."""
+    app = App("childloop")
+
+    @app.saga(name="child")
+    async def child(ctx: SagaContext, n: int) -> int:
+        if n < 2:
+            ctx.continue_as_new(n + 1)
+        return n
+
+    @app.saga(name="parent")
+    async def parent(ctx: SagaContext) -> int:
+        return await ctx.call(child, 0)
+
+    env = Harness(app)
+    rid = env.start(parent, None)
+    env.run_until_idle()
+    assert env.get(rid).status == "completed"
+    assert env.result(rid) == 2
+
+
+def test_cancelling_the_await_of_a_child_run_cancels_the_child() -> None:
+    """Defect 3: a parent that raced ``ctx.call(child)`` against a timer, cancelled the loser
+    and failed sat in ``compensating`` until the child ended, then undid it. Cancelling the
+    await cancels the child run; the parent does not wait for it."""
+    app = App("race")
+    started: list[datetime] = []
+
+    @app.saga(name="slow")
+    async def slow(ctx: SagaContext) -> str:
+        await ctx.sleep(timedelta(seconds=60))
+        return "slow"
+
+    @app.saga(name="racer")
+    async def racer(ctx: SagaContext) -> str:
+        started.append(ctx.now())
+        call = asyncio.ensure_future(ctx.call(slow, run_id="slow-child"))
+        timer = asyncio.ensure_future(ctx.sleep(timedelta(seconds=1)))
+        done, losers = await asyncio.wait([call, timer], return_when=asyncio.FIRST_COMPLETED)
+        for loser in losers:
+            loser.cancel()
+        if call in done:
+            return str(call.result())
+        raise RuntimeError("the child was too slow")
+
+    env = Harness(app)
+    rid = env.start(racer, None)
+    env.run_until_idle()
+    assert env.get("slow-child").status == "cancelled"
+    run = env.get(rid)
+    assert run.status == "failed", run
+    assert run.updated_at - started[0] < timedelta(seconds=60)
