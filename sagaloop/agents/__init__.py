@@ -6,7 +6,9 @@
   without a framework (OpenAI and Anthropic formats; no extra needed).
 
 Framework-neutral parts: a tool's policy (:class:`ToolPolicy`), budgets
-(:mod:`sagaloop.agents.budgets`) and transcripts stored once (:mod:`sagaloop.agents.transcript`).
+(:mod:`sagaloop.agents.budgets`), transcripts stored once (:mod:`sagaloop.agents.transcript`),
+the options both adapters take (:mod:`sagaloop.agents.options`) and the model request as a step
+they share (``_model_call``).
 Nothing in the core imports this package.
 """
 
