@@ -411,6 +411,15 @@ class Engine:
         kind, attempt = TimerPayload.parse(env).kind, env.attempt or 0
         return [lambda st: decide.timer_events(st, pos, kind, attempt)]
 
+    def close(self) -> None:
+        """Drop every run held in memory, unwinding its saga code on its own loop (``finally``
+        blocks run there, not in the garbage collector): what a stopping process does once
+        no thread activates runs any more. The engine can go on after it, from the store."""
+        for live in [*self._staged.values(), *self._cache.values()]:
+            live.drop_code()
+        self._cache.clear()
+        self.rolled_back()
+
     def committed(self) -> None:
         """Keep the runs activated in the transaction that just committed in the cache."""
         for run_id, live in self._staged.items():

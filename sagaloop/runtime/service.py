@@ -307,6 +307,8 @@ class Service:
         if self.lane is not None:
             self.lane.release_handed()
         self.runner.close()
+        if not stuck and self.parts.engine is not None:  # no thread activates runs any more
+            self.parts.engine.engine.close()
         if self._registration is not None:
             self._registration.stopped(self._deaths())
         if self._liveness is not None:

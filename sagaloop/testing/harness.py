@@ -139,7 +139,10 @@ class Harness:
         self.restart()
 
     def restart(self) -> None:
-        """Drop everything held in memory, as a process restart would."""
+        """Drop everything held in memory, as a process restart would (the saga code of the
+        runs the engine kept unwinds on its own loop, as a stopping process's does)."""
+        if hasattr(self, "parts"):
+            self.engine.close()
         parts = assemble(
             self.app,
             self.store,

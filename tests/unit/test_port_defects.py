@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 import warnings
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sagaloop import App, SagaContext, StepContext
+from sagaloop import App, Client, SagaContext, StepContext
+from sagaloop.brokers.database import DatabaseBroker
+from sagaloop.runtime.service import Runtime
+from sagaloop.store.sql import SqlStore
 from sagaloop.testing import Harness
 
 
@@ -173,3 +178,39 @@ def test_cancelling_the_await_of_a_child_run_cancels_the_child() -> None:
     run = env.get(rid)
     assert run.status == "failed", run
     assert run.updated_at - started[0] < timedelta(seconds=60)
+
+
+def test_the_code_of_cached_runs_unwinds_when_the_engine_is_dropped() -> None:
+    """Defect 5, second half: ``Harness.restart()`` (as a process restart drops its engine)
+    unwinds every cached run's code on its own loop, not in the garbage collector."""
+    unwound: list[str] = []
+    app, waits = _unwinding_app(unwound)
+    env = Harness(app, cache=True)
+    rids = [env.start(waits, None) for _ in range(3)]
+    env.run_until_idle()
+    assert unwound == []
+    env.restart()
+    gc.collect()
+    assert sorted(unwound) == sorted(rids)
+
+
+def test_a_stopping_service_unwinds_the_code_of_the_runs_it_kept(tmp_path: Path) -> None:
+    """Defect 5 on real threads: ``Service.stop()`` unwinds the cached runs' saga code on
+    its own loop once no engine thread runs."""
+    unwound: list[str] = []
+    app, waits = _unwinding_app(unwound)
+    store = SqlStore(f"sqlite:///{tmp_path / 'stop.db'}")
+    store.upgrade()
+    service = Runtime(app, store, DatabaseBroker(store, poll_interval=0.02), poll=0.02).start()
+    try:
+        client = Client(store, app)
+        rid = client.start(waits, None)
+        deadline = time.monotonic() + 60
+        while client.get(rid).status != "waiting":
+            assert time.monotonic() < deadline, client.get(rid)
+            time.sleep(0.02)
+        assert unwound == []
+    finally:
+        service.stop()
+        store.close()
+    assert unwound == [rid]
