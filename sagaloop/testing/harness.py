@@ -18,7 +18,7 @@ from sagaloop.engine.ports import Broker, Delivery, Outgoing, RunRecord
 from sagaloop.engine.state import NEEDS_ATTENTION
 from sagaloop.engine.streams import LocalStreams
 from sagaloop.errors import ErrorInfo, SagaFailedError
-from sagaloop.runtime.assembly import Roles, Tuning, assemble, lane_queue
+from sagaloop.runtime.assembly import Parts, Roles, Tuning, assemble, lane_queue
 from sagaloop.sagas.app import App, SagaDef, StepDef
 from sagaloop.sagas.approvals import PendingApproval
 from sagaloop.store.sql import SqlStore
@@ -141,8 +141,9 @@ class Harness:
     def restart(self) -> None:
         """Drop everything held in memory, as a process restart would (the saga code of the
         runs the engine kept unwinds on its own loop, as a stopping process's does)."""
-        if hasattr(self, "parts"):
-            self.engine.close()
+        kept: Parts | None = getattr(self, "parts", None)
+        if kept is not None and kept.engine is not None:
+            kept.engine.engine.close()
         parts = assemble(
             self.app,
             self.store,
