@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from sagaloop.client.fork import settled_commands
 from sagaloop.engine import history as h
-from sagaloop.engine.fork import settled_commands
 from sagaloop.engine.history import Event
 from sagaloop.engine.ports import RunRecord
 from sagaloop.engine.replay import check_replay

@@ -13,7 +13,7 @@ import pytest
 
 from sagaloop import App, SagaContext, StepContext
 from sagaloop.client import Client
-from sagaloop.engine.fork import fork_history, settled_commands
+from sagaloop.client.fork import fork_history, settled_commands
 from sagaloop.engine.messages import engine_queue, step_queue
 from sagaloop.errors import EventTimeoutError, RunNotFoundError, RunStateError, ValidationError
 from sagaloop.testing import Harness
