@@ -26,7 +26,7 @@ import pika.exceptions
 
 from sagaloop._secrets import mask_url
 from sagaloop.brokers._amqp import broker_urls, check_namespace
-from sagaloop.engine.streams import Subscription
+from sagaloop.engine.ports import Subscription
 from sagaloop.errors import BrokerError
 
 logger = logging.getLogger(__name__)

@@ -15,8 +15,7 @@ import pydantic
 
 from sagaloop._secrets import passwords_of, scrub
 from sagaloop.cli.settings import Settings, load_app
-from sagaloop.engine.ports import Broker
-from sagaloop.engine.streams import Streams
+from sagaloop.engine.ports import Broker, Streams
 from sagaloop.errors import SagaloopError, ValidationError
 from sagaloop.runtime.connect import URLError, open_broker, open_store, open_streams
 from sagaloop.sagas.app import App

@@ -24,9 +24,8 @@ from sagaloop.engine import state as s
 from sagaloop.engine.event_fit import check_event
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import Envelope, EventPayload, derived_id, engine_queue, start_queue
-from sagaloop.engine.ports import Clock, Outgoing, RunRecord, Store, SystemClock
+from sagaloop.engine.ports import Clock, Outgoing, RunRecord, Store, Streams, SystemClock
 from sagaloop.engine.state import RunState
-from sagaloop.engine.streams import Streams
 from sagaloop.errors import ErrorInfo as _ErrorInfo
 from sagaloop.errors import (
     OverloadedError,

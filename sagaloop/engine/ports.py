@@ -440,6 +440,33 @@ def batched(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
         yield items[i : i + size]
 
 
+# --- the live channel -------------------------------------------------------------------------
+# What a step streams while it runs (an agent's model tokens, a long step's progress), for readers
+# that follow the run (``Client.stream``, ``sagaloop tail``): best effort and never recorded; a
+# reader that is not listening misses live items, the durable result is what the history holds.
+# Adapters: ``sagaloop.brokers.local_streams`` (in-process) and ``sagaloop.brokers.streams``
+# (RabbitMQ).
+
+
+class Subscription(Protocol):
+    def get(self, timeout: float) -> list[Any]:
+        """The items published since the last call, waiting up to ``timeout`` for a first."""
+
+    def close(self) -> None: ...
+
+
+class Streams(Protocol):
+    def publish(self, run_id: str, item: Any) -> None:
+        """Send ``item`` (JSON) to the readers of ``run_id``; never raises (logs instead)."""
+
+    def subscribe(self, run_id: str) -> Subscription: ...
+
+    def close(self) -> None: ...
+
+
+# --- the broker port ---------------------------------------------------------------------------
+
+
 class Delivery(Protocol):
     """One received message. Settle it inside the transaction that processed it, then ack it
     after the commit; or hand it back, or dead-letter it."""

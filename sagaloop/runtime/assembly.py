@@ -15,8 +15,7 @@ from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.engine.activation import Engine
 from sagaloop.engine.history import Event
 from sagaloop.engine.messages import engine_queue, local_queue, start_queue, step_queue
-from sagaloop.engine.ports import Broker, Clock, Delivery, Store
-from sagaloop.engine.streams import Streams
+from sagaloop.engine.ports import Broker, Clock, Delivery, Store, Streams
 from sagaloop.engine.watchdog import DEADLINE, Watchdog
 from sagaloop.runtime.consumers import EngineConsumer
 from sagaloop.runtime.lane import LOCAL_LEASE, LocalLane

@@ -10,8 +10,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from sagaloop._secrets import mask_url
+from sagaloop.brokers.local_streams import LOCAL
 from sagaloop.client import Client
-from sagaloop.engine.streams import LOCAL, Streams
+from sagaloop.engine.ports import Streams
 from sagaloop.errors import SagaloopError
 from sagaloop.sagas.app import App
 

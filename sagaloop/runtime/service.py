@@ -21,9 +21,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
+from sagaloop.brokers.local_streams import LOCAL
 from sagaloop.engine.messages import step_queue
-from sagaloop.engine.ports import Broker, Clock, Delivery, Store, SystemClock
-from sagaloop.engine.streams import LOCAL, Streams
+from sagaloop.engine.ports import Broker, Clock, Delivery, Store, Streams, SystemClock
 from sagaloop.engine.watchdog import DEADLINE
 from sagaloop.errors import BrokerError
 from sagaloop.runtime import liveness

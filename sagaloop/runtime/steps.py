@@ -32,7 +32,7 @@ from sagaloop import tracing
 from sagaloop.engine.contract import DO, UNENCODABLE_RESULT, halts_in_doubt, idempotency_key
 from sagaloop.engine.history import Event
 from sagaloop.engine.messages import Envelope, Outcome, StepReply, StepTask
-from sagaloop.engine.streams import Streams
+from sagaloop.engine.ports import Streams
 from sagaloop.errors import (
     ErrorInfo,
     NotAppliedError,

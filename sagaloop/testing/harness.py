@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from sagaloop.brokers.database import DatabaseBroker
+from sagaloop.brokers.local_streams import LocalStreams
 from sagaloop.brokers.memory import MemoryBroker
 from sagaloop.client import Client
 from sagaloop.client.timeline import Timeline
@@ -16,7 +17,6 @@ from sagaloop.engine.history import Event
 from sagaloop.engine.messages import Envelope, engine_queue, start_queue, step_queue
 from sagaloop.engine.ports import Broker, Delivery, Outgoing, RunRecord
 from sagaloop.engine.state import NEEDS_ATTENTION
-from sagaloop.engine.streams import LocalStreams
 from sagaloop.errors import ErrorInfo, SagaFailedError
 from sagaloop.runtime.assembly import Parts, Roles, Tuning, assemble, lane_queue
 from sagaloop.sagas.app import App, SagaDef, StepDef

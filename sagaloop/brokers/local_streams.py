@@ -1,39 +1,20 @@
-"""The per-run live channel: what a step streams while it runs (an agent's model tokens, a long
-step's progress), for readers that follow the run (``Client.stream``, ``sagaloop tail``).
+"""The per-run live channel in one process: the embedded default's (``sagaloop dev``: steps
+and readers in one process) and the Harness's. ``sagaloop.brokers.streams.RabbitStreams`` is
+RabbitMQ's; both satisfy ``sagaloop.engine.ports.Streams``.
 
 Best effort and never recorded: a reader that is not listening misses live items, and the
 durable result is only ever what the history records. A reader that joins late gets what the
 history holds first (``Client.stream`` reads it).
-
-:class:`LocalStreams` is the in-process channel of the embedded default (``sagaloop dev``: steps
-and readers in one process); ``sagaloop.brokers.streams.RabbitStreams`` is RabbitMQ's.
 """
 
 from __future__ import annotations
 
 import collections
-import logging
 import queue
 import threading
-from typing import Any, Protocol
+from typing import Any
 
-logger = logging.getLogger(__name__)
-
-
-class Subscription(Protocol):
-    def get(self, timeout: float) -> list[Any]:
-        """The items published since the last call, waiting up to ``timeout`` for a first."""
-
-    def close(self) -> None: ...
-
-
-class Streams(Protocol):
-    def publish(self, run_id: str, item: Any) -> None:
-        """Send ``item`` (JSON) to the readers of ``run_id``; never raises (logs instead)."""
-
-    def subscribe(self, run_id: str) -> Subscription: ...
-
-    def close(self) -> None: ...
+from sagaloop.engine.ports import Subscription
 
 
 class _LocalSubscription:
