@@ -15,25 +15,19 @@ import collections
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from sagaloop import tracing
-from sagaloop.engine import decide, gate, runlog
+from sagaloop.engine import decide, gate, intake, runlog
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import (
-    CancelPayload,
-    ChildResult,
     ChildStart,
     Envelope,
-    EventPayload,
     StartPayload,
-    StepReply,
-    TimerPayload,
-    UndoRun,
     engine_queue,
     inbox_key,
     parse_payload,
@@ -56,7 +50,7 @@ from sagaloop.sagas.approvals import call_id_of
 logger = logging.getLogger(__name__)
 
 ENGINE_CONSUMER = "engine"
-Triggers = Callable[[RunState], list[NewEvent]]
+Triggers = intake.Triggers
 
 
 class ActivationConflict(TransientStoreError):
@@ -155,12 +149,10 @@ class Engine:
             return self._on_start(env)
         if env.type == "child_start":
             return self._on_child_start(env)
-        triggers = _TRIGGERS.get(env.type)
-        if triggers is None:
-            raise MessageError(f"message type {env.type!r} is not for the engine")
+        triggers = intake.triggers(env, self.app, self.store, self.clock)
         cached = self._cached_record(env.run_id) if trust_cache and self.trusts_cache else None
         run = cached or self._read_run(env.run_id)
-        plan = self._activate(env, run, triggers(self, env, run))
+        plan = self._activate(env, run, triggers)
         plan.cached = cached is not None
         return plan
 
@@ -331,20 +323,6 @@ class Engine:
             env, self._read_run(parent_id), [lambda st: decide.child_outcome(st, pos, outcome)]
         )
 
-    def _on_child_result(self, env: Envelope, run: RunRecord) -> list[Triggers]:
-        pos = env.position
-        if pos is None:
-            raise MessageError("child_result needs a position and the child's run id")
-        outcome = ChildResult.parse(env)
-        return [lambda st: decide.child_outcome(st, pos, outcome)]
-
-    def _on_undo_run(self, env: Envelope, run: RunRecord) -> list[Triggers]:
-        """The parent compensates: undo this completed child run as a whole (its steps'
-        compensations, newest first), then tell the parent. Only its parent may ask."""
-        undo = UndoRun.parse(env)
-        link = {"run_id": undo.parent, "position": undo.position}
-        return [lambda st: decide.undo_run_events(st, link)]
-
     def _reject_start(self, env: Envelope, run: RunRecord | None, reason: str) -> Plan:
         """A start the engine refuses fails its run with the reason (creating it if no client
         did), unless the run already went further: then it is someone else's run, left alone.
@@ -363,53 +341,6 @@ class Engine:
             plan = self._activate(env, run, [lambda st: finish], run_code=False)
         plan.rejected = reason  # its run_finished line says why (see runlog)
         return plan
-
-    def _on_event(self, env: Envelope, run: RunRecord) -> list[Triggers]:
-        payload: EventPayload = parse_payload(EventPayload, env)
-        name, data = payload.name, payload.data
-        if call_id_of(name) is not None:  # an answer to an approval: judged as recorded
-            return [gate.answer_trigger(self.store, env.run_id, env.message_id, name, data)]
-        event = NewEvent(h.EVENT_ARRIVED, name=name, data={"data": data})
-        return [lambda st: [event]]
-
-    def _on_cancel(self, env: Envelope, run: RunRecord) -> list[Triggers]:
-        payload: CancelPayload = parse_payload(CancelPayload, env)
-        return [lambda st: decide.cancel_events(st, payload.reason)]
-
-    def _on_retry(self, env: Envelope, run: RunRecord) -> list[Triggers]:
-        kept: list[Triggers] = []
-
-        def triggers(st: RunState) -> list[NewEvent]:
-            if st.parked is None:
-                logger.info("retry of run %s ignored: it does not need attention", env.run_id)
-                return []
-            message = st.parked.get("message")
-            if message is not None:  # the message the run was parked on: process it again
-                again = Envelope.model_validate(message)
-                if again.type != "start":
-                    kept.extend(_TRIGGERS[again.type](self, again, run))
-            return [NewEvent(h.RUN_RESUMED, data={"reason": st.parked.get("reason")})]
-
-        def then(st: RunState) -> list[NewEvent]:
-            return [event for trigger in kept for event in trigger(st)]
-
-        return [triggers, then]
-
-    def _on_step_result(self, env: Envelope, run: RunRecord) -> list[Triggers]:
-        pos, attempt = env.position, env.attempt
-        if pos is None or attempt is None:
-            raise MessageError("step_result needs position and attempt")
-        reply = StepReply.parse(env)
-        return [
-            lambda st: decide.result_events(self.app, st, pos, attempt, reply, now=self.clock.now())
-        ]
-
-    def _on_timer(self, env: Envelope, run: RunRecord) -> list[Triggers]:
-        pos = env.position
-        if pos is None:
-            raise MessageError("timer needs position")
-        kind, attempt = TimerPayload.parse(env).kind, env.attempt or 0
-        return [lambda st: decide.timer_events(st, pos, kind, attempt)]
 
     def close(self) -> None:
         """Drop every run held in memory, unwinding its saga code on its own loop (``finally``
@@ -597,16 +528,6 @@ class Engine:
                     return [NewEvent(h.RUN_PARKED, data=parked)]
         return decide.resume_events(st)
 
-
-_TRIGGERS: dict[str, Callable[[Engine, Envelope, RunRecord], list[Triggers]]] = {
-    "event": Engine._on_event,
-    "cancel": Engine._on_cancel,
-    "retry": Engine._on_retry,
-    "step_result": Engine._on_step_result,
-    "child_result": Engine._on_child_result,
-    "undo_run": Engine._on_undo_run,
-    "timer": Engine._on_timer,
-}
 
 DEFAULT_LEASE = timedelta(seconds=60)
 DISTRUST = 30.0
