@@ -214,3 +214,41 @@ def test_a_stopping_service_unwinds_the_code_of_the_runs_it_kept(tmp_path: Path)
         service.stop()
         store.close()
     assert unwound == [rid]
+
+
+def test_a_saga_runner_runs_the_next_turn_with_the_last_agent_of_the_previous() -> None:
+    """Defect 4: the OpenAI Agents SDK's multi-turn idiom, ``runner.run(result.last_agent,
+    result.to_input_list() + [new message])``, was refused ("agent 'billing' is not one of
+    this SagaRunner's"): ``last_agent`` is the durable copy the runner made."""
+    from agents import Agent, handoff
+    from agents.items import ModelResponse
+    from agents.testing import ScriptedModel, assistant_message, function_call
+    from agents.usage import Usage
+
+    from sagaloop.agents.openai_agents import SagaRunner
+
+    def reply(item: Any) -> ModelResponse:
+        used = Usage(requests=1, input_tokens=10, output_tokens=5, total_tokens=15)
+        return ModelResponse(output=[item], usage=used, response_id=None)
+
+    triage_model = ScriptedModel([reply(function_call("transfer_to_billing", {}, call_id="h1"))])
+    billing_model = ScriptedModel(
+        [reply(assistant_message("which order?")), reply(assistant_message("refunded #7"))]
+    )
+    app = App("turns")
+    billing: Agent[Any] = Agent(name="billing", model=billing_model)
+    triage: Agent[Any] = Agent(name="triage", model=triage_model, handoffs=[handoff(billing)])
+    runner = SagaRunner(app, triage)
+
+    @app.saga(name="chat")
+    async def chat(ctx: SagaContext, prompt: str) -> list[str]:
+        first = await runner.run(triage, prompt)
+        turn = [*first.to_input_list(), {"role": "user", "content": "order #7"}]
+        second = await runner.run(first.last_agent, turn)
+        return [first.last_agent.name, str(first.final_output), str(second.final_output)]
+
+    env = Harness(app)
+    rid = env.start(chat, "refund please")
+    env.run_until_idle()
+    assert env.result(rid) == ["billing", "which order?", "refunded #7"]
+    billing_model.assert_complete()

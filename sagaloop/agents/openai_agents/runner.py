@@ -240,6 +240,8 @@ class SagaRunner(DurableAdapter):
         found = self._clones.get(id(agent))
         if found is not None:
             return found
+        if any(clone is agent for clone in self._clones.values()):
+            return agent  # already durable: a result's ``last_agent``, run for the next turn
         if self.agents.get(agent.name) is not agent:
             raise UserError(
                 f"agent {agent.name!r} is not one of this SagaRunner's: name it in "
