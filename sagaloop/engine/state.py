@@ -39,7 +39,8 @@ COMPENSATED: Final[str] = RunStatus.COMPENSATED
 CANCELLED: Final[str] = RunStatus.CANCELLED
 NEEDS_ATTENTION: Final[str] = RunStatus.NEEDS_ATTENTION
 FINAL_STATUSES: frozenset[str] = frozenset({COMPLETED, FAILED, COMPENSATED, CANCELLED})
-ALL_STATUSES: tuple[str, ...] = tuple(RunStatus)
+ALL_STATUSES: tuple[str, ...] = tuple(status.value for status in RunStatus)
+"""Plain strings, not members: ``click.Choice`` matches an enum member by its name."""
 
 
 class StepStatus(StrEnum):

@@ -112,6 +112,9 @@ def test_start_status_list_and_duplicate_start(db: Path) -> None:
     assert status["waiting_for"][0].startswith("waiting in the start queue for ")
     listing = run("list")
     assert "r-1" in listing.output and "running: 1" in listing.output
+    only = run("list", "--status", "running")  # a status by its value, as docs write it
+    assert only.exit_code == 0 and "r-1" in only.output, only.output
+    assert "r-1" not in run("list", "--status", "completed").output
     retry = run("retry", "r-1")
     assert_one_line_error(retry, "not needs_attention")
 
