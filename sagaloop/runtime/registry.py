@@ -13,8 +13,9 @@ consumes (:func:`fleet`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -92,28 +93,40 @@ def _clip(lines: Sequence[str], limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+class Outage:
+    """Says once that a repeated background write fails (a warning at the first failure of
+    an outage), not at each retry; a success ends the outage."""
+
+    def __init__(self) -> None:
+        self.failing = False
+
+    def attempt(self, write: Callable[[], None], warning: str, *args: Any) -> None:
+        """Run ``write``; on an exception, log ``warning % (*args, error)`` if the outage
+        just began. Never raises an ``Exception``."""
+        try:
+            write()
+        except Exception as e:
+            if not self.failing:
+                logger.warning(warning, *args, e)
+            self.failing = True
+        else:
+            self.failing = False
+
+
+@dataclasses.dataclass
 class Registration:
     """This process's row. Database errors are logged (once per outage) and retried at the next
     refresh: the registry never stops a service."""
 
-    def __init__(
-        self,
-        registry: ProcessRegistry,
-        name: str,
-        app: str,
-        role: str,
-        clock: Clock,
-        identity: Identity | None = None,
-    ) -> None:
-        self.registry = registry
-        self.name = name
-        self.app = app
-        self.role = role
-        self.clock = clock
-        self.identity = identity
-        self._registered = False
-        self._failing = False
-        self._next_prune = 0.0
+    registry: ProcessRegistry
+    name: str
+    app: str
+    role: str
+    clock: Clock
+    identity: Identity | None = None
+    _registered: bool = dataclasses.field(default=False, init=False)
+    _outage: Outage = dataclasses.field(default_factory=Outage, init=False)
+    _next_prune: float = dataclasses.field(default=0.0, init=False)
 
     def started(self) -> None:
         self._try("register", self._register)
@@ -146,15 +159,9 @@ class Registration:
             self.registry.prune_processes(now - PRUNE_AFTER)
             self._next_prune = now.timestamp() + PRUNE_AFTER.total_seconds() / 12
 
-    def _try(self, what: str, write: Any) -> None:
-        try:
-            write()
-        except Exception as e:
-            if not self._failing:
-                logger.warning("could not %s this process in the registry (%s); retrying", what, e)
-            self._failing = True
-        else:
-            self._failing = False
+    def _try(self, what: str, write: Callable[[], None]) -> None:
+        warning = "could not %s this process in the registry (%s); retrying"
+        self._outage.attempt(write, warning, what)
 
 
 def _host(name: str) -> str:

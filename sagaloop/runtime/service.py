@@ -31,7 +31,7 @@ from sagaloop.runtime.assembly import Roles, Tuning, assemble, engine_queues
 from sagaloop.runtime.consumers import EngineConsumer
 from sagaloop.runtime.delivery import log_failure
 from sagaloop.runtime.lane import Handoffs, LocalLane
-from sagaloop.runtime.registry import SEEN_EVERY, ProcessRegistry, Registration, describe
+from sagaloop.runtime.registry import SEEN_EVERY, Outage, ProcessRegistry, Registration, describe
 from sagaloop.runtime.relay import Relay
 from sagaloop.runtime.takeover import Takeover, host_identity, start_of
 from sagaloop.sagas.app import App
@@ -95,7 +95,7 @@ class Service:
         self._on_death: Callable[[], None] | None = None
         self._registration: Registration | None = None
         self._liveness: tuple[liveness.Beat, Path] | None = None
-        self._liveness_failing = False
+        self._liveness_outage = Outage()
         self._takeover: Takeover | None = None
         self.parts = parts = assemble(
             app, store, broker, roles, tuning, clock=self.clock, streams=streams or LOCAL, name=name
@@ -268,15 +268,11 @@ class Service:
         if self._liveness is None:
             return
         beat, directory = self._liveness
-        try:
-            now = {"beat_at": datetime.now(UTC), "problems": problems}
-            liveness.write(beat.model_copy(update=now), directory)
-        except OSError as e:
-            if not self._liveness_failing:
-                logger.warning("could not write the liveness file in %s (%s)", directory, e)
-            self._liveness_failing = True
-        else:
-            self._liveness_failing = False
+        now = {"beat_at": datetime.now(UTC), "problems": problems}
+        write = lambda: liveness.write(beat.model_copy(update=now), directory)  # noqa: E731
+        self._liveness_outage.attempt(
+            write, "could not write the liveness file in %s (%s)", directory
+        )
 
     def _take_over(self) -> None:
         """Release the claims of processes proven dead (``sagaloop.runtime.takeover``)."""
