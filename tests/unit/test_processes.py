@@ -263,3 +263,24 @@ def test_a_death_is_described_even_when_its_message_is_hostile() -> None:
     assert p.describe(SystemExit("cut \ud83d")) == "SystemExit: cut \\ud83d"
     assert p.describe(KeyboardInterrupt()) == "KeyboardInterrupt"
     assert p.describe(Unprintable()) == "Unprintable: <str() of the exception failed>"
+
+
+def test_an_outage_of_a_background_write_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    from sagaloop.runtime.registry import Outage
+
+    outage, down = Outage(), [True]
+
+    def write() -> None:
+        if down[0]:
+            raise OSError("disk full")
+
+    with caplog.at_level("WARNING", logger="sagaloop.runtime.registry"):
+        for _ in range(3):
+            outage.attempt(write, "could not write %s (%s)", "x")
+        assert [r.getMessage() for r in caplog.records] == ["could not write x (disk full)"]
+        down[0] = False
+        outage.attempt(write, "could not write %s (%s)", "x")
+        assert not outage.failing
+        down[0] = True
+        outage.attempt(write, "could not write %s (%s)", "x")
+    assert len(caplog.records) == 2, "a new outage is said again"
