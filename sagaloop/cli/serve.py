@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -97,18 +98,20 @@ def _wait_for_broker(
             delay = min(delay * 2, 10.0)
 
 
-def _serve(
-    obj: Obj,
-    app_spec: str | None,
-    role: str,
-    *,
-    upgrade: bool,
-    roles: Roles,
-    concurrency: int,
-    poll: float,
-    metrics: tuple[int | None, str] = (None, "127.0.0.1"),
-    grace: float = GRACE,
-) -> None:
+@dataclasses.dataclass(frozen=True)
+class Serving:
+    """The options every service command takes (``dev``, ``engine``, ``worker``)."""
+
+    app_spec: str | None
+    concurrency: int
+    poll: float
+    grace: float = GRACE
+    metrics: tuple[int | None, str] = (None, "127.0.0.1")
+
+
+def _serve(obj: Obj, serving: Serving, role: str, *, upgrade: bool, roles: Roles) -> None:
+    app_spec, concurrency, poll = serving.app_spec, serving.concurrency, serving.poll
+    metrics, grace = serving.metrics, serving.grace
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -259,118 +262,83 @@ _poll = click.option(
 )
 
 
+def _service_options(concurrency: Callable[[FC], FC]) -> Callable[[FC], FC]:
+    """The options of a service command, in the order ``--help`` shows them."""
+
+    def add(command: FC) -> FC:
+        for option in (_metrics_host, _metrics_port, _grace, _poll, concurrency, app_option):
+            command = option(command)
+        return command
+
+    return add
+
+
+def _serving(command: Callable[..., None]) -> Callable[..., None]:
+    """Hands a service command its options as one :class:`Serving` (put it just above the
+    ``def``); the command's own options pass through."""
+
+    @functools.wraps(command)
+    def collect(
+        obj: Obj,
+        *,
+        app_spec: str | None,
+        concurrency: int,
+        poll: float,
+        grace: float,
+        metrics_port: int | None,
+        metrics_host: str,
+        **rest: Any,
+    ) -> None:
+        metrics = (metrics_port, metrics_host)
+        command(obj, Serving(app_spec, concurrency, poll, grace, metrics), **rest)
+
+    return collect
+
+
 @click.command()
-@app_option
-@_concurrency
-@_poll
-@_grace
-@_metrics_port
-@_metrics_host
+@_service_options(_concurrency)
 @click.pass_obj
 @with_ui_port
-def dev(
-    obj: Obj,
-    app_spec: str | None,
-    concurrency: int,
-    poll: float,
-    grace: float,
-    metrics_port: int | None,
-    metrics_host: str,
-) -> None:
+@_serving
+def dev(obj: Obj, serving: Serving) -> None:
     """Run the engine, the timers and workers for every queue in one process (the embedded
     default). Applies pending schema migrations first. Stops cleanly on SIGTERM or Ctrl-C."""
-    metrics = (metrics_port, metrics_host)
-    _serve(
-        obj,
-        app_spec,
-        "dev",
-        upgrade=True,
-        roles=Roles(),
-        concurrency=concurrency,
-        poll=poll,
-        metrics=metrics,
-        grace=grace,
-    )
+    _serve(obj, serving, "dev", upgrade=True, roles=Roles())
 
 
 @click.command()
-@app_option
-@_concurrency_option("In-process steps (local=True) run at once by this process.")
-@_poll
-@_grace
-@_metrics_port
-@_metrics_host
+@_service_options(_concurrency_option("In-process steps (local=True) run at once by this process."))
 @click.pass_obj
-def engine(
-    obj: Obj,
-    app_spec: str | None,
-    concurrency: int,
-    poll: float,
-    grace: float,
-    metrics_port: int | None,
-    metrics_host: str,
-) -> None:
+@_serving
+def engine(obj: Obj, serving: Serving) -> None:
     """Run the engine: activations, in-process steps, timers, the outbox relay and retention.
     Run as many as you like; activations of one run are serialized by the database."""
-    metrics = (metrics_port, metrics_host)
-    _serve(
-        obj,
-        app_spec,
-        "engine",
-        upgrade=False,
-        roles=Roles(queues=()),
-        concurrency=concurrency,
-        poll=poll,
-        metrics=metrics,
-        grace=grace,
-    )
+    _serve(obj, serving, "engine", upgrade=False, roles=Roles(queues=()))
 
 
 @click.command()
-@app_option
 @click.option(
     "--queue",
     "queues",
     required=True,
     help="Step queues to consume, comma-separated (as declared with @app.step(queue=...)).",
 )
-@_concurrency
-@_poll
-@_grace
-@_metrics_port
-@_metrics_host
+@_service_options(_concurrency)
 @click.pass_obj
-def worker(
-    obj: Obj,
-    app_spec: str | None,
-    queues: str,
-    concurrency: int,
-    poll: float,
-    grace: float,
-    metrics_port: int | None,
-    metrics_host: str,
-) -> None:
+@_serving
+def worker(obj: Obj, serving: Serving, queues: str) -> None:
     """Run steps from the given queues."""
     names = [q.strip() for q in queues.split(",") if q.strip()]
     with errors():
-        app = obj.app(app_spec)
+        app = obj.app(serving.app_spec)
     unknown = sorted(set(names) - set(app.queues))
     if unknown:
         raise click.BadParameter(
             f"app {app.name!r} has no step on {unknown}; its queues: {app.queues}",
             param_hint="--queue",
         )
-    _serve(
-        obj,
-        app_spec,
-        "worker",
-        upgrade=False,
-        roles=Roles(engine=False, timers=False, queues=names),
-        concurrency=concurrency,
-        poll=poll,
-        metrics=(metrics_port, metrics_host),
-        grace=grace,
-    )
+    roles = Roles(engine=False, timers=False, queues=names)
+    _serve(obj, serving, "worker", upgrade=False, roles=roles)
 
 
 @click.command()
