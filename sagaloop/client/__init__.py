@@ -8,3 +8,4 @@ writing, by the engine's rules), ``fork`` (forking a run) and ``approvals`` (ans
 approval)."""
 
 from sagaloop.client.client import Client as Client
+from sagaloop.client.polling import NotPublishedError as NotPublishedError

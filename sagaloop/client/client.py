@@ -16,6 +16,7 @@ from sagaloop.client.admission import START_BACKLOG, limit_from_env
 from sagaloop.client.approvals import answer_approval
 from sagaloop.client.checks import check_message, check_text, same_json, to_json
 from sagaloop.client.fork import fork_run
+from sagaloop.client.polling import NOTHING, NotPublishedError, Pending, poll_until
 from sagaloop.client.serving import served
 from sagaloop.client.timeline import Timeline, timeline
 from sagaloop.engine import answers
@@ -407,30 +408,78 @@ class Client:
             if live is not None:
                 live.close()
 
-    def result(self, run_id: str, *, timeout: float | None = None, poll: float = 0.05) -> Any:
+    def result(
+        self, run_id: str, *, timeout: float | timedelta | None = None, poll: float = 0.05
+    ) -> Any:
         """Wait for the run to finish; return its output or raise SagaFailedError.
 
         The output is of the type the saga declares (a pydantic model, a dataclass...) when
         this client has the App that declares it (``Client(store, app)``); else it is the JSON
         that was stored (``get(run_id).output``). An output that no longer fits the declared
-        type (changed since the run finished) raises ValidationError."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
+        type (changed since the run finished) raises ValidationError. TimeoutError after
+        ``timeout`` seconds (``0``: read once; ``None``: wait for ever); the store is read
+        every ``poll`` seconds at first, then less often (:func:`~.polling.poll_until`)."""
+
+        def read() -> Any:
             run = self.get(run_id)
             if run.status == s.COMPLETED:
-                saga = self.app.get_saga(run.saga) if self.app is not None else None
-                if saga is None or run.app != self.app_name:
-                    return run.output
-                try:
-                    return saga.output.from_json(run.output, what=f"the output of run {run_id!r}")
-                except ValidationError as e:
-                    raise ValidationError(
-                        f"{e} (saga {run.saga!r} declares another type now): read the stored "
-                        "JSON with Client.get(run_id).output"
-                    ) from e
+                return self._output(run)
             if run.status in s.FINAL_STATUSES:
                 error = _ErrorInfo.from_json(run.error) if run.error else None
                 raise SagaFailedError(run_id, run.status, error)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"run {run_id!r} is still {run.status} after {timeout} s")
-            time.sleep(poll)
+            return Pending(f"run {run_id!r} is still {run.status}")
+
+        return poll_until(read, timeout=timeout, poll=poll)
+
+    def _output(self, run: RunRecord) -> Any:
+        """The output of a completed run, of the type its saga declares when this client has
+        the App that declares it."""
+        saga = self.app.get_saga(run.saga) if self.app is not None else None
+        if saga is None or run.app != self.app_name:
+            return run.output
+        try:
+            return saga.output.from_json(run.output, what=f"the output of run {run.run_id!r}")
+        except ValidationError as e:
+            raise ValidationError(
+                f"{e} (saga {run.saga!r} declares another type now): read the stored "
+                "JSON with Client.get(run_id).output"
+            ) from e
+
+    def wait_published(
+        self,
+        run_id: str,
+        key: str,
+        *,
+        timeout: float | timedelta | None,
+        after: Any = NOTHING,
+        poll: float = 0.05,
+    ) -> Any:
+        """The value run ``run_id`` published under ``key`` (``ctx.publish``), as soon as it
+        has published one: the latest, read from its history. With ``after``, a value other
+        than ``after`` (compared as JSON: pass the value this method returned last, to wait for
+        the next one; a value published again unchanged is not a new one).
+
+        TimeoutError after ``timeout`` seconds (a float or a timedelta; ``0``: read once, now;
+        ``None``: wait for ever); :class:`NotPublishedError` (a RunFinishedError) if the run
+        ended without publishing such a value; RunNotFoundError for no such run. The store is
+        read as :meth:`result` reads it: every ``poll`` seconds at first, then less often.
+
+        In a test, a :class:`~sagaloop.testing.Harness` does the run's work only when it is
+        stepped, on the test's thread: read with ``timeout=0`` after ``run_until_idle`` or
+        ``advance``, or call ``Harness.wait_published``, which steps the harness until the
+        value is there."""
+        check_text(key, "key")
+        after = after if after is NOTHING else to_json(after, ANY, "after")
+
+        def read() -> Any:
+            # the status first: a run that finished in between is read to its end
+            status = self.get(run_id).status
+            published = self._published(run_id)
+            if key in published and (after is NOTHING or not same_json(published[key], after)):
+                return published[key]
+            if status in s.FINAL_STATUSES:
+                raise NotPublishedError(run_id, status, key, published.get(key, NOTHING))
+            what = "a value" if after is NOTHING else f"a value other than {after!r:.60}"
+            return Pending(f"run {run_id!r} is {status} and has not published {what} under {key!r}")
+
+        return poll_until(read, timeout=timeout, poll=poll)

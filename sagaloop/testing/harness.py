@@ -12,6 +12,7 @@ from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.brokers.local_streams import LocalStreams
 from sagaloop.brokers.memory import MemoryBroker
 from sagaloop.client import Client
+from sagaloop.client.polling import NOTHING
 from sagaloop.client.timeline import Timeline
 from sagaloop.engine.history import Event
 from sagaloop.engine.messages import Envelope, engine_queue, start_queue, step_queue
@@ -223,6 +224,26 @@ class Harness:
         if run.status == NEEDS_ATTENTION:
             raise SagaFailedError(run_id, run.status, ErrorInfo("NeedsAttention", run.reason or ""))
         return self.client.result(run_id, timeout=0)
+
+    def get_published(self, run_id: str, key: str, default: Any = None) -> Any:
+        """The latest value the run published under ``key``, now (``Client.get_published``)."""
+        return self.client.get_published(run_id, key, default)
+
+    def wait_published(self, run_id: str, key: str, *, after: Any = NOTHING) -> Any:
+        """``Client.wait_published`` for a test: step the harness, one message at a time, until
+        the run has published a value under ``key`` (other than ``after``, if given) and return
+        it, so the test sees it before the run goes on. The clock does not move: TimeoutError
+        when nothing is left to do but wait (call :meth:`advance`, or send what the run waits
+        for, then read again); NotPublishedError if the run ended without publishing it."""
+        while True:
+            try:
+                return self.client.wait_published(run_id, key, timeout=0, after=after)
+            except TimeoutError as e:
+                if not self.step_once():
+                    raise TimeoutError(
+                        f"{e}, and nothing is left to do at {self.clock.now():%Y-%m-%d %H:%M:%S}"
+                        ": move the clock (Harness.advance) or send what the run waits for"
+                    ) from None
 
     def status(self, run_id: str) -> Timeline:
         return self.client.status(run_id)
