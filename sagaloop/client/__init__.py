@@ -9,3 +9,6 @@ approval)."""
 
 from sagaloop.client.client import Client as Client
 from sagaloop.client.polling import NotPublishedError as NotPublishedError
+from sagaloop.client.queries import QueryDef as QueryDef
+from sagaloop.client.queries import RunView as RunView
+from sagaloop.client.queries import query as query

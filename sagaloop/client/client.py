@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, ParamSpec, TypeVar, overload
 
 from sagaloop import tracing
 from sagaloop.client.admission import START_BACKLOG, limit_from_env
@@ -17,6 +17,7 @@ from sagaloop.client.approvals import answer_approval
 from sagaloop.client.checks import check_message, check_text, same_json, to_json
 from sagaloop.client.fork import fork_run
 from sagaloop.client.polling import NOTHING, NotPublishedError, Pending, poll_until
+from sagaloop.client.queries import QueryDef, ask
 from sagaloop.client.serving import served
 from sagaloop.client.timeline import Timeline, timeline
 from sagaloop.engine import answers
@@ -39,6 +40,9 @@ from sagaloop.errors import (
 from sagaloop.sagas.app import App, SagaDef
 from sagaloop.sagas.approvals import PendingApproval, call_id_of
 from sagaloop.sagas.convert import ANY
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 LIVE = timedelta(seconds=15)
 """A process whose registry row was refreshed this recently runs (it refreshes every 5 s)."""
@@ -317,6 +321,24 @@ class Client:
         return state.published
 
     # --- reading -----------------------------------------------------------------------------
+
+    @overload
+    def query(
+        self, run_id: str, query: QueryDef[P, R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R: ...
+    @overload
+    def query(self, run_id: str, query: str, /, *args: Any, **kwargs: Any) -> Any: ...
+    def query(self, run_id: str, query: Any, /, *args: Any, **kwargs: Any) -> Any:
+        """Compute the query ``query`` (declared with ``@query(saga)``, or its name) of run
+        ``run_id`` with these arguments, over what the run recorded (its record, published
+        values and history, as they are now), and return its answer. No saga code runs and
+        the run is not changed; no engine needs to run.
+
+        Needs the App that declares the run's saga (``Client(store, app)``). Refused
+        (ValidationError) for a query its saga does not declare and for arguments that do
+        not fit the query's parameters (they are converted to the declared types, as JSON
+        would bring them). An exception the query raises reaches the caller as it is."""
+        return ask(self, run_id, query, args, kwargs)
 
     def get(self, run_id: str) -> RunRecord:
         run = self.store.get_run(check_text(run_id, "run_id"))

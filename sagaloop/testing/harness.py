@@ -245,6 +245,11 @@ class Harness:
                         ": move the clock (Harness.advance) or send what the run waits for"
                     ) from None
 
+    def query(self, run_id: str, query: Any, /, *args: Any, **kwargs: Any) -> Any:
+        """Compute a query of the run (``Client.query``) over what it recorded so far: the
+        harness is not stepped."""
+        return self.client.query(run_id, query, *args, **kwargs)
+
     def status(self, run_id: str) -> Timeline:
         return self.client.status(run_id)
 

@@ -10,8 +10,16 @@ from typing import Any
 
 import pytest
 
-from sagaloop import App, RunFinishedError, SagaContext, ValidationError
-from sagaloop.client import NotPublishedError
+from sagaloop import (
+    App,
+    Client,
+    DeclarationError,
+    RunFinishedError,
+    RunNotFoundError,
+    SagaContext,
+    ValidationError,
+)
+from sagaloop.client import NotPublishedError, RunView, query
 from sagaloop.client.polling import MAX_POLL, Pending, poll_until
 from sagaloop.testing import Harness
 
@@ -68,8 +76,6 @@ def test_wait_published_refuses_bad_input() -> None:
         env.client.wait_published(run_id, "", timeout=0)
     with pytest.raises(ValidationError, match="after"):
         env.client.wait_published(run_id, "done", timeout=0, after=float("nan"))
-    from sagaloop import RunNotFoundError
-
     with pytest.raises(RunNotFoundError):
         env.client.wait_published("no-such-run", "done", timeout=0)
 
@@ -108,3 +114,113 @@ def test_the_client_waits_with_backoff_up_to_its_deadline(monkeypatch: pytest.Mo
     assert sum(pauses) == pytest.approx(2)
     reads = iter([Pending("x"), Pending("x"), "there"])
     assert poll_until(lambda: next(reads), timeout=None) == "there"
+
+
+# --- queries -------------------------------------------------------------------------------------
+
+
+CART_RUNS = [0]
+
+
+@app.saga(name="cart")
+async def cart(ctx: SagaContext, owner: str) -> list[str]:
+    CART_RUNS[0] += 1  # each time saga code runs (replays included)
+    items: list[str] = []
+    while True:
+        item = await ctx.wait_for_event("add")
+        if item == "checkout":
+            return items
+        items.append(item)
+        ctx.publish("items", items)
+
+
+@query(cart)
+def count(run: RunView, prefix: str = "") -> int:
+    """How many items (starting with ``prefix``) the cart holds."""
+    return sum(1 for item in run.published.get("items", []) if item.startswith(prefix))
+
+
+@query(cart, name="summary")
+def cart_summary(run: RunView, top: int) -> dict[str, Any]:
+    events = [e.data.get("name") for e in run.history if e.kind == "event_arrived"]
+    return {
+        "owner": run.input,
+        "status": run.status,
+        "first": run.published.get("items", [])[:top],
+        "events": len(events),
+    }
+
+
+def test_a_query_is_computed_on_demand_with_arguments_over_what_the_run_recorded() -> None:
+    env = Harness(app)
+    run_id = env.start(cart, "ada")
+    env.run_until_idle()
+    assert env.client.query(run_id, count) == 0
+    for item in ["apple", "avocado", "bread"]:
+        env.send_event(run_id, "add", item)
+    env.run_until_idle()
+    seen = len(env.history(run_id))
+    assert env.client.query(run_id, count) == 3
+    assert env.client.query(run_id, count, "a") == 2
+    assert env.query(run_id, "count", prefix="b") == 1  # by name, keyword arguments
+    assert env.query(run_id, "summary", "2")["first"] == ["apple", "avocado"]  # converted
+    assert env.client.query(run_id, cart_summary, top=1)["owner"] == "ada"
+    assert len(env.history(run_id)) == seen  # a query records nothing
+    env.restart()  # no engine state involved: the store is read
+    env.send_event(run_id, "add", "checkout")
+    env.run_until_idle()
+    assert env.result(run_id) == ["apple", "avocado", "bread"]
+    assert env.query(run_id, "summary", 9)["status"] == "completed"  # a finished run too
+    view = RunView("r", "cart", "running", "ada", None, None, {"items": ["bun"]}, ())
+    assert count(view, "b") == 1  # a declared query is a plain function too
+
+
+def test_a_query_runs_no_saga_code_and_needs_no_engine() -> None:
+    env = Harness(app)
+    run_id = env.start(cart, "bob")
+    env.run_until_idle()
+    env.send_event(run_id, "add", "pear")
+    env.run_until_idle()
+    activations = CART_RUNS[0]
+    reader = Client(env.store, app)  # another process: no engine, no harness, no worker
+    assert reader.query(run_id, count) == 1
+    assert reader.query(run_id, "summary", 1) == {
+        "owner": "bob",
+        "status": "waiting",
+        "first": ["pear"],
+        "events": 1,
+    }
+    assert CART_RUNS[0] == activations  # the saga code did not run to answer
+
+
+def test_queries_refuse_bad_declarations_and_bad_calls() -> None:
+    env = Harness(app)
+    run_id = env.start(cart, "cy")
+    env.run_until_idle()
+    with pytest.raises(
+        ValidationError, match=r"declares no query 'nope'; its queries: count, summary"
+    ):
+        env.query(run_id, "nope")
+    with pytest.raises(ValidationError, match=r"query 'summary'.*missing a required argument"):
+        env.query(run_id, "summary")
+    with pytest.raises(ValidationError, match="argument 'top' is not a valid int"):
+        env.query(run_id, cart_summary, "many")
+    progress_run = env.start(progress, 1)
+    with pytest.raises(ValidationError, match="is not a query of saga 'progress'"):
+        env.query(progress_run, count)
+    with pytest.raises(ValidationError, match="needs that app's code"):
+        Client(env.store, "port-client").query(run_id, "count")
+    with pytest.raises(RunNotFoundError):
+        env.query("no-such-run", "count")
+    with pytest.raises(DeclarationError, match="already declares a query 'count'"):
+        query(cart)(count.fn)
+    with pytest.raises(DeclarationError, match="plain `def`"):
+
+        @query(cart, name="later")
+        async def later(run: RunView) -> int:
+            return 0
+
+    with pytest.raises(DeclarationError, match="invalid query name"):
+        query(cart, name="no spaces")(count.fn)
+    with pytest.raises(DeclarationError, match="takes a declared saga"):
+        query("cart")  # type: ignore[arg-type]
