@@ -137,6 +137,9 @@ class Harness:
         engine's queue (``<app>.engine``) stands for both the engine's queues: with its start
         queue (``<app>.starts``)."""
         self.crash_hook: Callable[[str, Delivery], None] | None = None
+        self._processing = 0
+        """How many deliveries the harness is processing now (more than one: a step's body
+        stepped it, as :meth:`cancel` does)."""
         self.restart()
 
     def restart(self) -> None:
@@ -193,7 +196,26 @@ class Harness:
         return message.message_id
 
     def cancel(self, run_id: str, reason: str | None = None) -> None:
+        """Cancel the run (``Client.cancel``). Called while the harness runs a step (from the
+        step's body, an override or a crash hook), the engine takes the cancel at once, as a
+        service's engine thread would while the step runs: the run turns ``compensating`` and
+        the step's next heartbeat that looks at the run (its first, then at most one a second)
+        raises StepCancelled. Outside a step, the cancel waits on the engine's queue for the
+        next ``run_until_idle``."""
         self.client.cancel(run_id, reason)
+        if self._processing:
+            self._engine_now()
+
+    def _engine_now(self) -> None:
+        """Process the engine's queues (and nothing else) until they are empty: what an
+        engine thread does while a step runs on another."""
+        kept = self.queues
+        self.queues = [engine_queue(self.app.name)]
+        try:
+            while self.step_once():
+                pass
+        finally:
+            self.queues = kept
 
     def retry(self, run_id: str) -> None:
         self.client.retry(run_id)
@@ -273,12 +295,16 @@ class Harness:
                 getattr(delivery, "_message", None), "queue", ""
             )
             role, process = self.parts.route(str(queue))
-            if self.crash_hook is not None:
-                try:
-                    self.crash_hook(role, delivery)
-                except Crash:
-                    continue  # the message stays claimed until its lease expires
-            process(delivery)
+            self._processing += 1
+            try:
+                if self.crash_hook is not None:
+                    try:
+                        self.crash_hook(role, delivery)
+                    except Crash:
+                        continue  # the message stays claimed until its lease expires
+                process(delivery)
+            finally:
+                self._processing -= 1
         return work
 
     def run_until_idle(self, *, skip_time: bool = True, max_steps: int = 1_000_000) -> int:

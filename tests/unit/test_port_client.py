@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -17,10 +18,13 @@ from sagaloop import (
     RunFinishedError,
     RunNotFoundError,
     SagaContext,
+    StepCancelled,
+    StepContext,
     ValidationError,
 )
 from sagaloop.client import NotPublishedError, RunView, query
 from sagaloop.client.polling import MAX_POLL, Pending, poll_until
+from sagaloop.engine import history as h
 from sagaloop.testing import Harness
 
 app = App("port-client")
@@ -224,3 +228,93 @@ def test_queries_refuse_bad_declarations_and_bad_calls() -> None:
         query(cart, name="no spaces")(count.fn)
     with pytest.raises(DeclarationError, match="takes a declared saga"):
         query("cart")  # type: ignore[arg-type]
+
+
+# --- a cancel delivered to a running step ------------------------------------------------------
+
+steps_seen: list[str] = []
+HARNESS: list[Harness] = []
+"""The harness of the test running: what the steps below cancel their run through."""
+
+
+def cancel_and_beat(ctx: StepContext, beats_before: int) -> str:
+    """Temporal's hello_cancellation activity, in a harness: it heartbeats while it works, and
+    its run is cancelled while it runs (here, by the step itself after ``beats_before``
+    heartbeats: a test's stand-in for a user who gives up)."""
+    steps_seen.append("started")
+    try:
+        for beat in range(300):  # 3 s at most: a heartbeat looks at the run once a second
+            if beat == beats_before:
+                HARNESS[0].cancel(ctx.run_id, "the user gave up")
+                steps_seen.append(HARNESS[0].get(ctx.run_id).status)
+            ctx.heartbeat(beat)
+            time.sleep(0.01)  # the work between two heartbeats
+        steps_seen.append("never told")
+        return "done"
+    except StepCancelled:
+        steps_seen.append("cancelled")
+        raise
+    finally:
+        steps_seen.append("cleanup")
+
+
+remote_step = app.step(name="remote_beats", queue="q")(cancel_and_beat)
+local_step = app.step(name="local_beats", local=True)(cancel_and_beat)
+
+
+@remote_step.compensation
+def undo_remote(ctx: StepContext, beats_before: int, result: str) -> None:
+    steps_seen.append("compensated")
+
+
+@local_step.compensation
+def undo_local(ctx: StepContext, beats_before: int, result: str) -> None:
+    steps_seen.append("compensated")
+
+
+@app.saga(name="beats")
+async def beats(ctx: SagaContext, args: dict[str, Any]) -> str:
+    step = local_step if args["local"] else remote_step
+    return await ctx.call(step, args["beats_before"])
+
+
+@pytest.fixture
+def env() -> Iterator[Harness]:
+    steps_seen.clear()
+    harness = Harness(app)
+    HARNESS[:] = [harness]
+    yield harness
+    HARNESS.clear()
+    harness.close()
+
+
+@pytest.mark.parametrize("local", [False, True], ids=["worker step", "in-process step"])
+def test_the_harness_delivers_a_cancel_to_a_running_step_through_its_heartbeat(
+    env: Harness, local: bool
+) -> None:
+    run_id = env.start(beats, {"local": local, "beats_before": 0})
+    env.run_until_idle()
+    assert steps_seen == ["started", "compensating", "cancelled", "cleanup", "compensated"]
+    assert env.get(run_id).status == "cancelled"
+    failed = [e for e in env.history(run_id) if e.kind == h.STEP_FAILED]
+    assert [e.data["error"]["type"] for e in failed] == ["StepCancelled"]
+
+
+def test_a_step_that_heartbeats_in_a_loop_sees_the_cancel_within_a_second(env: Harness) -> None:
+    """After its first, a heartbeat looks at the run at most once a second (real time): a step
+    cancelled after a few beats stops at the first look after the cancel."""
+    run_id = env.start(beats, {"local": False, "beats_before": 3})
+    started = time.monotonic()
+    env.run_until_idle()
+    assert time.monotonic() - started < 10
+    assert steps_seen == ["started", "compensating", "cancelled", "cleanup", "compensated"]
+    assert env.get(run_id).status == "cancelled"
+
+
+def test_a_cancel_outside_a_step_waits_for_the_engine_as_before(env: Harness) -> None:
+    run_id = env.start(cart, "dee")
+    env.run_until_idle()
+    env.cancel(run_id)
+    assert env.get(run_id).status == "waiting"  # queued: the test steps the harness
+    env.run_until_idle()
+    assert env.get(run_id).status == "cancelled"
