@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -84,10 +85,11 @@ def test_wait_published_refuses_bad_input() -> None:
         env.client.wait_published("no-such-run", "done", timeout=0)
 
 
-def test_wait_published_wakes_a_waiting_reader_in_another_thread() -> None:
+def test_wait_published_wakes_a_waiting_reader_in_another_thread(tmp_path: Path) -> None:
     """The blocking form: a reader polls the store while the run, stepped on another thread,
-    publishes. It returns once the value is there, not at its timeout."""
-    env = Harness(app)
+    publishes. It returns once the value is there, not at its timeout. (A database file: each
+    thread its own connection, as two processes would have.)"""
+    env = Harness(app, url=f"sqlite:///{tmp_path / 'runs.db'}")
     run_id = env.start(progress, 1)
     found: list[Any] = []
     reader = threading.Thread(
