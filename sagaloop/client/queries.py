@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import weakref
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
@@ -84,15 +83,9 @@ class QueryDef(Generic[P, R]):
         return self.fn(run, **typed)  # type: ignore[call-arg]
 
 
-_QUERIES: weakref.WeakKeyDictionary[SagaDef[Any, Any], dict[str, QueryDef[Any, Any]]] = (
-    weakref.WeakKeyDictionary()
-)
-"""The queries declared for each saga (by object: two apps' sagas of one name stay apart)."""
-
-
 def queries_of(saga: SagaDef[Any, Any]) -> dict[str, QueryDef[Any, Any]]:
     """The queries declared for ``saga``, by name."""
-    return dict(_QUERIES.get(saga, {}))
+    return dict(saga.queries)
 
 
 def query(
@@ -113,7 +106,7 @@ def query(
 
     def declare(fn: Callable[Concatenate[RunView, P], R]) -> QueryDef[P, R]:
         query_name = _check_name("query", name if name is not None else fn.__name__)
-        declared = _QUERIES.setdefault(saga, {})
+        declared = saga.queries
         if query_name in declared:
             raise DeclarationError(
                 f"saga {saga.name!r} already declares a query {query_name!r}: "

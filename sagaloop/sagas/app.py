@@ -167,6 +167,9 @@ class SagaDef(Generic[I, O]):
         self.name = _check_name("saga", name)
         self.aliases = tuple(_check_name("saga", a) for a in aliases)
         self.events: dict[str, Any] = _check_events(name, events)
+        self.queries: dict[str, Any] = {}
+        """Its queries by name (``sagaloop.client.query``): computed from the run's recorded
+        state on the client, never by running saga code."""
         """The events the saga accepts, ``{name: model or None}``; empty: it declares none
         (any name, any data until a wait checks it)."""
         sig = Signature(fn, what=f"saga {name!r}")
