@@ -470,6 +470,8 @@ def effects_of(
             **({"parent": st.parent} if st.parent else {}),  # still its parent's call
             **({"trace": st.trace} if st.trace else {}),  # the same run: the same trace
         }
+        if kept := st.carried_published():  # readable until published again
+            data["published"] = kept
         effects.restart = NewEvent(h.RUN_STARTED, name=st.saga, data=data)
         continued = derived_id("continued", st.run_id, st.epoch + 1)
         effects.start(queue, continued, st.run_id, st.saga, ev.data.get("input"))

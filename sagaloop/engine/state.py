@@ -13,6 +13,7 @@ from typing import Any, Final
 
 from sagaloop.engine import history as h
 from sagaloop.engine.history import Event
+from sagaloop.sagas.approvals import call_id_of
 
 
 class RunStatus(StrEnum):
@@ -174,6 +175,11 @@ class RunState:
     finished: str | None = None
     finished_at: datetime | None = None
 
+    def carried_published(self) -> dict[str, Any]:
+        """What a run that continues as new carries into its next history's ``run_started``:
+        the latest value of each key it published, but an approval's (its wait ended)."""
+        return {k: v for k, v in self.published.items() if call_id_of(k) is None}
+
     # --- folding -----------------------------------------------------------------------------
 
     def apply(self, ev: Event) -> None:
@@ -185,6 +191,7 @@ class RunState:
             self.parent = d.get("parent")
             self.epoch = int(d.get("epoch", 0))
             self.trace = d.get("trace")
+            self.published = dict(d.get("published") or {})  # carried by continue_as_new
             self.forked_at = int((d.get("forked_from") or {}).get("position", 0))
             events = d.get("events")
             self.declared = dict(events) if isinstance(events, dict) and events else None
