@@ -7,12 +7,13 @@ in the history as :class:`ErrorInfo` and come back as the same Python type on th
 from __future__ import annotations
 
 import dataclasses
-import sys
-import traceback as tb
 from collections.abc import Collection
 from datetime import timedelta
-from types import CodeType, FrameType, TracebackType
+from types import CodeType
 from typing import Any
+
+from sagaloop._tracebacks import FOLDED_PACKAGES as FOLDED_PACKAGES
+from sagaloop._tracebacks import folded, frames_from
 
 
 class SagaloopError(Exception):
@@ -290,7 +291,20 @@ class StepFailedError(SagaloopError):
     def __init__(self, step: str, error: ErrorInfo) -> None:
         super().__init__(f"step {step!r} failed: {error.describe()}")
         self.step = step
+        """The step's name, or the child saga's for ``await ctx.call(child_saga, ...)``."""
         self.error = error
+        """The step's error (its last attempt's), or the child run's."""
+
+    @property
+    def cause_type(self) -> str:
+        """The type of the step's error (``ApplicationError``'s ``type``), or of the child
+        run's: ``"ValueError"``, ``"CardDeclined"``..."""
+        return self.error.type
+
+    @property
+    def cause_message(self) -> str:
+        """The message of the step's error, or of the child run's."""
+        return self.error.message
 
 
 class ApprovalDenied(SagaloopError):
@@ -328,6 +342,10 @@ MAX_TRACEBACK = 4 * 1024
 """Characters of a formatted traceback kept in the history (its end: the innermost frames)."""
 
 
+MAX_CAUSE_DEPTH = 8
+"""Links of an ``ErrorInfo.cause`` chain kept (children of children... of a failed call)."""
+
+
 @dataclasses.dataclass(slots=True, eq=False, repr=False)
 class ErrorInfo:
     """A stored, JSON-shaped description of an exception. Built from any exception, it always
@@ -347,6 +365,24 @@ class ErrorInfo:
     """A person must fix the cause: the run parks, nothing undone (see ApplicationError)."""
     retry_after: float | None = None
     """Seconds the next attempt waits at least (a provider's ``Retry-After``)."""
+    step: str | None = None
+    """For a run's error raised by a step or child run that failed (a ``StepFailedError`` that
+    saga code did not catch, or one in the ``__cause__`` chain of what it raised): the step's
+    name, or the child saga's."""
+    cause: ErrorInfo | None = None
+    """That step's error, or that child run's (whose own ``cause`` goes on down the chain),
+    without its traceback: ``run.error.cause.type == "CardDeclined"``."""
+
+    @property
+    def root_cause(self) -> ErrorInfo:
+        """The innermost failed step's error down the ``cause`` chain (a child run's child's
+        step...), or this error when it has no ``cause``."""
+        error = self
+        for _ in range(MAX_CAUSE_DEPTH):
+            if error.cause is None:
+                break
+            error = error.cause
+        return error
 
     @classmethod
     def from_exception(
@@ -364,6 +400,9 @@ class ErrorInfo:
         message = _storable(_message(exc, name), MAX_ERROR_MESSAGE)
         trace = _traceback(exc, called) if with_traceback else None
         causes = _causes(exc)
+        failed = _failed_call(exc)
+        step = None if failed is None else failed.step
+        cause = None if failed is None else failed.error.without_traceback()
         if isinstance(exc, ApplicationError):
             return cls(
                 _storable(str(exc.type), 200),
@@ -374,8 +413,17 @@ class ErrorInfo:
                 causes=causes,
                 needs_attention=bool(getattr(exc, "needs_attention", False)),
                 retry_after=_seconds(getattr(exc, "retry_after", None)),
+                step=step,
+                cause=cause,
             )
-        return cls(name, message, traceback=trace, causes=causes)
+        return cls(name, message, traceback=trace, causes=causes, step=step, cause=cause)
+
+    def without_traceback(self, depth: int = MAX_CAUSE_DEPTH) -> ErrorInfo:
+        """A copy without tracebacks, down a ``cause`` chain cut at ``depth`` links."""
+        cause = self.cause.without_traceback(depth - 1) if self.cause and depth > 1 else None
+        return dataclasses.replace(
+            self, traceback=None, causes=list(self.causes), cause=cause, step=self.step
+        )
 
     def describe(self) -> str:
         """``type: message``, then ``(caused by type: message)`` for each cause."""
@@ -396,11 +444,17 @@ class ErrorInfo:
             data["traceback"] = self.traceback
         if self.causes:
             data["causes"] = [{"type": t, "message": m} for t, m in self.causes]
+        if self.step is not None:
+            data["step"] = self.step
+        if self.cause is not None:
+            data["cause"] = self.cause.to_json()
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ErrorInfo:
-        trace = data.get("traceback")
+    def from_json(cls, data: dict[str, Any], *, _depth: int = 0) -> ErrorInfo:
+        trace, step, cause = data.get("traceback"), data.get("step"), data.get("cause")
+        if not isinstance(cause, dict) or _depth + 1 >= MAX_CAUSE_DEPTH:
+            cause = None
         return cls(
             str(data.get("type", "Error")),
             str(data.get("message", "")),
@@ -414,6 +468,8 @@ class ErrorInfo:
                 for c in data.get("causes") or []
                 if isinstance(c, dict)
             ],
+            step=None if step is None else str(step),
+            cause=None if cause is None else cls.from_json(cause, _depth=_depth + 1),
         )
 
     def __repr__(self) -> str:
@@ -441,6 +497,19 @@ def _message(exc: BaseException, name: str) -> str:
 MAX_CAUSES = 5
 
 
+def _failed_call(exc: BaseException) -> StepFailedError | None:
+    """The ``StepFailedError`` that ``exc`` is, or the first in its cause chain."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, StepFailedError):
+            return current
+        seen.add(id(current))
+        suppressed = current.__suppress_context__
+        current = current.__cause__ or (None if suppressed else current.__context__)
+    return None
+
+
 def _causes(exc: BaseException) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     seen = {id(exc)}
@@ -455,110 +524,12 @@ def _causes(exc: BaseException) -> list[tuple[str, str]]:
 
 def _traceback(exc: BaseException, called: Collection[CodeType] = ()) -> str | None:
     try:
-        start = _frames_from(exc.__traceback__, called)
-        lines = _folded(exc, start, set())
+        start = frames_from(exc.__traceback__, called)
+        lines = folded(exc, start, set(), MAX_CAUSES)
     except BaseException:
         return None
     text = "\n".join(line if len(line) <= 300 else f"{line[:300]}..." for line in lines)
     return _storable(text, MAX_TRACEBACK, keep_end=True)
-
-
-FOLDED_PACKAGES = frozenset(
-    {
-        "sagaloop",
-        "pydantic_ai",
-        "pydantic_graph",
-        "pydantic_evals",
-        "pydantic",
-        "pydantic_core",
-        "agents",
-        "openai",
-        "anthropic",
-        "httpx",
-        "httpcore",
-        "h11",
-        "h2",
-        "anyio",
-        "sniffio",
-        "mcp",
-        "opentelemetry",
-        "logfire",
-        "griffe",
-        "tenacity",
-        "typing_extensions",
-    }
-)
-"""Packages whose frames a stored traceback folds into one line (with the standard library's):
-the frameworks around an agent and sagaloop itself, so that the user's own frames are what
-it shows. The full traceback is in the log at DEBUG (``-v``)."""
-
-
-def _package_of(frame: FrameType) -> str | None:
-    """The package a frame belongs to when it is folded; None for the user's own code."""
-    module = frame.f_globals.get("__name__")
-    if not isinstance(module, str):
-        return None
-    top = module.partition(".")[0]
-    if top in FOLDED_PACKAGES or top in sys.stdlib_module_names:
-        return top
-    return None
-
-
-def _frame_lines(trace: TracebackType | None) -> list[str]:
-    """The frames of ``trace``, each run of folded frames as one ``... N frames of ...``
-    line; the innermost frame (where it was raised) shown unless it is sagaloop's."""
-    frames = list(tb.walk_tb(trace))
-    out: list[str] = []
-    folded: list[str] = []
-
-    def fold() -> None:
-        if folded:
-            names = ", ".join(dict.fromkeys(folded))
-            count = f"{len(folded)} frame{'s' if len(folded) > 1 else ''}"
-            out.append(f"  ... {count} of {names} ...")
-            folded.clear()
-
-    for i, (frame, lineno) in enumerate(frames):
-        package = _package_of(frame)
-        if package is not None and (i < len(frames) - 1 or package == "sagaloop"):
-            folded.append(package)
-            continue
-        fold()
-        summary = tb.StackSummary.extract([(frame, lineno)], capture_locals=False)
-        out += "".join(summary.format()).rstrip("\n").splitlines()
-    fold()
-    return out
-
-
-_FOLLOWING = "the following exception:"
-
-
-def _folded(exc: BaseException, trace: TracebackType | None, seen: set[int]) -> list[str]:
-    """``exc`` formatted as Python does (its cause or context first), frames folded."""
-    seen.add(id(exc))
-    lines: list[str] = []
-    cause, context = exc.__cause__, None if exc.__suppress_context__ else exc.__context__
-    if len(seen) <= MAX_CAUSES:
-        if cause is not None and id(cause) not in seen:
-            lines += _folded(cause, cause.__traceback__, seen)
-            lines += ["", f"The above exception was the direct cause of {_FOLLOWING}", ""]
-        elif context is not None and id(context) not in seen:
-            lines += _folded(context, context.__traceback__, seen)
-            lines += ["", "During handling of the above exception, another exception occurred:", ""]
-    if trace is not None:
-        lines += ["Traceback (most recent call last):", *_frame_lines(trace)]
-    lines += "".join(tb.format_exception_only(type(exc), exc)).rstrip("\n").splitlines()
-    return lines
-
-
-def _frames_from(trace: TracebackType | None, called: Collection[CodeType]) -> TracebackType | None:
-    """``trace`` from its first frame that runs one of ``called`` (all of it if none does)."""
-    at = trace
-    while called and at is not None:
-        if at.tb_frame.f_code in called:
-            return at
-        at = at.tb_next
-    return trace
 
 
 def _storable(text: str, limit: int, *, keep_end: bool = False) -> str:

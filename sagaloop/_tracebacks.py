@@ -1,0 +1,110 @@
+"""How a stored traceback is formatted (``ErrorInfo.from_exception(..., with_traceback=True)``):
+as Python prints it, each run of frameworks' and sagaloop's frames folded into one line, from
+the first frame of the user's code that sagaloop called."""
+
+from __future__ import annotations
+
+import sys
+import traceback as tb
+from collections.abc import Collection
+from types import CodeType, FrameType, TracebackType
+
+FOLDED_PACKAGES = frozenset(
+    {
+        "sagaloop",
+        "pydantic_ai",
+        "pydantic_graph",
+        "pydantic_evals",
+        "pydantic",
+        "pydantic_core",
+        "agents",
+        "openai",
+        "anthropic",
+        "httpx",
+        "httpcore",
+        "h11",
+        "h2",
+        "anyio",
+        "sniffio",
+        "mcp",
+        "opentelemetry",
+        "logfire",
+        "griffe",
+        "tenacity",
+        "typing_extensions",
+    }
+)
+"""Packages whose frames a stored traceback folds into one line (with the standard library's):
+the frameworks around an agent and sagaloop itself, so that the user's own frames are what
+it shows. The full traceback is in the log at DEBUG (``-v``)."""
+
+
+def _package_of(frame: FrameType) -> str | None:
+    """The package a frame belongs to when it is folded; None for the user's own code."""
+    module = frame.f_globals.get("__name__")
+    if not isinstance(module, str):
+        return None
+    top = module.partition(".")[0]
+    if top in FOLDED_PACKAGES or top in sys.stdlib_module_names:
+        return top
+    return None
+
+
+def _frame_lines(trace: TracebackType | None) -> list[str]:
+    """The frames of ``trace``, each run of folded frames as one ``... N frames of ...``
+    line; the innermost frame (where it was raised) shown unless it is sagaloop's."""
+    frames = list(tb.walk_tb(trace))
+    out: list[str] = []
+    folded: list[str] = []
+
+    def fold() -> None:
+        if folded:
+            names = ", ".join(dict.fromkeys(folded))
+            count = f"{len(folded)} frame{'s' if len(folded) > 1 else ''}"
+            out.append(f"  ... {count} of {names} ...")
+            folded.clear()
+
+    for i, (frame, lineno) in enumerate(frames):
+        package = _package_of(frame)
+        if package is not None and (i < len(frames) - 1 or package == "sagaloop"):
+            folded.append(package)
+            continue
+        fold()
+        summary = tb.StackSummary.extract([(frame, lineno)], capture_locals=False)
+        out += "".join(summary.format()).rstrip("\n").splitlines()
+    fold()
+    return out
+
+
+_FOLLOWING = "the following exception:"
+
+
+def folded(
+    exc: BaseException, trace: TracebackType | None, seen: set[int], max_causes: int
+) -> list[str]:
+    """``exc`` formatted as Python does (its cause or context first, ``max_causes`` of them),
+    frames folded."""
+    seen.add(id(exc))
+    lines: list[str] = []
+    cause, context = exc.__cause__, None if exc.__suppress_context__ else exc.__context__
+    if len(seen) <= max_causes:
+        if cause is not None and id(cause) not in seen:
+            lines += folded(cause, cause.__traceback__, seen, max_causes)
+            lines += ["", f"The above exception was the direct cause of {_FOLLOWING}", ""]
+        elif context is not None and id(context) not in seen:
+            lines += folded(context, context.__traceback__, seen, max_causes)
+            lines += ["", "During handling of the above exception, another exception occurred:", ""]
+    if trace is not None:
+        lines += ["Traceback (most recent call last):", *_frame_lines(trace)]
+    lines += "".join(tb.format_exception_only(type(exc), exc)).rstrip("\n").splitlines()
+    return lines
+
+
+def frames_from(trace: TracebackType | None, called: Collection[CodeType]) -> TracebackType | None:
+    """``trace`` from its first frame that runs one of ``called`` (all of it if none does)."""
+    at = trace
+    while called and at is not None:
+        if at.tb_frame.f_code in called:
+            return at
+        at = at.tb_next
+    return trace
