@@ -325,6 +325,18 @@ class EventTimeoutError(SagaloopError):
         self.event = name
 
 
+class ChildTimeoutError(SagaloopError, TimeoutError):
+    """Raised inside saga code by ``await ctx.call(saga, input, timeout=...)`` when the
+    timeout passed before the child run ended: the child run is cancelled (it compensates).
+    A ``TimeoutError`` too, as ``asyncio.wait_for`` raises."""
+
+    def __init__(self, saga: str, run_id: str, timeout: timedelta) -> None:
+        super().__init__(f"child run {run_id!r} of saga {saga!r} did not end within {timeout}")
+        self.saga = saga
+        self.run_id = run_id
+        self.timeout = timeout
+
+
 class SagaFailedError(SagaloopError):
     """Raised by ``Client.result`` for a run that did not complete."""
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from sagaloop.engine import history as h
 from sagaloop.engine.messages import derived_id
-from sagaloop.errors import ApprovalDenied, ValidationError
+from sagaloop.errors import ApprovalDenied, ChildTimeoutError, ValidationError
 from sagaloop.sagas.app import SagaDef, StepDef, model_path
 from sagaloop.sagas.approvals import Approval, OnTimeout, request_approval, schema_error
 from sagaloop.sagas.context import Early, Received, SagaContext
@@ -42,6 +42,10 @@ class SagaLogger(logging.LoggerAdapter[logging.Logger]):
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, Any]:
         kwargs["extra"] = {**self.extra, **kwargs.get("extra", {})}  # type: ignore[dict-item]
         return msg, kwargs
+
+
+CALL_TIMEOUT = "call_timeout"
+"""The name of the timer of ``ctx.call(saga, ..., timeout=...)`` (a sleep's is ``sleep``)."""
 
 
 class ContinueAsNew(BaseException):
@@ -123,7 +127,18 @@ class Context(SagaContext):
         _, future = self._r.command(h.STEP_SCHEDULED, step.name, data, step.result)
         return await future
 
-    async def _child(self, saga: SagaDef[Any, Any], *args: Any, run_id: str | None = None) -> Any:
+    async def _child(
+        self,
+        saga: SagaDef[Any, Any],
+        *args: Any,
+        run_id: str | None = None,
+        timeout: timedelta | None = None,
+    ) -> Any:
+        if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
+            raise ValidationError(
+                f"the timeout of a call of saga {saga.name!r} is a positive timedelta, "
+                f"not {timeout!r:.60}"
+            )
         if self._r.app.get_saga(saga.name) is not saga:
             raise ValidationError(
                 f"saga {saga.name!r} is not registered in app {self._r.app.name!r}"
@@ -138,7 +153,19 @@ class Context(SagaContext):
             raise ValidationError("a child run id must be 1 to 200 characters")
         data = {"run_id": child, "input": value}
         _, future = self._r.command(h.CHILD_STARTED, saga.name, data, saga.output)
-        return await future
+        if timeout is None:
+            return await future
+        fire_at = (self.now() + timeout).isoformat()  # a durable timer raced against the child
+        _, timer = self._r.command(h.TIMER_STARTED, CALL_TIMEOUT, {"fire_at": fire_at})
+        try:
+            await asyncio.wait((future, timer), return_when=asyncio.FIRST_COMPLETED)
+        finally:  # the loser stops waiting: a cancelled child await cancels the child run
+            timer.cancel()
+            if not future.done():
+                future.cancel()
+        if future.cancelled():
+            raise ChildTimeoutError(saga.name, child, timeout)
+        return future.result()
 
     async def gather(self, *aws: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:
         return await asyncio.gather(*aws, return_exceptions=return_exceptions)

@@ -63,7 +63,13 @@ class SagaContext(abc.ABC):
     ) -> R: ...
 
     @overload
-    async def call(self, step: SagaDef[Any, R], *args: Any, run_id: str | None = None) -> R: ...
+    async def call(
+        self,
+        step: SagaDef[Any, R],
+        *args: Any,
+        run_id: str | None = None,
+        timeout: timedelta | None = None,
+    ) -> R: ...
 
     @abc.abstractmethod
     async def call(self, step: Any, *args: Any, **kwargs: Any) -> Any:
@@ -71,7 +77,9 @@ class SagaContext(abc.ABC):
         for good. Given a saga of the app, run it as a child run (its id ``run_id``, or derived
         from this run's and the call's position, so no replay starts a second one) and return
         its output; its failure raises ``StepFailedError``, and cancelling this run cancels
-        it."""
+        it. With ``timeout`` (a child run only), a durable timer races the child: when it
+        fires first the child run is cancelled and ``ChildTimeoutError`` (a ``TimeoutError``)
+        is raised here."""
 
     @abc.abstractmethod
     async def gather(self, *aws: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:
