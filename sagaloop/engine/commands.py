@@ -108,7 +108,7 @@ class Context(SagaContext):
             what = f"step {step.name!r} (edited arguments)"
             decision = await request_approval(
                 self,
-                str(self._r.next_pos),
+                str(self._r.peek_pos()),
                 step.name,
                 args_json,
                 timeout=step.approval_timeout,
@@ -148,7 +148,7 @@ class Context(SagaContext):
         if len(args) > 1 or (len(args) == 1 and not saga.has_input):
             raise ValidationError(f"saga {saga.name!r} takes {int(saga.has_input)} input")
         value = saga.input.to_json(args[0] if args else None, what=f"input of saga {saga.name!r}")
-        child = run_id or derived_id("child", self.run_id, self._r.next_pos)
+        child = run_id or derived_id("child", self.run_id, self._r.peek_pos())
         if not isinstance(child, str) or len(child) > 200:
             raise ValidationError("a child run id must be 1 to 200 characters")
         data = {"run_id": child, "input": value}
@@ -242,7 +242,7 @@ class Context(SagaContext):
         if definition is None:
             raise ValidationError(f"ctx.start: no saga {saga!r} in app {self._r.app.name!r}")
         value = definition.input.to_json(input, what=f"input of saga {definition.name!r}")
-        pos = self._r.next_pos
+        pos = self._r.peek_pos()
         child = derived_id("spawned", self.run_id, pos) if run_id is None else run_id
         if not isinstance(child, str) or not 0 < len(child) <= 200:
             raise ValidationError("ctx.start needs a run id of 1 to 200 characters")
@@ -286,7 +286,7 @@ class Context(SagaContext):
             check = functools.partial(_fits, schema=schema, what=what)
         return await request_approval(
             self,
-            str(self._r.next_pos) if call_id is None else call_id,
+            str(self._r.peek_pos()) if call_id is None else call_id,
             action,
             args,
             timeout=timeout,
@@ -307,7 +307,7 @@ class Context(SagaContext):
         return self._r.rng.random()
 
     def patched(self, change_id: str) -> bool:
-        recorded = self._r.recorded.get(self._r.next_pos)
+        recorded = self._r.recorded.get(self._r.peek_pos())
         if recorded is not None:
             if recorded.kind == h.MARKER and recorded.name == change_id:
                 self._r.command(h.MARKER, change_id, {})
@@ -315,6 +315,12 @@ class Context(SagaContext):
             return False  # the run passed here with code that did not have the change
         self._r.command(h.MARKER, change_id, {})
         return True
+
+    def deprecate_patch(self, change_id: str) -> None:
+        if not isinstance(change_id, str) or not change_id or len(change_id) > 200:
+            raise ValidationError("a change id is a string of 1 to 200 characters")
+        self._r.deprecated.add(change_id)  # its recorded markers are skipped from here on
+        self._r.skip_deprecated()
 
     @property
     def is_replaying(self) -> bool:

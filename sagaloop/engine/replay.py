@@ -107,6 +107,8 @@ class Replayer:
         """Events refused by the wait they reached (bad data), and the saga's declared events
         when the engine started the run: bookkeeping for the engine to record, never fed."""
         self.rng = _random.Random(seed_for(run_id))
+        self.deprecated: set[str] = set()
+        """Change ids saga code passed to ``ctx.deprecate_patch``: their markers are skipped."""
         self.ctx = Context(self)
 
     def close(self) -> None:
@@ -141,7 +143,7 @@ class Replayer:
             self.replaying = replaying
             if ev.kind == h.RUN_STARTED:
                 self._start(ev)
-            elif ev.kind in h.COMMAND_KINDS:
+            elif ev.kind in h.COMMAND_KINDS and not self.is_deprecated(ev):
                 if ev.pos is not None and ev.pos >= self.next_pos and not self.stopped:
                     self._diverged(
                         f"the history has {ev.describe()} but the saga code no longer issues it",
@@ -317,10 +319,25 @@ class Replayer:
         if self.nondeterminism is not None:
             raise self.nondeterminism
 
+    def is_deprecated(self, ev: Event) -> bool:
+        """A marker of a change that saga code deprecated (``ctx.deprecate_patch``)."""
+        return ev.kind == h.MARKER and ev.name in self.deprecated
+
+    def skip_deprecated(self) -> None:
+        """Step over the deprecated markers recorded at the next positions: the code that
+        recorded them called ``patched`` there, the code now does not."""
+        while (ev := self.recorded.get(self.next_pos)) is not None and self.is_deprecated(ev):
+            self.next_pos += 1
+
+    def peek_pos(self) -> int:
+        """The position the next command will take (deprecated markers skipped)."""
+        self.skip_deprecated()
+        return self.next_pos
+
     def command(
         self, kind: str, name: str, data: dict[str, Any], model: Any = None
     ) -> tuple[int, asyncio.Future[Any]]:
-        pos = self.next_pos
+        pos = self.peek_pos()
         self.next_pos += 1
         future: asyncio.Future[Any] = self.loop.create_future()
         recorded = self.recorded.get(pos)
@@ -372,7 +389,11 @@ def check_replay(
         code.feed(list(events), replaying=True)
         recorded = [e for e in events if e.kind in h.COMMAND_KINDS and e.pos is not None]
         gone = sorted(
-            (e for e in recorded if e.pos is not None and e.pos >= code.next_pos),
+            (
+                e
+                for e in recorded
+                if e.pos is not None and e.pos >= code.next_pos and not code.is_deprecated(e)
+            ),
             key=lambda e: e.pos or 0,
         )
         if gone:

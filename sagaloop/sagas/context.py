@@ -226,6 +226,13 @@ class SagaContext(abc.ABC):
         """True when this run reaches this point with code that has the change ``change_id``;
         False for runs that already passed here with older code."""
 
+    @abc.abstractmethod
+    def deprecate_patch(self, change_id: str) -> None:
+        """Temporal's ``deprecate_patch``: every run that took the path before the change
+        ``change_id`` has finished, so its ``patched(change_id)`` call and old branch are gone
+        from the code. Runs that recorded the change's marker still replay: from here on,
+        its markers are skipped. Records nothing; see the versioning docs for the stages."""
+
     @property
     @abc.abstractmethod
     def is_replaying(self) -> bool:

@@ -16,6 +16,7 @@ from sagaloop.errors import (
     ApplicationError,
     ChildTimeoutError,
     ErrorInfo,
+    NonDeterminismError,
     SagaFailedError,
     StepFailedError,
     ValidationError,
@@ -237,3 +238,147 @@ def test_a_bad_timeout_is_refused_before_anything_is_recorded() -> None:
         env.run_until_idle()
         assert "is a positive timedelta" in env.result(run_id)
         assert not [e for e in env.history(run_id) if e.kind == h.CHILD_STARTED]
+
+
+# --- ctx.deprecate_patch ------------------------------------------------------------------------
+
+
+def _patching_app() -> tuple[App, dict[str, Any]]:
+    """Temporal's patching sample in four stages: the old code, ``patched``, then
+    ``deprecate_patch``, then neither."""
+    app = App("deprecating")
+
+    @app.step()
+    def pre_patch(ctx: StepContext) -> str:
+        return "pre-patch"
+
+    @app.step()
+    def post_patch(ctx: StepContext) -> str:
+        return "post-patch"
+
+    async def initial(ctx: SagaContext) -> str:
+        result = await ctx.call(pre_patch)
+        await ctx.wait_for_event("go")
+        return result
+
+    async def patched(ctx: SagaContext) -> str:
+        if ctx.patched("my-patch"):
+            result = await ctx.call(post_patch)
+        else:
+            result = await ctx.call(pre_patch)
+        await ctx.wait_for_event("go")
+        return result
+
+    async def deprecated(ctx: SagaContext) -> str:
+        ctx.deprecate_patch("my-patch")
+        result = await ctx.call(post_patch)
+        await ctx.wait_for_event("go")
+        return result
+
+    async def removed(ctx: SagaContext) -> str:
+        result = await ctx.call(post_patch)
+        await ctx.wait_for_event("go")
+        return result
+
+    stages = {"initial": initial, "patched": patched, "deprecated": deprecated, "removed": removed}
+    app.saga(name="patching")(patched)
+    return app, stages
+
+
+def _deploy(env: Harness, app: App, fn: Any) -> None:
+    app.sagas["patching"].fn = fn
+    env.restart()
+
+
+def test_deprecate_patch_replays_runs_that_recorded_the_marker_and_records_none() -> None:
+    app, stages = _patching_app()
+    env = Harness(app)
+    marked = env.start("patching", run_id="marked")  # runs the `patched` stage
+    env.run_until_idle(skip_time=False)
+    assert [e.name for e in env.history(marked) if e.kind == h.MARKER] == ["my-patch"]
+
+    _deploy(env, app, stages["deprecated"])
+    fresh = env.start("patching", run_id="fresh")
+    env.run_until_idle(skip_time=False)
+    for run_id in (marked, fresh):
+        env.send_event(run_id, "go")
+    env.run_until_idle()
+    for run_id in (marked, fresh):
+        assert env.get(run_id).status == "completed", env.get(run_id)
+        assert env.result(run_id) == "post-patch"
+    assert not [e for e in env.history(fresh) if e.kind == h.MARKER]  # records nothing
+
+    saga = app.sagas["patching"]
+    check_replay(app, saga, marked, env.history(marked), whole=True)
+    # with the deprecate_patch call gone too, what the deprecated stage recorded replays...
+    saga.fn = stages["removed"]
+    check_replay(app, saga, fresh, env.history(fresh), whole=True)
+    # ...but a history with the marker needs the call: it is what skips the marker
+    with pytest.raises(NonDeterminismError, match="patched\\('my-patch'\\) at position 0"):
+        check_replay(app, saga, marked, env.history(marked), whole=True)
+
+
+def test_deprecate_patch_skips_a_marker_recorded_later_in_the_code() -> None:
+    app = App("deprecating_later")
+
+    @app.step()
+    def first(ctx: StepContext) -> int:
+        return 1
+
+    @app.step()
+    def second(ctx: StepContext) -> int:
+        return 2
+
+    @app.saga(name="later")
+    async def later(ctx: SagaContext) -> list[Any]:
+        a = await ctx.call(first)
+        b = await ctx.call(second) if ctx.patched("second") else 0
+        c = ctx.patched("third")  # a patch still in force after the deprecated marker
+        return [a, b, c]
+
+    env = Harness(app)
+    run_id = env.start(later)
+    env.run_until_idle()
+    assert env.result(run_id) == [1, 2, True]
+
+    async def deprecated(ctx: SagaContext) -> list[Any]:
+        ctx.deprecate_patch("second")  # at the top, as Temporal's sample does
+        a = await ctx.call(first)
+        b = await ctx.call(second)
+        c = ctx.patched("third")
+        return [a, b, c]
+
+    app.sagas["later"].fn = deprecated
+    check_replay(app, app.sagas["later"], run_id, env.history(run_id), whole=True)
+
+
+def test_deprecate_patch_refuses_a_bad_change_id() -> None:
+    app = App("deprecating_bad")
+
+    @app.saga(name="bad")
+    async def bad(ctx: SagaContext) -> str:
+        try:
+            ctx.deprecate_patch("")
+        except ValidationError as e:
+            return str(e)
+        return "accepted"
+
+    env = Harness(app)
+    run_id = env.start(bad)
+    env.run_until_idle()
+    assert "change id" in env.result(run_id)
+
+
+def test_a_run_still_on_the_old_path_parks_under_deprecate_patch() -> None:
+    """The precondition of deprecate_patch: no run that took the old path may replay."""
+    app, stages = _patching_app()
+    app.sagas["patching"].fn = stages["initial"]
+    env = Harness(app)
+    old = env.start("patching")
+    env.run_until_idle(skip_time=False)
+    _deploy(env, app, stages["deprecated"])
+    env.send_event(old, "go")
+    env.run_until_idle()
+    run = env.get(old)
+    assert run.status == "needs_attention" and run.reason is not None
+    assert "pre_patch" in run.reason, run.reason
