@@ -323,5 +323,9 @@ class Context(SagaContext):
         self._r.skip_deprecated()
 
     @property
+    def started_by(self) -> str | None:
+        return self._r.started_by
+
+    @property
     def is_replaying(self) -> bool:
         return self._r.replaying

@@ -468,6 +468,7 @@ def effects_of(
             "first_pos": ev.data.get("next_pos", 0),
             "epoch": st.epoch + 1,
             **({"parent": st.parent} if st.parent else {}),  # still its parent's call
+            **({"started_by": st.started_by} if st.started_by else {}),
             **({"trace": st.trace} if st.trace else {}),  # the same run: the same trace
         }
         if kept := st.carried_published():  # readable until published again

@@ -60,6 +60,13 @@ def seed_for(run_id: str, epoch: int = 0) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
+def started_by(data: dict[str, Any]) -> str | None:
+    """The run that started a run, from its ``run_started`` data: ``started_by`` (a run's
+    ``ctx.start``), else its parent's (a child run of ``ctx.call``)."""
+    by = data.get("started_by") or (data.get("parent") or {}).get("run_id")
+    return by if isinstance(by, str) else None
+
+
 class _Pending:
     __slots__ = ("future", "kind", "model", "name")
 
@@ -107,6 +114,8 @@ class Replayer:
         """Events refused by the wait they reached (bad data), and the saga's declared events
         when the engine started the run: bookkeeping for the engine to record, never fed."""
         self.rng = _random.Random(seed_for(run_id))
+        self.started_by: str | None = None
+        """The run that started this one (``ctx.started_by``), from ``run_started``."""
         self.deprecated: set[str] = set()
         """Change ids saga code passed to ``ctx.deprecate_patch``: their markers are skipped."""
         self.ctx = Context(self)
@@ -159,6 +168,7 @@ class Replayer:
         if declared and "events" not in ev.data and not self.replaying:  # the engine's start
             self.rejections.append(NewEvent(h.EVENTS_DECLARED, data={"events": declared}))
         self.next_pos = int(ev.data.get("first_pos", 0))  # continued: positions go on
+        self.started_by = started_by(ev.data)
         if epoch := int(ev.data.get("epoch", 0)):
             self.rng.seed(seed_for(self.run_id, epoch))
         input_json = ev.data.get("input")

@@ -152,6 +152,9 @@ class RunState:
     """``{"run_id", "position"}`` of the run that awaits this one as a child, if any."""
     children: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
     """Child runs in flight: position -> (run id, saga)."""
+    started_by: str | None = None
+    """The run whose ``ctx.start`` started this one, when its ``run_started`` records it (a
+    child run's parent is in ``parent``)."""
     epoch: int = 0
     """How many times the run continued as new before this history."""
     trace: dict[str, str] | None = None
@@ -189,6 +192,7 @@ class RunState:
             self.saga = str(ev.name)
             self.started_at = ev.at
             self.parent = d.get("parent")
+            self.started_by = d.get("started_by")
             self.epoch = int(d.get("epoch", 0))
             self.trace = d.get("trace")
             self.published = dict(d.get("published") or {})  # carried by continue_as_new

@@ -235,6 +235,14 @@ class SagaContext(abc.ABC):
 
     @property
     @abc.abstractmethod
+    def started_by(self) -> str | None:
+        """The id of the run that started this one: the parent of a child run (``await
+        ctx.call(saga, ...)``), or the run whose ``ctx.start`` started it when its
+        ``run_started`` records it; None for a run a client started. The same in every
+        history of a continue-as-new chain."""
+
+    @property
+    @abc.abstractmethod
     def is_replaying(self) -> bool:
         """True while the code re-executes what the history already recorded."""
 

@@ -12,6 +12,7 @@ import pytest
 from sagaloop import App, RetryPolicy, SagaContext, StepContext
 from sagaloop.engine import history as h
 from sagaloop.engine.replay import check_replay
+from sagaloop.engine.replay import started_by as replay_started_by
 from sagaloop.errors import (
     ApplicationError,
     ChildTimeoutError,
@@ -382,3 +383,38 @@ def test_a_run_still_on_the_old_path_parks_under_deprecate_patch() -> None:
     run = env.get(old)
     assert run.status == "needs_attention" and run.reason is not None
     assert "pre_patch" in run.reason, run.reason
+
+
+# --- ctx.started_by ------------------------------------------------------------------------------
+
+family = App("started_by")
+
+
+@family.saga(name="kid")
+async def kid(ctx: SagaContext, n: int) -> str | None:
+    ctx.publish(f"started_by {n}", ctx.started_by)
+    if n < 1:
+        ctx.continue_as_new(n + 1)  # the same in every history of the chain
+    return ctx.started_by
+
+
+@family.saga(name="parent")
+async def parent(ctx: SagaContext) -> list[str | None]:
+    return [ctx.started_by, await ctx.call(kid, 0, run_id="the-kid")]
+
+
+def test_started_by_is_the_parent_of_a_child_run_and_none_for_a_client_start() -> None:
+    env = Harness(family)
+    run_id = env.start(parent)
+    env.run_until_idle()
+    assert env.result(run_id) == [None, run_id]
+    assert env.client.get_published("the-kid", "started_by 0") == run_id
+    assert env.client.get_published("the-kid", "started_by 1") == run_id  # continued as new
+    env.restart()
+    check_replay(family, kid, "the-kid", env.history("the-kid"), whole=True)
+
+
+def test_started_by_reads_the_starter_a_run_started_records() -> None:
+    assert replay_started_by({"input": None, "started_by": "spawner"}) == "spawner"
+    assert replay_started_by({"parent": {"run_id": "p", "position": 3}}) == "p"
+    assert replay_started_by({"input": None}) is None
