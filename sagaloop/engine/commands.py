@@ -152,11 +152,12 @@ class Context(SagaContext):
         if not isinstance(child, str) or len(child) > 200:
             raise ValidationError("a child run id must be 1 to 200 characters")
         data = {"run_id": child, "input": value}
-        _, future = self._r.command(h.CHILD_STARTED, saga.name, data, saga.output)
+        pos, future = self._r.command(h.CHILD_STARTED, saga.name, data, saga.output)
         if timeout is None:
             return await future
         fire_at = (self.now() + timeout).isoformat()  # a durable timer raced against the child
-        _, timer = self._r.command(h.TIMER_STARTED, CALL_TIMEOUT, {"fire_at": fire_at})
+        timing = {"fire_at": fire_at, "child": pos}  # the child settled: the timer is moot
+        _, timer = self._r.command(h.TIMER_STARTED, CALL_TIMEOUT, timing)
         try:
             await asyncio.wait((future, timer), return_when=asyncio.FIRST_COMPLETED)
         finally:  # the loser stops waiting: a cancelled child await cancels the child run

@@ -152,6 +152,8 @@ class RunState:
     """``{"run_id", "position"}`` of the run that awaits this one as a child, if any."""
     children: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
     """Child runs in flight: position -> (run id, saga)."""
+    call_timeouts: dict[int, int] = dataclasses.field(default_factory=dict)
+    """The timers of ``ctx.call(saga, timeout=...)``: the call's position -> the timer's."""
     started_by: str | None = None
     """The run whose ``ctx.start`` started this one, when its ``run_started`` records it (a
     child run's parent is in ``parent``)."""
@@ -233,6 +235,8 @@ class RunState:
         elif kind == h.TIMER_STARTED:
             assert ev.pos is not None
             self.sleeps[ev.pos] = datetime.fromisoformat(d["fire_at"])
+            if isinstance(child := d.get("child"), int):  # ctx.call(saga, timeout=...)
+                self.call_timeouts[child] = ev.pos
         elif kind == h.TIMER_FIRED:
             assert ev.pos is not None
             self.sleeps.pop(ev.pos, None)
@@ -292,12 +296,14 @@ class RunState:
         elif kind == h.CHILD_COMPLETED:
             assert ev.pos is not None
             self.children.pop(ev.pos, None)
+            self.sleeps.pop(self.call_timeouts.pop(ev.pos, -1), None)  # its timeout is moot
             st = self.step(ev)
             st.status, st.result = DONE, d.get("result")
             st.completed_seq, st.completed_at = ev.seq, ev.at
         elif kind == h.CHILD_FAILED:
             assert ev.pos is not None
             self.children.pop(ev.pos, None)
+            self.sleeps.pop(self.call_timeouts.pop(ev.pos, -1), None)
             st = self.step(ev)  # the child undid itself: nothing in doubt here
             st.status, st.error, st.completed_seq = GAVE_UP, d.get("error"), ev.seq
         elif kind == h.UNDO_REQUESTED:

@@ -201,6 +201,10 @@ def test_a_child_faster_than_the_timeout_returns_its_output_and_the_timer_is_ign
     env.run_until_idle()
     assert env.result(run_id) == "booked after 2 min"
     assert env.get("supplier-2").status == "completed" and child_undone == []
+    history = env.history(run_id)
+    timer = next(e for e in history if e.kind == h.TIMER_STARTED and e.name == "call_timeout")
+    assert timer.data["child"] == 0
+    assert not [e for e in history if e.kind == h.TIMER_FIRED and e.pos == timer.pos]  # moot
     check_replay(timed, buyer, run_id, env.history(run_id), whole=True)
 
 
