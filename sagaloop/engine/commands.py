@@ -328,5 +328,9 @@ class Context(SagaContext):
         return self._r.started_by
 
     @property
+    def history_length(self) -> int:
+        return self._r.last_seq
+
+    @property
     def is_replaying(self) -> bool:
         return self._r.replaying

@@ -99,6 +99,7 @@ class Replayer:
         self.loop = DeterministicLoop()  # type: ignore[abstract]
         self.replaying = True
         self.next_pos = 0
+        self.last_seq = 0
         self.recorded: dict[int, Event] = {}  # command events of the history, by position
         self.new_commands: list[NewEvent] = []
         self.pending: dict[int, _Pending] = {}
@@ -150,6 +151,7 @@ class Replayer:
                 self.recorded[ev.pos] = ev
         for ev in events:
             self.replaying = replaying
+            self.last_seq = ev.seq  # what the code sees as the history's length when it runs
             if ev.kind == h.RUN_STARTED:
                 self._start(ev)
             elif ev.kind in h.COMMAND_KINDS and not self.is_deprecated(ev):

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
+SUGGESTED_HISTORY = 4096
+"""The history length past which ``ctx.continue_as_new_suggested`` is True."""
 Early = Literal["keep", "refuse"]
 """What a wait does with the events of its names that arrived before it began."""
 
@@ -245,6 +247,19 @@ class SagaContext(abc.ABC):
     @abc.abstractmethod
     def is_replaying(self) -> bool:
         """True while the code re-executes what the history already recorded."""
+
+    @property
+    @abc.abstractmethod
+    def history_length(self) -> int:
+        """How many events the run's current history holds up to the one that woke the code
+        (the same on every replay). A history that continued as new starts again from 1."""
+
+    @property
+    def continue_as_new_suggested(self) -> bool:
+        """True once the current history holds ``SUGGESTED_HISTORY`` events (4,096): a loop
+        that runs for long should then ``continue_as_new`` at its next clean point, so that
+        each activation's replay and the history's storage stay bounded."""
+        return self.history_length >= SUGGESTED_HISTORY
 
 
 _current: contextvars.ContextVar[SagaContext | None] = contextvars.ContextVar(

@@ -422,3 +422,52 @@ def test_started_by_reads_the_starter_a_run_started_records() -> None:
     assert replay_started_by({"input": None, "started_by": "spawner"}) == "spawner"
     assert replay_started_by({"parent": {"run_id": "p", "position": 3}}) == "p"
     assert replay_started_by({"input": None}) is None
+
+
+def _history_app(lengths: list[int]) -> tuple[App, Any]:
+    app = App("hist-hint")
+
+    @app.step
+    def note(ctx: StepContext, n: int) -> int:
+        lengths.append(n)
+        return n
+
+    @app.saga(name="grows")
+    async def grows(ctx: SagaContext, rounds: int) -> list[Any]:
+        for done in range(rounds):
+            if ctx.continue_as_new_suggested:
+                ctx.continue_as_new(rounds - done)  # the rest, in a history from 1
+            await ctx.call(note, ctx.history_length)
+        return [ctx.history_length, ctx.continue_as_new_suggested]
+
+    return app, grows
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_history_length_is_what_woke_the_code_and_the_same_on_replay(cache: bool) -> None:
+    """Item 7: ``ctx.history_length`` (the seq of the event that woke the code) and
+    ``ctx.continue_as_new_suggested``; with or without the engine's cache (every activation
+    replays without it) the code sees the same lengths."""
+    lengths: list[int] = []
+    app, grows = _history_app(lengths)
+    env = Harness(app, cache=cache)
+    rid = env.start(grows, 4)
+    env.run_until_idle()
+    final, suggested = env.result(rid)
+    assert lengths[0] == 1 and lengths == sorted(lengths) and len(set(lengths)) == 4, lengths
+    assert final > lengths[-1] and suggested is False
+    assert final == max(e.seq for e in env.history(rid) if e.kind == "step_completed")
+
+
+def test_continue_as_new_suggested_past_the_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sagaloop.sagas import context
+
+    monkeypatch.setattr(context, "SUGGESTED_HISTORY", 12)
+    lengths: list[int] = []
+    app, grows = _history_app(lengths)
+    env = Harness(app)
+    rid = env.start(grows, 10)
+    env.run_until_idle()
+    assert env.get(rid).status == "completed"
+    assert len(lengths) == 10 and max(lengths) < 12, lengths
+    assert lengths.count(1) == 2, "a fresh history after the hint"
