@@ -10,6 +10,9 @@ Built only on Pydantic AI's public extension points (``WrapperAgent``, ``Wrapper
   (:class:`ToolPolicy`: queue, retry, timeout, idempotent, reconcile, compensation), and
   :func:`step_as_tool` hands an existing ``@app.step`` to the model. ``ModelRetry``,
   ``ApprovalRequired`` and ``CallDeferred`` raised by a tool cross the step as values;
+- agents as tools: :func:`saga_as_tool` (a saga) and :meth:`SagaAgent.as_tool` (a sub-agent)
+  run as a CHILD RUN of the supervisor's run, started in saga code
+  (:mod:`sagaloop.agents.subagents`);
 - a tool that needs approval pauses the same run (``ctx.approval``) instead of ending it;
 - budgets are counted from the recorded usage (:mod:`sagaloop.agents.budgets`).
 
@@ -24,5 +27,6 @@ with :mod:`sagaloop.agents.openai_agents` (:mod:`sagaloop.agents.options`).
 
 from sagaloop.agents._core import ToolPolicy
 from sagaloop.agents.pydantic_ai.agent import METADATA_KEY, SagaAgent, step_as_tool
+from sagaloop.agents.pydantic_ai.subagents import saga_as_tool
 
-__all__ = ["METADATA_KEY", "SagaAgent", "ToolPolicy", "step_as_tool"]
+__all__ = ["METADATA_KEY", "SagaAgent", "ToolPolicy", "saga_as_tool", "step_as_tool"]

@@ -37,6 +37,7 @@ from sagaloop.agents._core import (
     attempt_timeout,
     jsonable,
     run_plain,
+    step_part,
     usage_of,
 )
 from sagaloop.agents._model_call import (
@@ -57,9 +58,11 @@ from sagaloop.agents.pydantic_ai.run import (
     run_context,
     signal_of,
 )
+from sagaloop.agents.pydantic_ai.subagents import declare_agent_saga, saga_as_tool
+from sagaloop.agents.subagents import Failures
 from sagaloop.engine import sandbox
 from sagaloop.errors import ValidationError
-from sagaloop.sagas.app import App, StepDef
+from sagaloop.sagas.app import App, SagaDef, StepDef
 from sagaloop.sagas.context import StepContext, current_saga
 from sagaloop.sagas.policy import RetryPolicy
 
@@ -87,7 +90,8 @@ def _policy_of(tool: Any, given: ToolPolicy | None) -> ToolPolicy:
     if isinstance(value, ToolPolicy):
         return value
     if isinstance(value, Mapping):
-        fields = {k: v for k, v in value.items() if k != "step"}  # step_as_tool's link
+        # step_as_tool's and saga_as_tool's links
+        fields = {k: v for k, v in value.items() if k not in ("step", "saga")}
         if isinstance(fields.get("retry"), Mapping):
             fields["retry"] = RetryPolicy(**fields["retry"])
         try:
@@ -264,6 +268,9 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], DurableAdapter, Generic[DepsT, Out
         self.model_step = self.model_options.declare(app, self.prefix, self._model_request)
         self.tool_steps: dict[str, str] = {}
         self.step_tools: set[str] = set()
+        self.saga_tools: dict[str, str] = {}
+        """Tools that run a saga as a child run (``saga_as_tool``): the saga, by tool name."""
+        self._as_tool: SagaDef[Any, Any] | None = None
         self.needs_approval: dict[str, bool] = {}
         self.policies: dict[str, ToolPolicy] = {}
         self._function_toolsets: dict[str, FunctionToolset[Any]] = {}
@@ -308,12 +315,40 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], DurableAdapter, Generic[DepsT, Out
             self.tool_steps[tool_name] = str(linked["step"])
             self.step_tools.add(tool_name)
             return
+        if isinstance(linked, Mapping) and "saga" in linked:  # saga_as_tool: runs in saga code
+            self.saga_tools[tool_name] = str(linked["saga"])
+            return
         self._function_toolsets[tool_name] = toolset
 
         async def run_tool(ctx: StepContext, call: dict[str, Any]) -> dict[str, Any]:
             return await self._run_tool(tool_name, ctx, call)
 
         self.tool_steps[tool_name] = self._tool_step(self.prefix, tool_name, policy, run_tool).name
+
+    def as_tool(
+        self,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        requires_approval: bool = False,
+        failures: Failures = "raise",
+    ) -> Tool[Any]:
+        """This agent as a tool of another (a supervisor's sub-agent): each call runs the saga
+        ``agent__{name}__as_tool`` (declared on the app at the first call: call it where the
+        app's sagas are declared) as a child run of the supervisor's run; it runs this agent
+        on the tool's ``prompt`` and answers with its output. The tool's ``name`` defaults to
+        the agent's; ``failures`` as :func:`saga_as_tool`. The sub-agent runs without deps."""
+        if self._as_tool is None:
+            self._as_tool = declare_agent_saga(self, f"{self.prefix}__as_tool")
+        return saga_as_tool(
+            self._as_tool,
+            name=name or step_part(str(self.saga_name)),
+            description=description
+            or self.wrapped.description
+            or f"Ask the agent {self.saga_name!r}: give it a prompt, get its answer.",
+            requires_approval=requires_approval,
+            failures=failures,
+        )
 
     # --- the saga side -----------------------------------------------------------------------
 

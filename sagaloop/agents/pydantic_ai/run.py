@@ -127,6 +127,14 @@ class SagaToolset(WrapperToolset[Any]):
         if run is None:
             return await super().call_tool(name, tool_args, ctx, tool)
         agent = self.agent
+        if name in agent.saga_tools:  # a child run, started by the tool in saga code
+            if agent.needs_approval.get(name) and not ctx.tool_call_approved:
+                decision = await ask_person(run, name, tool_args, tool)
+                if not decision.approved:
+                    return denial(decision.reason)
+                tool_args = decision.args
+            charge_tool_calls(run.saga, 1, run.conversation)
+            return await super().call_tool(name, tool_args, ctx, tool)
         step_name = agent.tool_steps.get(name)
         if step_name is None:
             raise UserError(

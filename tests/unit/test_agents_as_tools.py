@@ -1,0 +1,222 @@
+"""Agents as tools (issue 25, item 14): a supervisor agent's sub-agent runs as a CHILD RUN of
+the supervisor's run (``saga_as_tool``, ``SagaAgent.as_tool``, ``saga_as_function_tool``,
+``SagaRunner.agent_as_tool``), started in saga code: its model requests and tools are steps of
+its own run, recorded once; the child's output is the tool's result for the supervisor's
+model; a restart mid-way replays without asking any model again; cancelling the supervisor
+cancels the child. Offline: Pydantic AI's FunctionModel, the OpenAI Agents SDK's
+ScriptedModel."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from pydantic_ai import Agent, models
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from sagaloop import App, SagaContext
+from sagaloop.agents.pydantic_ai import SagaAgent, saga_as_tool
+from sagaloop.engine import history as h
+from sagaloop.errors import DeclarationError, ValidationError
+from sagaloop.testing import Harness
+
+models.ALLOW_MODEL_REQUESTS = False
+
+
+def last_results(messages: list[ModelMessage]) -> list[Any]:
+    last = messages[-1]
+    assert isinstance(last, ModelRequest)
+    return [p.content for p in last.parts if isinstance(p, ToolReturnPart)]
+
+
+def prompt_of(messages: list[ModelMessage]) -> str:
+    for m in messages:
+        if isinstance(m, ModelRequest):
+            for p in m.parts:
+                if isinstance(p, UserPromptPart):
+                    return str(p.content)
+    return ""
+
+
+def supervisor_model(tool: str, args: dict[str, Any], asked: Counter[str]) -> FunctionModel:
+    """Calls ``tool`` once, then answers with what it returned."""
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked["supervisor"] += 1
+        if not any(isinstance(m, ModelResponse) for m in messages):
+            return ModelResponse(parts=[ToolCallPart(tool, args, tool_call_id="t1")])
+        return ModelResponse(parts=[TextPart(f"boss: {last_results(messages)[0]}")])
+
+    return FunctionModel(respond)
+
+
+def researcher_model(asked: Counter[str]) -> FunctionModel:
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked["researcher"] += 1
+        return ModelResponse(parts=[TextPart(f"found: {prompt_of(messages)}")])
+
+    return FunctionModel(respond)
+
+
+def child_of(env: Harness, run_id: str) -> str:
+    (started,) = [e for e in env.history(run_id) if e.kind == h.CHILD_STARTED]
+    return str(started.data["run_id"])
+
+
+def stepped_with_restarts(env: Harness) -> None:
+    """One message at a time, dropping everything in memory in between: every activation
+    replays the saga code of both runs from their histories."""
+    for _ in range(500):
+        if not env.step_once():
+            break
+        env.restart()
+    env.run_until_idle()
+
+
+def pydantic_app(asked: Counter[str]) -> tuple[App, SagaAgent[Any, Any]]:
+    app = App("supervised")
+    researcher = SagaAgent(
+        Agent(researcher_model(asked), name="researcher", description="Looks things up."),
+        app=app,
+    )
+    boss = SagaAgent(
+        Agent(
+            supervisor_model("researcher", {"prompt": "why is the sky blue"}, asked),
+            name="boss",
+            tools=[researcher.as_tool()],
+        ),
+        app=app,
+    )
+
+    @app.saga(name="supervise")
+    async def supervise(ctx: SagaContext, question: str) -> str:
+        return str((await boss.run(question)).output)
+
+    return app, boss
+
+
+def test_a_sub_agent_as_tool_is_a_child_run_whose_output_the_supervisor_reads() -> None:
+    asked: Counter[str] = Counter()
+    app, boss = pydantic_app(asked)
+    env = Harness(app)
+    run_id = env.start("supervise", "q")
+    stepped_with_restarts(env)
+    assert env.result(run_id) == "boss: found: why is the sky blue"
+    child = child_of(env, run_id)
+    record = env.get(child)
+    assert (record.saga, record.status) == ("agent__researcher__as_tool", "completed")
+    assert env.result(child) == "found: why is the sky blue"
+    # the sub-agent's model request is a step of the child's run, not of the supervisor's
+    child_steps = [e.name for e in env.history(child) if e.kind == h.STEP_COMPLETED]
+    assert child_steps == ["agent__researcher__model_request"]
+    parent_steps = [e.name for e in env.history(run_id) if e.kind == h.STEP_COMPLETED]
+    assert parent_steps == ["agent__boss__model_request"] * 2
+    assert asked == {"supervisor": 2, "researcher": 1}, "restarts asked no model again"
+    assert "researcher" not in boss.tool_steps, "the tool has no step: it runs in saga code"
+
+
+def test_cancelling_the_supervisor_cancels_the_sub_agents_child_run() -> None:
+    asked: Counter[str] = Counter()
+    app = App("supervised")
+
+    @app.saga(name="slow-research")
+    async def slow_research(ctx: SagaContext, topic: str) -> str:
+        """Researches a topic once a person says go."""
+        await ctx.wait_for_event("go")
+        return f"done {topic}"
+
+    boss = SagaAgent(
+        Agent(
+            supervisor_model("slow_research", {"topic": "tides"}, asked),
+            name="boss",
+            tools=[saga_as_tool(slow_research, name="slow_research")],
+        ),
+        app=app,
+    )
+
+    @app.saga(name="supervise")
+    async def supervise(ctx: SagaContext, question: str) -> str:
+        return str((await boss.run(question)).output)
+
+    env = Harness(app)
+    run_id = env.start("supervise", "q")
+    env.run_until_idle()
+    child = child_of(env, run_id)
+    assert env.get(child).status == "waiting"
+    assert "slow-research" in str(env.status(run_id)), "status shows the child"
+    env.cancel(run_id)
+    env.run_until_idle()
+    assert env.get(run_id).status == "cancelled"
+    assert env.get(child).status == "cancelled"
+    assert asked == {"supervisor": 1}
+
+
+class Order(BaseModel):
+    order_id: str
+    cents: int
+
+
+def test_a_saga_with_a_model_input_takes_its_fields_as_the_tools_arguments() -> None:
+    asked: Counter[str] = Counter()
+    app = App("supervised")
+
+    @app.saga(name="refund")
+    async def refund(ctx: SagaContext, order: Order) -> dict[str, Any]:
+        """Refunds an order."""
+        return {"refunded": order.order_id, "cents": order.cents}
+
+    tool = saga_as_tool(refund)
+    assert tool.name == "refund" and tool.description == "Refunds an order."
+    schema = tool.function_schema.json_schema
+    assert set(schema["properties"]) == {"order_id", "cents"}
+    boss = SagaAgent(
+        Agent(
+            supervisor_model("refund", {"order_id": "o1", "cents": 300}, asked),
+            name="boss",
+            tools=[tool],
+        ),
+        app=app,
+    )
+
+    @app.saga(name="supervise")
+    async def supervise(ctx: SagaContext, question: str) -> str:
+        return str((await boss.run(question)).output)
+
+    env = Harness(app)
+    run_id = env.start("supervise", "q")
+    env.run_until_idle()
+    assert json.loads(env.result(run_id).removeprefix("boss: ").replace("'", '"')) == {
+        "refunded": "o1",
+        "cents": 300,
+    }
+
+
+def test_bad_declarations_and_calls_outside_a_saga_are_refused_with_the_fix() -> None:
+    app = App("supervised")
+
+    @app.saga(name="no.doc")
+    async def no_doc(ctx: SagaContext, topic: str) -> str:
+        return topic
+
+    with pytest.raises(DeclarationError, match=r"name=\.\.\."):
+        saga_as_tool(no_doc)
+    with pytest.raises(DeclarationError, match="description"):
+        saga_as_tool(no_doc, name="nodoc")
+    with pytest.raises(DeclarationError, match=r"@app\.saga"):
+        saga_as_tool(len, name="x", description="y")  # type: ignore[arg-type]
+    tool = saga_as_tool(no_doc, name="nodoc", description="Echo.")
+    plain = Agent(supervisor_model("nodoc", {"topic": "t"}, Counter()), tools=[tool])
+    with pytest.raises(ValidationError, match="child run"):
+        plain.run_sync("q")
