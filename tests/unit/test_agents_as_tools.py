@@ -220,3 +220,116 @@ def test_bad_declarations_and_calls_outside_a_saga_are_refused_with_the_fix() ->
     plain = Agent(supervisor_model("nodoc", {"topic": "t"}, Counter()), tools=[tool])
     with pytest.raises(ValidationError, match="child run"):
         plain.run_sync("q")
+
+
+# --- OpenAI Agents SDK ---------------------------------------------------------------------------
+
+
+def oa_reply(*items: Any) -> Any:
+    from agents.items import ModelResponse as OAResponse
+    from agents.usage import Usage
+
+    return OAResponse(
+        output=list(items),
+        usage=Usage(requests=1, input_tokens=3, output_tokens=2, total_tokens=5),
+        response_id=None,
+    )
+
+
+def oa_outputs(call: Any) -> list[str]:
+    return [
+        str(i["output"])
+        for i in call.input
+        if isinstance(i, dict) and i.get("type") == "function_call_output"
+    ]
+
+
+def openai_app() -> tuple[App, Any, Any]:
+    from agents import Agent as OAAgent
+    from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+
+    from sagaloop.agents.openai_agents import SagaRunner
+
+    app = App("oa-supervised")
+    sub_model = ScriptedModel([oa_reply(assistant_message("found: tides follow the moon"))])
+    researcher: OAAgent[Any] = OAAgent(
+        name="researcher", model=sub_model, handoff_description="Looks things up."
+    )
+    research = SagaRunner(app, researcher)
+    boss_model = ScriptedModel(
+        [
+            oa_reply(function_call("researcher", {"prompt": "tides"}, call_id="c1")),
+            ModelStep.respond(
+                lambda call: oa_reply(assistant_message(f"boss: {oa_outputs(call)[0]}"))
+            ),
+        ]
+    )
+    boss: OAAgent[Any] = OAAgent(name="boss", model=boss_model, tools=[research.agent_as_tool()])
+    runner = SagaRunner(app, boss)
+
+    @app.saga(name="supervise")
+    async def supervise(ctx: SagaContext, question: str) -> str:
+        return str((await runner.run(boss, question)).final_output)
+
+    return app, boss_model, sub_model
+
+
+def test_an_openai_agent_as_tool_is_a_child_run_whose_output_the_supervisor_reads() -> None:
+    app, boss_model, sub_model = openai_app()
+    env = Harness(app)
+    run_id = env.start("supervise", "q")
+    stepped_with_restarts(env)
+    assert env.result(run_id) == "boss: found: tides follow the moon"
+    child = child_of(env, run_id)
+    assert env.get(child).saga == "agent__researcher__as_tool"
+    assert env.result(child) == "found: tides follow the moon"
+    child_steps = [e.name for e in env.history(child) if e.kind == h.STEP_COMPLETED]
+    assert child_steps == ["agent__researcher__model_request"]
+    assert (len(boss_model.calls), len(sub_model.calls)) == (2, 1), "no model asked again"
+
+
+def test_an_openai_saga_tool_validates_its_arguments_and_cancels_with_its_parent() -> None:
+    from agents import Agent as OAAgent
+    from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+
+    from sagaloop.agents.openai_agents import SagaRunner, saga_as_function_tool
+
+    app = App("oa-supervised")
+
+    @app.saga(name="slow-research")
+    async def slow_research(ctx: SagaContext, order: Order) -> str:
+        """Researches an order once a person says go."""
+        await ctx.wait_for_event("go")
+        return order.order_id
+
+    tool = saga_as_function_tool(slow_research, name="slow_research")
+    assert tool.params_json_schema["additionalProperties"] is False
+    assert set(tool.params_json_schema["required"]) == {"order_id", "cents"}
+    model = ScriptedModel(
+        [
+            oa_reply(function_call("slow_research", {"order_id": "o1"}, call_id="c0")),
+            ModelStep.respond(
+                lambda call: oa_reply(
+                    function_call("slow_research", {"order_id": "o1", "cents": 5}, call_id="c1")
+                )
+            ),
+            oa_reply(assistant_message("never")),
+        ]
+    )
+    boss: OAAgent[Any] = OAAgent(name="boss", model=model, tools=[tool])
+    runner = SagaRunner(app, boss)
+
+    @app.saga(name="supervise")
+    async def supervise(ctx: SagaContext, question: str) -> str:
+        return str((await runner.run(boss, question)).final_output)
+
+    env = Harness(app)
+    run_id = env.start("supervise", "q")
+    env.run_until_idle()
+    # the first call lacked an argument: the model was told, and no child started for it
+    assert "cents" in oa_outputs(model.calls[1])[0]
+    child = child_of(env, run_id)
+    assert env.get(child).status == "waiting"
+    env.cancel(run_id)
+    env.run_until_idle()
+    assert (env.get(run_id).status, env.get(child).status) == ("cancelled", "cancelled")

@@ -18,6 +18,9 @@ Built on the SDK's public extension points (``Model``, ``FunctionTool``, ``Hando
   :class:`~sagaloop.agents.ToolPolicy` (``SagaRunner(tools={name: ToolPolicy(...)})``): the SDK
   would run tools in the saga's process, and a replay would run their effects again.
   :func:`step_as_function_tool` hands an existing ``@app.step`` to the model;
+- agents as tools: :func:`saga_as_function_tool` (a saga) and
+  :meth:`SagaRunner.agent_as_tool` (an agent of a runner) run as a CHILD RUN of the calling
+  run, started in saga code (:mod:`sagaloop.agents.subagents`);
 - a tool that needs approval (``needs_approval``, an MCP server's ``require_approval``, or
   ``ToolPolicy(requires_approval=True)``) pauses the same saga run through ``ctx.approval``
   (``sagaloop approvals/approve/deny``); the SDK's run is resumed from its in-memory state;
@@ -39,5 +42,6 @@ side of one ``SagaRunner.run``); the model-call core and the options are shared 
 """
 
 from sagaloop.agents.openai_agents.runner import SagaRunner, step_as_function_tool
+from sagaloop.agents.openai_agents.subagents import saga_as_function_tool
 
-__all__ = ["SagaRunner", "step_as_function_tool"]
+__all__ = ["SagaRunner", "saga_as_function_tool", "step_as_function_tool"]

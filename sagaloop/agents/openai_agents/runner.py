@@ -41,6 +41,7 @@ from sagaloop.agents._core import (
     denial,
     jsonable,
     run_plain,
+    step_part,
     usage_of,
 )
 from sagaloop.agents._model_call import finish_run
@@ -48,11 +49,17 @@ from sagaloop.agents.budgets import Budget
 from sagaloop.agents.openai_agents import mcp
 from sagaloop.agents.openai_agents.model import StepModel, serve_request
 from sagaloop.agents.openai_agents.run import OpenAIRun, current, in_run, unless_refused
+from sagaloop.agents.openai_agents.subagents import (
+    SAGA_ATTR,
+    declare_agent_saga,
+    saga_as_function_tool,
+)
 from sagaloop.agents.options import AgentOptions, DurableAdapter, steps_prefix
+from sagaloop.agents.subagents import Failures
 from sagaloop.agents.tools import StepTool, StepTools, ToolCallError
 from sagaloop.engine import sandbox
 from sagaloop.errors import StepFailedError, ValidationError
-from sagaloop.sagas.app import App, StepDef
+from sagaloop.sagas.app import App, SagaDef, StepDef
 from sagaloop.sagas.context import StepContext, current_saga
 
 __all__ = ["SagaRunner", "step_as_function_tool"]
@@ -155,6 +162,7 @@ class SagaRunner(DurableAdapter):
         self.mcp_steps: dict[tuple[str, str], tuple[StepDef[Any, Any], StepDef[Any, Any]]] = {}
         self._function_tools: dict[tuple[str, str], FunctionTool] = {}
         self._clones: dict[int, Agent[Any]] = {}
+        self._as_tools: dict[str, SagaDef[Any, Any]] = {}
         for agent in agents:
             self._declare(agent)
         unknown = set(self._given) - set(self.policies)
@@ -190,7 +198,7 @@ class SagaRunner(DurableAdapter):
         self.model_steps[agent.name] = self.model_options.declare(self.app, prefix, model_request)
         for tool in agent.tools:
             if isinstance(tool, FunctionTool):
-                if getattr(tool, _STEP_ATTR, None) is None:
+                if not _linked(tool):
                     self._declare_tool(agent, prefix, tool)
             elif not isinstance(tool, _HOSTED):
                 raise ValidationError(
@@ -231,6 +239,43 @@ class SagaRunner(DurableAdapter):
             self.policies[key] = policy
         steps = mcp.declare(self.app, prefix, server, policy, self.tool_queue)
         self.mcp_steps[(agent.name, server.name)] = steps
+
+    def agent_as_tool(
+        self,
+        agent: Agent[Any] | None = None,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        needs_approval: bool = False,
+        failures: Failures = "raise",
+    ) -> FunctionTool:
+        """``agent`` (one of this runner's; default: its first) as a tool of another agent,
+        durable where the SDK's ``Agent.as_tool`` is not: each call runs the saga
+        ``agent__{agent}__as_tool`` (declared on the app at the first call) as a child run of
+        the calling run; it runs ``agent`` with this runner on the tool's ``prompt`` and
+        answers with its final output. Give the supervisor its own runner:
+        ``SagaRunner(app, Agent(..., tools=[research.agent_as_tool()]))``. ``name`` defaults
+        to the agent's name, ``description`` to its ``handoff_description``; ``failures`` as
+        :func:`saga_as_function_tool`. The sub-agent runs without context."""
+        agent = agent or next(iter(self.agents.values()))
+        if self.agents.get(agent.name) is not agent:
+            raise ValidationError(
+                f"agent {agent.name!r} is not one of this SagaRunner's: name it in "
+                "SagaRunner(app, ...) first"
+            )
+        saga = self._as_tools.get(agent.name)
+        if saga is None:
+            saga = declare_agent_saga(self, agent, f"{steps_prefix(agent.name)}__as_tool")
+            self._as_tools[agent.name] = saga
+        return saga_as_function_tool(
+            saga,
+            name=name or step_part(agent.name),
+            description=description
+            or agent.handoff_description
+            or f"Ask the agent {agent.name!r}: give it a prompt, get its answer.",
+            needs_approval=needs_approval,
+            failures=failures,
+        )
 
     # --- the saga side -----------------------------------------------------------------------
 
@@ -273,7 +318,7 @@ class SagaRunner(DurableAdapter):
         return dataclasses.replace(handoff, on_invoke_handoff=to_durable)
 
     def _durable_tool(self, agent: Agent[Any], tool: Tool) -> Tool:
-        if not isinstance(tool, FunctionTool) or getattr(tool, _STEP_ATTR, None) is not None:
+        if not isinstance(tool, FunctionTool) or _linked(tool):
             return tool
         step = self.tool_steps[(agent.name, tool.name)]
         policy = self.policies[tool.name]
@@ -456,6 +501,11 @@ class SagaRunner(DurableAdapter):
             function_tool=tool, context=tool_ctx, arguments=arguments
         )
         return {"value": jsonable(value, f"the result of tool {tool.name!r}")}
+
+
+def _linked(tool: FunctionTool) -> bool:
+    """Whether ``tool`` calls a step or runs a saga from saga code (no step of its own)."""
+    return getattr(tool, _STEP_ATTR, None) is not None or getattr(tool, SAGA_ATTR, None) is not None
 
 
 def _handoff_target(handoff: Handoff[Any, Any]) -> Agent[Any] | None:
