@@ -24,6 +24,7 @@ from sagaloop import tracing
 from sagaloop.agents import transcript
 from sagaloop.agents._core import attempt_timeout, jsonable
 from sagaloop.agents._model_call import count_response, relay, request_model
+from sagaloop.agents.openai_agents.replay import replayed_events
 from sagaloop.agents.openai_agents.run import in_run
 from sagaloop.sagas.app import StepDef
 from sagaloop.sagas.context import StepContext
@@ -140,11 +141,37 @@ class StepModel(Model):
         await count_response(run, reply, response.usage, calls)
         return response
 
-    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[TResponseStreamEvent]:
-        raise UserError(
-            "Runner.run_streamed is not durable in a saga: use SagaRunner.run, and "
-            "SagaRunner(stream=True) to stream the model's events to the run's live channel"
+    async def stream_response(
+        self,
+        system_instructions: str | None,
+        input: str | list[TResponseInputItem],
+        model_settings: ModelSettings,
+        tools: list[Tool],
+        output_schema: AgentOutputSchemaBase | None,
+        handoffs: list[Handoff],
+        tracing: ModelTracing,
+        *,
+        previous_response_id: str | None,
+        conversation_id: str | None,
+        prompt: Any,
+    ) -> AsyncIterator[TResponseStreamEvent]:
+        """``SagaRunner.run_streamed`` in a saga: the request is the same step as
+        :meth:`get_response` (streamed on the worker with ``SagaRunner(stream=True)``); saga
+        code gets the recorded response, replayed as events (:func:`replayed_events`)."""
+        response = await self.get_response(
+            system_instructions,
+            input,
+            model_settings,
+            tools,
+            output_schema,
+            handoffs,
+            tracing,
+            previous_response_id=previous_response_id,
+            conversation_id=conversation_id,
+            prompt=prompt,
         )
+        for event in replayed_events(response):
+            yield event
 
 
 def tool_spec(tool: Tool) -> dict[str, Any]:

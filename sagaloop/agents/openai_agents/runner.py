@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any, Unpack
 
 import pydantic
-from agents import Agent, RunConfig, Runner, RunResult
+from agents import Agent, RunConfig, Runner, RunResult, RunResultStreaming
 from agents.exceptions import UserError
 from agents.handoffs import Handoff
 from agents.items import TResponseInputItem
@@ -41,7 +41,6 @@ from sagaloop.agents._core import (
     denial,
     jsonable,
     run_plain,
-    step_part,
     usage_of,
 )
 from sagaloop.agents._model_call import finish_run
@@ -49,18 +48,14 @@ from sagaloop.agents.budgets import Budget
 from sagaloop.agents.openai_agents import mcp
 from sagaloop.agents.openai_agents.model import StepModel, serve_request
 from sagaloop.agents.openai_agents.run import OpenAIRun, current, in_run, unless_refused
-from sagaloop.agents.openai_agents.subagents import (
-    SAGA_ATTR,
-    declare_agent_saga,
-    saga_as_function_tool,
-)
+from sagaloop.agents.openai_agents.subagents import SAGA_ATTR, agent_tool
 from sagaloop.agents.options import AgentOptions, DurableAdapter, steps_prefix
 from sagaloop.agents.subagents import Failures
 from sagaloop.agents.tools import StepTool, StepTools, ToolCallError
 from sagaloop.engine import sandbox
 from sagaloop.errors import StepFailedError, ValidationError
 from sagaloop.sagas.app import App, SagaDef, StepDef
-from sagaloop.sagas.context import StepContext, current_saga
+from sagaloop.sagas.context import SagaContext, StepContext, current_saga
 
 __all__ = ["SagaRunner", "step_as_function_tool"]
 
@@ -162,7 +157,8 @@ class SagaRunner(DurableAdapter):
         self.mcp_steps: dict[tuple[str, str], tuple[StepDef[Any, Any], StepDef[Any, Any]]] = {}
         self._function_tools: dict[tuple[str, str], FunctionTool] = {}
         self._clones: dict[int, Agent[Any]] = {}
-        self._as_tools: dict[str, SagaDef[Any, Any]] = {}
+        self.as_tools: dict[str, SagaDef[Any, Any]] = {}
+        """The sagas of ``agent_as_tool``, by agent name."""
         for agent in agents:
             self._declare(agent)
         unknown = set(self._given) - set(self.policies)
@@ -257,22 +253,11 @@ class SagaRunner(DurableAdapter):
         ``SagaRunner(app, Agent(..., tools=[research.agent_as_tool()]))``. ``name`` defaults
         to the agent's name, ``description`` to its ``handoff_description``; ``failures`` as
         :func:`saga_as_function_tool`. The sub-agent runs without context."""
-        agent = agent or next(iter(self.agents.values()))
-        if self.agents.get(agent.name) is not agent:
-            raise ValidationError(
-                f"agent {agent.name!r} is not one of this SagaRunner's: name it in "
-                "SagaRunner(app, ...) first"
-            )
-        saga = self._as_tools.get(agent.name)
-        if saga is None:
-            saga = declare_agent_saga(self, agent, f"{steps_prefix(agent.name)}__as_tool")
-            self._as_tools[agent.name] = saga
-        return saga_as_function_tool(
-            saga,
-            name=name or step_part(agent.name),
-            description=description
-            or agent.handoff_description
-            or f"Ask the agent {agent.name!r}: give it a prompt, get its answer.",
+        return agent_tool(
+            self,
+            agent,
+            name=name,
+            description=description,
             needs_approval=needs_approval,
             failures=failures,
         )
@@ -384,6 +369,84 @@ class SagaRunner(DurableAdapter):
                 run_config=run_config,
                 **kwargs,
             )
+        run, config = self._start(saga, context, run_config, budget, kwargs)
+        agent = self._durable(starting_agent)
+        token = current.set(run)
+        try:
+            result = await Runner.run(
+                agent,
+                input,
+                context=context,
+                max_turns=max_turns,
+                hooks=hooks,
+                run_config=config,
+                **kwargs,
+            )
+            while result.interruptions:
+                state = result.to_state()
+                for item in result.interruptions:
+                    await self._answer(run, state, item)
+                result = await Runner.run(
+                    agent, state, max_turns=max_turns, hooks=hooks, run_config=config
+                )
+            return result
+        finally:
+            current.reset(token)
+            finish_run(run)
+
+    def run_streamed(
+        self,
+        starting_agent: Agent[Any],
+        input: str | list[TResponseInputItem],
+        *,
+        context: Any = None,
+        max_turns: int = DEFAULT_MAX_TURNS,
+        hooks: Any = None,
+        run_config: RunConfig | None = None,
+        budget: Budget | None = None,
+        **kwargs: Any,
+    ) -> RunResultStreaming:
+        """``Runner.run_streamed(starting_agent, input, ...)``, durable in saga code: the same
+        steps and records as :meth:`run`; ``stream_events()`` yields the SDK's events, each
+        model response replayed from its recorded step (the same on every replay), while the
+        worker streams the live tokens to the run's channel with ``SagaRunner(stream=True)``.
+        A tool that needs approval ends the stream with ``interruptions``: use :meth:`run`,
+        which waits for the answer in the run."""
+        saga = current_saga()
+        if saga is None:
+            return Runner.run_streamed(
+                starting_agent,
+                input,
+                context=context,
+                max_turns=max_turns,
+                hooks=hooks,
+                run_config=run_config,
+                **kwargs,
+            )
+        run, config = self._start(saga, context, run_config, budget, kwargs)
+        token = current.set(run)  # the streamed run's task starts with a copy of this context
+        try:
+            return Runner.run_streamed(
+                self._durable(starting_agent),
+                input,
+                context=context,
+                max_turns=max_turns,
+                hooks=hooks,
+                run_config=config,
+                **kwargs,
+            )
+        finally:
+            current.reset(token)
+
+    def _start(
+        self,
+        saga: SagaContext,
+        context: Any,
+        run_config: RunConfig | None,
+        budget: Budget | None,
+        kwargs: dict[str, Any],
+    ) -> tuple[OpenAIRun, RunConfig]:
+        """The saga side of one run, and the run config saga code runs it with."""
         if kwargs.get("session") is not None:
             raise ValidationError(
                 "SagaRunner.run(session=...) is not supported in a saga: the run's history is "
@@ -414,29 +477,7 @@ class SagaRunner(DurableAdapter):
             encoder=transcript.Encoder(_encode_items, same=_same_item),
         )
         usage_of(saga)
-        agent = self._durable(starting_agent)
-        token = current.set(run)
-        try:
-            result = await Runner.run(
-                agent,
-                input,
-                context=context,
-                max_turns=max_turns,
-                hooks=hooks,
-                run_config=config,
-                **kwargs,
-            )
-            while result.interruptions:
-                state = result.to_state()
-                for item in result.interruptions:
-                    await self._answer(run, state, item)
-                result = await Runner.run(
-                    agent, state, max_turns=max_turns, hooks=hooks, run_config=config
-                )
-            return result
-        finally:
-            current.reset(token)
-            finish_run(run)
+        return run, config
 
     async def _answer(self, run: OpenAIRun, state: Any, item: Any) -> None:
         """Ask a person about the tool call ``item``, and tell the SDK's run state."""

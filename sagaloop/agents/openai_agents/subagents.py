@@ -13,10 +13,12 @@ from agents import Agent
 from agents.tool import FunctionTool
 from agents.tool_context import ToolContext
 
-from sagaloop.agents._core import charge_tool_calls, jsonable
+from sagaloop.agents._core import charge_tool_calls, jsonable, step_part
 from sagaloop.agents.openai_agents.run import current, unless_refused
+from sagaloop.agents.options import steps_prefix
 from sagaloop.agents.subagents import Failures, saga_tool
 from sagaloop.agents.tools import ToolCallError
+from sagaloop.errors import ValidationError
 from sagaloop.sagas.app import SagaDef
 from sagaloop.sagas.context import SagaContext
 
@@ -68,6 +70,37 @@ def saga_as_function_tool(
     )
     setattr(tool, SAGA_ATTR, saga.name)
     return tool
+
+
+def agent_tool(
+    runner: SagaRunner,
+    agent: Agent[Any] | None,
+    *,
+    name: str | None,
+    description: str | None,
+    needs_approval: bool,
+    failures: Failures,
+) -> FunctionTool:
+    """:meth:`SagaRunner.agent_as_tool`."""
+    agent = agent or next(iter(runner.agents.values()))
+    if runner.agents.get(agent.name) is not agent:
+        raise ValidationError(
+            f"agent {agent.name!r} is not one of this SagaRunner's: name it in "
+            "SagaRunner(app, ...) first"
+        )
+    saga = runner.as_tools.get(agent.name)
+    if saga is None:
+        saga = declare_agent_saga(runner, agent, f"{steps_prefix(agent.name)}__as_tool")
+        runner.as_tools[agent.name] = saga
+    return saga_as_function_tool(
+        saga,
+        name=name or step_part(agent.name),
+        description=description
+        or agent.handoff_description
+        or f"Ask the agent {agent.name!r}: give it a prompt, get its answer.",
+        needs_approval=needs_approval,
+        failures=failures,
+    )
 
 
 def declare_agent_saga(runner: SagaRunner, agent: Agent[Any], name: str) -> SagaDef[Any, Any]:
