@@ -7,8 +7,9 @@
 
 Framework-neutral parts: a tool's policy (:class:`ToolPolicy`), budgets
 (:mod:`sagaloop.agents.budgets`), transcripts stored once (:mod:`sagaloop.agents.transcript`),
-the options both adapters take (:mod:`sagaloop.agents.options`) and the model request as a step
-they share (``_model_call``).
+the options both adapters take (:mod:`sagaloop.agents.options`), the model request as a step
+they share (``_model_call``) and sub-agents as tools that run as child runs
+(:mod:`sagaloop.agents.subagents`).
 Nothing in the core imports this package.
 """
 

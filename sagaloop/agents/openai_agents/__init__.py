@@ -30,15 +30,17 @@ Built on the SDK's public extension points (``Model``, ``FunctionTool``, ``Hando
   are saga code (they run again on every replay: keep them free of effects, or make the effect
   a step); ``max_turns`` and a :class:`~sagaloop.agents.Budget` bound the run;
 - ``SagaRunner(stream=True)``: the worker streams the model's events to the run's live channel
-  (``Client.stream``, ``sagaloop tail``).
+  (``Client.stream``, ``sagaloop tail``); ``runner.run_streamed`` in saga code takes the same
+  steps as ``runner.run`` and replays each recorded response as the SDK's stream events.
 
 Outside saga code ``runner.run`` is the SDK's ``Runner.run``. Step names are compatibility data:
 a run in flight resolves its steps by these names (tests pin them).
 
 The package: ``runner`` (:class:`SagaRunner`, its declaration, durable clones and tools),
-``model`` (the model step on both sides), ``mcp`` (its MCP servers' steps) and ``run`` (the saga
-side of one ``SagaRunner.run``); the model-call core and the options are shared with
-:mod:`sagaloop.agents.pydantic_ai` (:mod:`sagaloop.agents.options`).
+``model`` (the model step on both sides), ``replay`` (a recorded response as stream events, for
+``run_streamed``), ``mcp`` (its MCP servers' steps), ``subagents`` (agents as tools, child runs)
+and ``run`` (the saga side of one ``SagaRunner.run``); the model-call core and the options are
+shared with :mod:`sagaloop.agents.pydantic_ai` (:mod:`sagaloop.agents.options`).
 """
 
 from sagaloop.agents.openai_agents.runner import SagaRunner, step_as_function_tool

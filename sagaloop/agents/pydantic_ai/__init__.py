@@ -20,9 +20,10 @@ Outside saga code a ``SagaAgent`` is the plain agent. Step names are compatibili
 flight resolves its steps by these names (tests pin them).
 
 The package: ``agent`` (:class:`SagaAgent`, its model and function tools), ``mcp`` (its MCP
-servers' steps and toolsets), ``run`` (the saga side of one agent run) and ``profiles`` (models
-and usage limits as the saga side sees them); the model-call core and the options are shared
-with :mod:`sagaloop.agents.openai_agents` (:mod:`sagaloop.agents.options`).
+servers' steps and toolsets), ``subagents`` (agents as tools, child runs), ``run`` (the saga
+side of one agent run) and ``profiles`` (models and usage limits as the saga side sees them);
+the model-call core and the options are shared with :mod:`sagaloop.agents.openai_agents`
+(:mod:`sagaloop.agents.options`).
 """
 
 from sagaloop.agents._core import ToolPolicy
