@@ -163,6 +163,80 @@ def test_cancelling_the_supervisor_cancels_the_sub_agents_child_run() -> None:
     assert asked == {"supervisor": 1}
 
 
+def failing_app(asked: Counter[str], **tool_options: Any) -> App:
+    app = App("supervised")
+
+    @app.saga(name="lookup")
+    async def lookup(ctx: SagaContext, topic: str) -> str:
+        """Looks a topic up."""
+        if topic == "nothing":
+            raise ValueError("no such topic")
+        return f"all about {topic}"
+
+    boss = SagaAgent(
+        Agent(
+            supervisor_model("lookup", {"topic": "nothing"}, asked),
+            name="boss",
+            tools=[saga_as_tool(lookup, **tool_options)],
+        ),
+        app=app,
+    )
+
+    @app.saga(name="supervise")
+    async def supervise(ctx: SagaContext, question: str) -> str:
+        return str((await boss.run(question)).output)
+
+    return app
+
+
+def test_a_failed_child_fails_the_supervisor_or_with_failures_return_tells_the_model() -> None:
+    env = Harness(failing_app(Counter()))
+    run_id = env.start("supervise", "q")
+    env.run_until_idle()
+    assert env.get(run_id).status == "failed"
+    assert env.get(child_of(env, run_id)).status == "failed"
+
+    asked: Counter[str] = Counter()
+    env = Harness(failing_app(asked, failures="return"))
+    run_id = env.start("supervise", "q")
+    env.run_until_idle()
+    out = env.result(run_id)
+    assert out.startswith("boss: the sub-agent 'lookup' failed:") and "no such topic" in out
+    assert asked == {"supervisor": 2}
+
+
+def test_a_sub_agent_tool_that_needs_approval_starts_its_child_only_once_approved() -> None:
+    asked: Counter[str] = Counter()
+    app = App("supervised")
+
+    @app.saga(name="lookup")
+    async def lookup(ctx: SagaContext, topic: str) -> str:
+        """Looks a topic up."""
+        return f"all about {topic}"
+
+    boss = SagaAgent(
+        Agent(
+            supervisor_model("lookup", {"topic": "tides"}, asked),
+            name="boss",
+            tools=[saga_as_tool(lookup, requires_approval=True)],
+        ),
+        app=app,
+    )
+
+    @app.saga(name="supervise")
+    async def supervise(ctx: SagaContext, question: str) -> str:
+        return str((await boss.run(question)).output)
+
+    env = Harness(app)
+    run_id = env.start("supervise", "q")
+    env.run_until_idle()
+    [pending] = env.approvals(run_id)
+    assert not [e for e in env.history(run_id) if e.kind == h.CHILD_STARTED]
+    env.approve(run_id, pending.call_id, args={"topic": "moons"})
+    env.run_until_idle()
+    assert env.result(run_id) == "boss: all about moons", "the edited arguments ran"
+
+
 class Order(BaseModel):
     order_id: str
     cents: int
