@@ -64,6 +64,25 @@ class Timer:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Schedule:
+    """A stored schedule of an app (``sagaloop.sagas.schedules``): ``spec`` as stored
+    (``cron:<expr>`` or ``every:<seconds>``), ``input`` as JSON, ``origin`` 'code' or 'cli'."""
+
+    app: str
+    name: str
+    saga: str
+    spec: str
+    input: Any
+    catch_up: str
+    paused: bool
+    origin: str
+    next_tick: datetime
+    last_tick: datetime | None = None
+    last_run_id: str | None = None
+    updated_at: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class QueuedMessage:
     """A row of the outbox claimed by a consumer or a relay."""
 
@@ -412,6 +431,47 @@ class ProcessRegistry(Protocol):
         """Of each process seen after ``seen_after`` and not stopped: its app, the queues it
         consumes and the step queues its app declares (empty without a registry)."""
         ...
+
+
+@runtime_checkable
+class ScheduleStore(Protocol):
+    """The schedules of the apps (see ``store/schedules.py``). Not a role of every ``Store``:
+    the scheduler runs where the store has it."""
+
+    def put_schedule(self, schedule: Schedule, *, replace: bool) -> bool:
+        """Insert ``schedule``; a stored one of the same (app, name) is kept (False) unless
+        ``replace``, where its saga, spec, input and policy are replaced (its pause, last run
+        and, for the same spec, next tick are kept)."""
+        ...
+
+    def get_schedule(self, app: str, name: str) -> Schedule | None: ...
+
+    def list_schedules(self, app: str | None = None) -> list[Schedule]: ...
+
+    def due_schedules(self, app: str, now: datetime) -> list[Schedule]:
+        """The schedules of ``app`` not paused whose next tick is at or before ``now``."""
+        ...
+
+    def advance_schedule(
+        self,
+        schedule: Schedule,
+        next_tick: datetime,
+        last_tick: datetime | None,
+        last_run_id: str | None,
+        now: datetime,
+    ) -> bool:
+        """Move the next tick on, if it is still ``schedule.next_tick`` (else another engine
+        did: False)."""
+        ...
+
+    def pause_schedule(
+        self, app: str, name: str, *, paused: bool, now: datetime, next_tick: datetime | None
+    ) -> bool:
+        """Pause or resume; ``next_tick`` (on resume) replaces the stored one, so that the
+        ticks of the pause are not caught up. False: no such schedule."""
+        ...
+
+    def delete_schedule(self, app: str, name: str) -> bool: ...
 
 
 class Store(

@@ -1,9 +1,10 @@
 """The one assembly of a process's parts: from an app, a store, a broker, the :class:`Roles` it
 plays and its :class:`Tuning`, :func:`assemble` builds the step runner, the engine's consumer,
-the in-process lane and its worker, the worker consumer of the step queues, the timer scheduler
-and the outbox relay, once. Two drivers run the parts: threads (``sagaloop.runtime.service``:
-``Service``, which ``sagaloop dev``, ``engine`` and ``worker`` and embedders start) and
-stepping (``sagaloop.testing.Harness``: one message at a time, on the caller's thread)."""
+the in-process lane and its worker, the worker consumer of the step queues, the timer scheduler,
+the scheduler of the app's schedules and the outbox relay, once. Two drivers run the parts:
+threads (``sagaloop.runtime.service``: ``Service``, which ``sagaloop dev``, ``engine`` and
+``worker`` and embedders start) and stepping (``sagaloop.testing.Harness``: one message at a
+time, on the caller's thread)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.engine.activation import Engine
 from sagaloop.engine.history import Event
 from sagaloop.engine.messages import engine_queue, local_queue, start_queue, step_queue
-from sagaloop.engine.ports import Broker, Clock, Delivery, Store, Streams
+from sagaloop.engine.ports import Broker, Clock, Delivery, ScheduleStore, Store, Streams
 from sagaloop.engine.watchdog import DEADLINE, Watchdog
 from sagaloop.runtime.consumers import EngineConsumer
 from sagaloop.runtime.lane import LOCAL_LEASE, LocalLane
 from sagaloop.runtime.local import LocalWorker
 from sagaloop.runtime.relay import Relay
+from sagaloop.runtime.schedules import Scheduler
 from sagaloop.runtime.steps import StepRunner
 from sagaloop.runtime.timers import TimerScheduler
 from sagaloop.runtime.worker import WorkerConsumer
@@ -76,6 +78,9 @@ class Parts:
     relay: Relay | None
     step_queues: list[str] = field(default_factory=list)
     """The step queues this process consumes."""
+    schedules: Scheduler | None = None
+    """The scheduler of the app's schedules: in an engine that fires timers, on a store that
+    keeps schedules."""
 
     def route(self, queue: str) -> tuple[str, Callable[[Delivery], None]]:
         """Who takes a delivery of ``queue``: its role (``engine`` for the engine's queues,
@@ -141,6 +146,8 @@ def assemble(
         )
     if roles.timers:
         parts.timers = TimerScheduler(app, store, clock)
+        if roles.engine and isinstance(store, ScheduleStore):
+            parts.schedules = Scheduler(app, store, clock)
     if roles.relay or (roles.relay is None and not broker.uses_outbox):
         parts.relay = Relay(store, broker, clock=clock, lease=tuning.lease)
     return parts

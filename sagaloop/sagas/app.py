@@ -13,6 +13,7 @@ from sagaloop.sagas.approvals import KEY_PREFIX
 from sagaloop.sagas.context import SagaContext
 from sagaloop.sagas.convert import ANY, Converter, Signature
 from sagaloop.sagas.policy import RateLimit, RetryPolicy, check_rate_key
+from sagaloop.sagas.schedules import InvalidSchedule, ScheduleDef, check_catch_up, make_spec
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -203,6 +204,7 @@ class App:
         self._saga_aliases: dict[str, str] = {}
         self._step_aliases: dict[str, str] = {}
         self._rate_keys: dict[str, tuple[str, RateLimit]] = {}
+        self.schedules: dict[str, ScheduleDef] = {}
 
     def __repr__(self) -> str:
         return f"App({self.name!r}, sagas={sorted(self.sagas)}, steps={sorted(self.steps)})"
@@ -369,6 +371,52 @@ class App:
         table[definition.name] = definition
         for a in definition.aliases:
             aliases[a] = definition.name
+
+    def schedule(
+        self,
+        cron: str | None = None,
+        *,
+        every: timedelta | None = None,
+        name: str | None = None,
+        input: Any = None,
+        catch_up: str = "latest",
+    ) -> Callable[[SagaDef[I, O]], SagaDef[I, O]]:
+        """Start the saga below on a schedule: ``cron`` (5 fields, in UTC: ``"*/5 * * * *"``)
+        or ``every=timedelta(...)`` (whole seconds, ticks at its multiples since 1970 UTC).
+        Put it above ``@app.saga``; the saga is returned unchanged::
+
+            @app.schedule("0 6 * * mon-fri", input={"report": "daily"})
+            @app.saga
+            async def report(ctx, input): ...
+
+        Each tick starts one run of id ``schedule:<app>:<name>:<tick>``, however many engines
+        fire it. ``name``: the schedule's stored name (default: the saga's; a second schedule
+        of a saga needs its own). ``catch_up``: what an engine that was down does with the
+        ticks it missed: ``"latest"`` starts one run for the latest, ``"all"`` one for each
+        (the latest 100 at most), ``"skip"`` none (a tick more than 60 s late is missed).
+        A bad expression, interval, input or policy raises :class:`InvalidSchedule`."""
+        spec = make_spec(cron, every)
+        policy = check_catch_up(catch_up)
+
+        def register(saga: SagaDef[I, O]) -> SagaDef[I, O]:
+            if not isinstance(saga, SagaDef) or self.sagas.get(saga.name) is not saga:
+                raise InvalidSchedule(
+                    f"@app.schedule goes above @app.saga of app {self.name!r}, not on {saga!r:.60}"
+                )
+            schedule = _check_name("schedule", name or saga.name)
+            if schedule in self.schedules:
+                raise InvalidSchedule(
+                    f"schedule {schedule!r} is already declared in app {self.name!r}: give the "
+                    "other one a name="
+                )
+            try:
+                data = saga.input.to_json(input, what=f"input of schedule {schedule!r}")
+            except Exception as e:
+                raise InvalidSchedule(str(e)) from e
+            self.schedules[schedule] = ScheduleDef(schedule, saga.name, spec, data, policy)
+            return saga
+
+        return register
 
     # --- look-up -----------------------------------------------------------------------------
 

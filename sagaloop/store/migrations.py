@@ -181,12 +181,37 @@ def _v5(conn: Connection) -> None:
     )
 
 
+def _v6(conn: Connection) -> None:
+    """Schedules (``sagaloop_schedules``): what starts sagas on a cron or an interval."""
+    _V6_TABLES.create_all(conn)
+
+
+_V6_TABLES = MetaData()  # the tables version 6 added, frozen as it added them
+Table(
+    "sagaloop_schedules",
+    _V6_TABLES,
+    Column("app", String(200), primary_key=True),
+    Column("name", String(200), primary_key=True),
+    Column("saga", String(200), nullable=False),
+    Column("spec", String(300), nullable=False),
+    Column("input", Text),
+    Column("catch_up", String(16), nullable=False),
+    Column("paused", Boolean, nullable=False),
+    Column("origin", String(16), nullable=False),
+    Column("next_tick", t.UTCDateTime, nullable=False),
+    Column("last_tick", t.UTCDateTime),
+    Column("last_run_id", String(200)),
+    Column("updated_at", t.UTCDateTime, nullable=False),
+)
+
+
 MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (1, _v1),
     (2, _v2),
     (3, _v3),
     (4, _v4),
     (5, _v5),
+    (6, _v6),
 ]
 LATEST = MIGRATIONS[-1][0]
 

@@ -22,6 +22,7 @@ module             mixin            roles (``engine/ports.py``)
 ``limits.py``      ``SqlRateLimits``  ``RateLimits``
 ``approvals.py``   ``SqlApprovals``   ``ApprovalStore``
 ``processes.py``   ``SqlRegistry``  ``ProcessRegistry`` (and the registry's writes)
+``schedules.py``   ``SqlSchedules``   ``ScheduleStore`` (not a role of every ``Store``)
 ``read.py``        ``SqlReadModels``  the operators' read models (metrics, health)
 =================  ===============  =====================================================
 """
@@ -42,6 +43,7 @@ from sagaloop.store.processes import SqlRegistry
 from sagaloop.store.queue import DELETE_CHUNK, SqlOutbox
 from sagaloop.store.read import SqlReadModels, StepOutcome
 from sagaloop.store.runs import FINISHED, SqlRuns
+from sagaloop.store.schedules import SqlSchedules
 from sagaloop.store.timers import SqlTimers
 
 __all__ = ["DELETE_CHUNK", "FINISHED", "SqlStore", "StepOutcome", "create_sa_engine"]
@@ -59,6 +61,7 @@ class SqlStore(
     SqlApprovals,
     SqlRegistry,
     SqlReadModels,
+    SqlSchedules,
 ):
     """The :class:`~sagaloop.engine.ports.Store` on SQLite or PostgreSQL.
 

@@ -113,6 +113,26 @@ timers = Table(
     Index("sagaloop_timers_due", "app", "fire_at"),
 )
 
+schedules = Table(
+    "sagaloop_schedules",
+    metadata,
+    # A schedule of an app: declared in code (``origin`` 'code', written by its engines) or
+    # added at run time ('cli'). ``next_tick`` is the next tick to fire: stored, so that an
+    # engine that was down catches up on what it missed.
+    Column("app", ID, primary_key=True),
+    Column("name", ID, primary_key=True),
+    Column("saga", ID, nullable=False),
+    Column("spec", String(300), nullable=False),
+    Column("input", JSONText),
+    Column("catch_up", String(16), nullable=False),
+    Column("paused", Boolean, nullable=False, default=False),
+    Column("origin", String(16), nullable=False),
+    Column("next_tick", UTCDateTime, nullable=False),
+    Column("last_tick", UTCDateTime),
+    Column("last_run_id", ID),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
 outbox = Table(
     "sagaloop_outbox",
     metadata,

@@ -286,6 +286,7 @@ class Harness:
         if not self.broker.uses_outbox:
             work += self.relay.relay_once()
         work += self.timers.fire_due()
+        work += self.parts.schedules.fire_due() if self.parts.schedules is not None else 0
         deliveries = self.broker.receive(self._consumed(), 1, 0)
         if not deliveries and (self.queues is None or self._lane_queue in self.queues):
             deliveries = self._lane.receive([self._lane_queue], 1, 0)

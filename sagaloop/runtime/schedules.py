@@ -1,0 +1,124 @@
+"""The scheduler: starts the runs of an app's schedules when their ticks fall due.
+``sagaloop.runtime.service`` runs it on a thread of an engine; the harness steps it.
+
+Exactly one run per tick, however many engines fire it: the run id derives from (app, schedule,
+tick) and starting an existing run id starts nothing (``Client.start`` is idempotent per run id).
+The run is started first and the stored next tick moved on after (compare-and-set): an engine
+that dies between the two leaves the tick to the next engine, which starts the same run id.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from sagaloop.client import Client
+from sagaloop.engine.ports import Clock, Schedule, ScheduleStore, Store
+from sagaloop.errors import OverloadedError, SagaloopError, StoreError
+from sagaloop.sagas.app import App
+from sagaloop.sagas.schedules import (
+    InvalidSchedule,
+    ScheduleDef,
+    Spec,
+    check_catch_up,
+    due_ticks,
+    parse_spec,
+    spec_text,
+    tick_run_id,
+)
+
+logger = logging.getLogger(__name__)
+
+CODE, CLI = "code", "cli"
+"""Where a stored schedule comes from: declared in the app's code, or added at run time."""
+
+
+def first_tick(spec: Spec, now: datetime) -> datetime:
+    tick = spec.next_after(now)
+    if tick is None:  # refused when parsed: a cron that never fires
+        raise InvalidSchedule(f"schedule {spec} never fires")
+    return tick
+
+
+def stored(app: str, schedule: ScheduleDef, now: datetime, origin: str = CODE) -> Schedule:
+    """The row of a declared schedule, its next tick the first after ``now``."""
+    spec = schedule.spec
+    return Schedule(
+        app=app,
+        name=schedule.name,
+        saga=schedule.saga,
+        spec=spec_text(spec),
+        input=schedule.input,
+        catch_up=schedule.catch_up,
+        paused=False,
+        origin=origin,
+        next_tick=first_tick(spec, now),
+        updated_at=now,
+    )
+
+
+class Scheduler:
+    """Fires the due ticks of ``app``'s schedules: those declared in its code (written to the
+    store the first time it fires) and those added at run time (``sagaloop schedule add``)."""
+
+    def __init__(self, app: App, store: Store, clock: Clock, *, client: Client | None = None):
+        if not isinstance(store, ScheduleStore):
+            raise TypeError("schedules need a store with the ScheduleStore role (a SqlStore)")
+        self.app = app
+        self.store: ScheduleStore = store
+        self.clock = clock
+        self.client = client or Client(store, app, clock=clock, start_backlog=0)
+        self._synced = False
+
+    def sync(self) -> None:
+        """Write the app's declared schedules to the store: new ones start at the next tick;
+        a changed one is replaced (its pause kept; a new spec starts at its next tick)."""
+        now = self.clock.now()
+        for schedule in self.app.schedules.values():
+            self.store.put_schedule(stored(self.app.name, schedule, now), replace=True)
+        self._synced = True
+
+    def fire_due(self) -> int:
+        """Start the runs of the due ticks; return how many ticks were handled."""
+        if not self._synced:
+            self.sync()
+        now = self.clock.now()
+        fired = 0
+        for schedule in self.store.due_schedules(self.app.name, now):
+            if schedule.origin == CODE and schedule.name not in self.app.schedules:
+                continue  # declared by another version of the app: its engines fire it
+            fired += self._fire(schedule, now)
+        return fired
+
+    def _fire(self, schedule: Schedule, now: datetime) -> int:
+        try:
+            spec = parse_spec(schedule.spec)
+            policy = check_catch_up(schedule.catch_up)
+        except InvalidSchedule as e:
+            logger.error("schedule %r is not valid (%s): paused", schedule.name, e)
+            self.store.pause_schedule(
+                schedule.app, schedule.name, paused=True, now=now, next_tick=None
+            )
+            return 1
+        last: tuple[datetime | None, str | None] = (None, None)
+        for tick in due_ticks(spec, schedule.next_tick, now, policy):
+            run_id = tick_run_id(schedule.app, schedule.name, tick)
+            try:
+                self.client.start(schedule.saga, schedule.input, run_id=run_id)
+            except OverloadedError as e:
+                logger.warning("schedule %r: %s; trying again", schedule.name, e)
+                return 0
+            except StoreError:
+                raise
+            except SagaloopError as e:  # an unknown saga, a run id taken...: said, not retried
+                logger.error("schedule %r could not start run %r: %s", schedule.name, run_id, e)
+                continue
+            last = (tick, run_id)
+            logger.info("schedule %r started run %r", schedule.name, run_id, extra=_extra(run_id))
+        moved = self.store.advance_schedule(schedule, first_tick(spec, now), *last, now)
+        return 1 if moved else 0
+
+
+def _extra(run_id: str) -> dict[str, Any]:
+    return {"run_id": run_id}
