@@ -18,6 +18,7 @@ from sagaloop.cli.demo import demo
 from sagaloop.cli.deploys import export, fork, replay
 from sagaloop.cli.mcp import mcp
 from sagaloop.cli.render import printable, runs_text, stream_line, timeline_text
+from sagaloop.cli.schedules import schedule
 from sagaloop.cli.serve import dev, engine, health, schema, worker
 from sagaloop.cli.ui import ui
 from sagaloop.client import Client
@@ -403,6 +404,7 @@ for command in (
     export,
     replay,
     fork,
+    schedule,
 ):
     cli.add_command(command)
 

@@ -10,7 +10,7 @@ that dies between the two leaves the tick to the next engine, which starts the s
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sagaloop.client import Client
@@ -122,3 +122,68 @@ class Scheduler:
 
 def _extra(run_id: str) -> dict[str, Any]:
     return {"run_id": run_id}
+
+
+# --- run-time schedules (``sagaloop schedule``) ----------------------------------------------
+
+
+def add_schedule(
+    store: ScheduleStore,
+    app: App,
+    name: str,
+    saga: str,
+    *,
+    cron: str | None = None,
+    every: timedelta | None = None,
+    input: Any = None,
+    catch_up: str = "latest",
+    now: datetime,
+) -> Schedule:
+    """Store a schedule of ``app`` made at run time, checked as a declared one is. Refused
+    (:class:`InvalidSchedule`) if the name is taken, by the app's code or in the store."""
+    definition = app.get_saga(saga)
+    if definition is None:
+        raise InvalidSchedule(f"app {app.name!r} has no saga {saga!r}: {sorted(app.sagas)}")
+    if name in app.schedules:
+        raise InvalidSchedule(f"schedule {name!r} is declared in the code of app {app.name!r}")
+    probe = App(app.name)  # checks the name, spec, input and policy as @app.schedule does
+    probe.sagas[definition.name] = definition
+    probe.schedule(cron, every=every, name=name, input=input, catch_up=catch_up)(definition)
+    row = stored(app.name, probe.schedules[name], now, origin=CLI)
+    if not store.put_schedule(row, replace=False):
+        raise InvalidSchedule(
+            f"app {app.name!r} already has a schedule {name!r}: delete it first, or choose "
+            "another name"
+        )
+    return row
+
+
+def find_schedule(store: ScheduleStore, name: str, app: str | None) -> Schedule:
+    """The stored schedule ``name`` (of ``app``, or of the only app that has one so named)."""
+    found = [s for s in store.list_schedules(app) if s.name == name]
+    if not found:
+        raise InvalidSchedule(f"no schedule {name!r}" + (f" in app {app!r}" if app else ""))
+    if len(found) > 1:
+        apps = ", ".join(s.app for s in found)
+        raise InvalidSchedule(f"apps {apps} each have a schedule {name!r}: name the app")
+    return found[0]
+
+
+def pause_schedule(
+    store: ScheduleStore, schedule: Schedule, *, paused: bool, now: datetime
+) -> None:
+    """Pause (nothing starts) or resume (from the next tick: the paused ones are not caught
+    up) a stored schedule."""
+    next_tick = None if paused else first_tick(parse_spec(schedule.spec), now)
+    store.pause_schedule(schedule.app, schedule.name, paused=paused, now=now, next_tick=next_tick)
+
+
+def delete_schedule(store: ScheduleStore, schedule: Schedule) -> None:
+    """Delete a schedule made at run time. One declared in code would come back when an engine
+    starts: pause it, or remove it from the code."""
+    if schedule.origin == CODE:
+        raise InvalidSchedule(
+            f"schedule {schedule.name!r} is declared in the code of app {schedule.app!r}: "
+            "pause it (sagaloop schedule pause), or remove it from the code"
+        )
+    store.delete_schedule(schedule.app, schedule.name)

@@ -270,3 +270,79 @@ def test_upgrade_from_version_5_adds_the_schedules_table(tmp_path: Any) -> None:
     Scheduler(app, store, VirtualClock()).sync()
     assert [s.name for s in store.list_schedules()] == ["tick"]
     store.close()
+
+
+# --- sagaloop schedule -----------------------------------------------------------------------
+
+
+def test_the_cli_adds_lists_pauses_resumes_and_deletes_schedules(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from sagaloop.cli.main import cli
+    from sagaloop.store.sql import SqlStore
+
+    (tmp_path / "schedapp.py").write_text(
+        "from datetime import timedelta\n"
+        "from sagaloop import App, SagaContext\n"
+        "app = App('schedapp')\n"
+        "@app.schedule('0 6 * * *', input=0)\n"
+        "@app.saga(name='report')\n"
+        "async def report(ctx: SagaContext, n: int = 0) -> int:\n"
+        "    return n\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    monkeypatch.setenv("SAGALOOP_DATABASE_URL", url)
+
+    def run(*args: str) -> Any:
+        return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+    assert run("db", "upgrade").exit_code == 0
+    assert "no schedule" in run("schedule", "list").output
+    added = run("schedule", "add", "often", "report", "--every", "30", "--input", "2",
+                "--app", "schedapp")  # fmt: skip
+    assert added.exit_code == 0, added.output
+    assert "schedule often added: next tick" in added.output
+    for args, says in [
+        (["often", "report", "--every", "30", "--input", "1"], "already has a schedule 'often'"),
+        (["bad", "report", "--cron", "61 * * * *", "--input", "1"], "minute 61 is not within 0-59"),
+        (["bad", "nope", "--every", "5", "--input", "1"], "has no saga 'nope'"),
+        (["bad", "report", "--every", "5", "--input", '"x"'], "input of schedule 'bad'"),
+        (["report", "report", "--every", "5", "--input", "1"], "declared in the code"),
+    ]:
+        refused = run("schedule", "add", *args, "--app", "schedapp")
+        assert refused.exit_code == 1 and says in refused.output, refused.output
+    listed = json.loads(run("schedule", "list", "--json").output)
+    assert [(s["name"], s["spec"], s["input"], s["paused"]) for s in listed] == [
+        ("often", "every:30", 2, False)
+    ]
+    assert "often" in run("schedule", "list").output
+    assert run("schedule", "pause", "often").exit_code == 0
+    store = SqlStore(url)
+    schedule = store.get_schedule("schedapp", "often")
+    assert schedule is not None and schedule.paused
+    assert "paused" in run("schedule", "list").output
+    assert run("schedule", "resume", "often").exit_code == 0
+    schedule = store.get_schedule("schedapp", "often")
+    assert schedule is not None and not schedule.paused
+    missing = run("schedule", "pause", "nope")
+    assert missing.exit_code == 1 and "no schedule 'nope'" in missing.output
+    assert run("schedule", "delete", "often").exit_code == 0
+    assert store.list_schedules() == []
+    store.close()
+
+
+def test_a_code_schedule_is_paused_not_deleted(tmp_path: Any) -> None:
+    from sagaloop.runtime.schedules import delete_schedule, find_schedule
+    from sagaloop.store.sql import SqlStore
+
+    store = SqlStore(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.upgrade()
+    Scheduler(scheduled_app(), store, VirtualClock()).sync()
+    with pytest.raises(InvalidSchedule, match="pause it"):
+        delete_schedule(store, find_schedule(store, "tick", None))
+    store.close()
