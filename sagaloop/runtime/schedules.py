@@ -115,7 +115,14 @@ class Scheduler:
                 logger.error("schedule %r could not start run %r: %s", schedule.name, run_id, e)
                 continue
             last = (tick, run_id)
-            logger.info("schedule %r started run %r", schedule.name, run_id, extra=_extra(run_id))
+            logger.info(
+                "schedule %r fired its tick %s: run %r (started once, by whichever engine "
+                "fired first)",
+                schedule.name,
+                f"{tick:%Y-%m-%d %H:%M:%S}",
+                run_id,
+                extra=_extra(run_id),
+            )
         moved = self.store.advance_schedule(schedule, first_tick(spec, now), *last, now)
         return 1 if moved else 0
 
