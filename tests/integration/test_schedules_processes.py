@@ -10,11 +10,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from sagaloop.testing import eventually
+from sagaloop import App, SagaContext
+from sagaloop.runtime.schedules import Scheduler
+from sagaloop.store.sql import SqlStore
+from sagaloop.testing import eventually, services
+from sagaloop.testing.harness import VirtualClock
 
 pytestmark = pytest.mark.integration
 
@@ -136,3 +142,38 @@ def test_two_dev_processes_start_one_run_per_tick(devs: Devs) -> None:
     deadline = time.monotonic() + 3
     eventually(lambda: time.monotonic() > deadline, 10, "three ticks to pass", interval=0.2)
     assert len(devs.runs()) == paused
+
+
+def test_engines_on_postgres_start_one_run_per_tick_and_catch_up(postgres_url: str) -> None:
+    """The schedules store on PostgreSQL: two schedulers on one database fire each tick into
+    one run, concurrently, and catch up the latest tick after a downtime."""
+    app = App("pgsched")
+
+    @app.schedule(every=timedelta(minutes=1), input=None)
+    @app.saga(name="tick")
+    async def tick(ctx: SagaContext) -> None:
+        return None
+
+    url, drop = services.fresh_database(postgres_url)
+    store = SqlStore(url)
+    store.upgrade()
+    clock = VirtualClock()
+    engines = [Scheduler(app, store, clock) for _ in range(2)]
+    try:
+        for engine in engines:
+            engine.sync()
+        with ThreadPoolExecutor(2) as pool:
+            for _ in range(5):
+                clock.advance(timedelta(minutes=1))
+                list(pool.map(lambda e: e.fire_due(), engines))
+        runs = sorted(r.run_id for r in store.list_runs(app="pgsched", limit=100))
+        assert runs == [f"schedule:pgsched:tick:20260101T00{m:02d}00Z" for m in range(1, 6)]
+        clock.advance(timedelta(minutes=30, seconds=30))  # both engines were down
+        assert sum(engine.fire_due() for engine in engines) == 1
+        runs = sorted(r.run_id for r in store.list_runs(app="pgsched", limit=100))
+        assert runs[5:] == ["schedule:pgsched:tick:20260101T003500Z"]
+        (row,) = store.list_schedules("pgsched")
+        assert row.next_tick == clock.now().replace(second=0) + timedelta(minutes=1)
+    finally:
+        store.close()
+        drop()
