@@ -1,5 +1,5 @@
 """The scheduler: starts the runs of an app's schedules when their ticks fall due.
-``sagaloop.runtime.service`` runs it on a thread of an engine; the harness steps it.
+``sagaloop.runtime.service`` runs it on the timers' thread of an engine; the harness steps it.
 
 Exactly one run per tick, however many engines fire it: the run id derives from (app, schedule,
 tick) and starting an existing run id starts nothing (``Client.start`` is idempotent per run id).
@@ -10,12 +10,14 @@ that dies between the two leaves the tick to the next engine, which starts the s
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from sagaloop.client import Client
 from sagaloop.engine.ports import Clock, Schedule, ScheduleStore, Store
 from sagaloop.errors import OverloadedError, SagaloopError, StoreError
+from sagaloop.runtime.registry import Outage
 from sagaloop.sagas.app import App
 from sagaloop.sagas.schedules import (
     InvalidSchedule,
@@ -90,6 +92,25 @@ class Scheduler:
                 continue  # declared by another version of the app: its engines fire it
             fired += self._fire(schedule, now)
         return fired
+
+    def beside(self, fire_timers: Callable[[], int]) -> Callable[[], int]:
+        """One step of the timers' thread that fires the due schedules too (a service runs
+        them there: no thread of their own). A failure of the schedules is said once per
+        outage and does not hold the timers up."""
+        outage = Outage()
+
+        def fire() -> int:
+            done = fire_timers()
+            fired = [0]
+
+            def schedules() -> None:
+                fired[0] = self.fire_due()
+
+            warning = "the schedules of app %r could not fire (%s); trying again"
+            outage.attempt(schedules, warning, self.app.name)
+            return done + fired[0]
+
+        return fire
 
     def _fire(self, schedule: Schedule, now: datetime) -> int:
         try:

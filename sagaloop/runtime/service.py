@@ -129,9 +129,10 @@ class Service:
             for i in range(concurrency):
                 self._spawn(f"worker-{i}", self._consume, broker, parts.step_queues, process, 1)
         if parts.timers is not None:
-            self._spawn("timers", self._repeat, parts.timers.fire_due)
-        if parts.schedules is not None:
-            self._spawn("schedules", self._repeat, parts.schedules.fire_due)
+            fire = parts.timers.fire_due
+            if parts.schedules is not None:  # the app's schedules fire on the same thread
+                fire = parts.schedules.beside(fire)
+            self._spawn("timers", self._repeat, fire)
         if roles.retention is not None:
             self._spawn("retention", self._retain)
         self.relay: Relay | None = parts.relay

@@ -346,3 +346,29 @@ def test_a_code_schedule_is_paused_not_deleted(tmp_path: Any) -> None:
     with pytest.raises(InvalidSchedule, match="pause it"):
         delete_schedule(store, find_schedule(store, "tick", None))
     store.close()
+
+
+def test_on_the_timers_thread_a_failing_scheduler_holds_nothing_up_and_is_said_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = Harness(scheduled_app())
+    env.run_until_idle()  # the schedule is stored, its first tick at 00:05
+    scheduler = env.parts.schedules
+    assert scheduler is not None
+    timer_steps: list[int] = []
+
+    def timers() -> int:
+        timer_steps.append(1)
+        return 1
+
+    def broken() -> int:
+        raise RuntimeError("database gone")
+
+    fire = scheduler.beside(timers)
+    monkeypatch.setattr(scheduler, "fire_due", broken)
+    assert [fire(), fire(), fire()] == [1, 1, 1] and len(timer_steps) == 3
+    said = [r for r in caplog.records if "could not fire" in r.getMessage()]
+    assert len(said) == 1 and "database gone" in said[0].getMessage()
+    monkeypatch.undo()
+    env.clock.advance(timedelta(minutes=5))
+    assert fire() == 2  # the timers' step and the tick
