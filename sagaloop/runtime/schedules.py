@@ -10,6 +10,7 @@ that dies between the two leaves the tick to the next engine, which starts the s
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,6 +32,11 @@ from sagaloop.sagas.schedules import (
 )
 
 logger = logging.getLogger(__name__)
+
+RELOOK = 1.0
+"""Seconds after which a scheduler looks again for due schedules at the same clock time (a
+next tick is always after the time it was set at, so only another process's write can make a
+schedule due at a time already looked at)."""
 
 CODE, CLI = "code", "cli"
 """Where a stored schedule comes from: declared in the app's code, or added at run time."""
@@ -72,6 +78,8 @@ class Scheduler:
         self.clock = clock
         self.client = client or Client(store, app, clock=clock, start_backlog=0)
         self._synced = False
+        self._looked: tuple[datetime, float] | None = None
+        """When it last looked for due schedules: the clock's time and ``time.monotonic()``."""
 
     def sync(self) -> None:
         """Write the app's declared schedules to the store: new ones start at the next tick;
@@ -86,6 +94,10 @@ class Scheduler:
         if not self._synced:
             self.sync()
         now = self.clock.now()
+        looked = self._looked
+        if looked is not None and looked[0] == now and time.monotonic() - looked[1] < RELOOK:
+            return 0  # a stopped clock (the harness's): nothing fell due since that look
+        self._looked = (now, time.monotonic())
         fired = 0
         for schedule in self.store.due_schedules(self.app.name, now):
             if schedule.origin == CODE and schedule.name not in self.app.schedules:
