@@ -13,11 +13,12 @@ import dataclasses
 import functools
 import logging
 import uuid
-from collections.abc import Awaitable, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from sagaloop.engine import history as h
+from sagaloop.engine.handlers import CONDITION
 from sagaloop.engine.messages import derived_id
 from sagaloop.errors import ApprovalDenied, ChildTimeoutError, ValidationError
 from sagaloop.sagas.app import SagaDef, StepDef, model_path
@@ -196,6 +197,7 @@ class Context(SagaContext):
             model = self._r.saga.events.get(name)
         if (path := model_path(model)) is not None:  # a client checks events with it
             data["model"] = path
+        self._r.handlers.refuse_wait((name,))
         spec = WaitSpec((name,), {name: model}, False, early == "refuse")
         return await self._r.wait(spec, name, data)
 
@@ -214,6 +216,7 @@ class Context(SagaContext):
             raise ValidationError(
                 "wait_for_any takes event names, at most 200 characters joined with '|'"
             )
+        self._r.handlers.refuse_wait(names)
         data: dict[str, Any] = {"names": list(names), **_early(early)}
         if prompt is not None:
             data["prompt"] = ANY.to_json(prompt, what=f"the prompt of wait_for_any({label!r})")
@@ -227,6 +230,44 @@ class Context(SagaContext):
         spec = WaitSpec(names, checked, True, early == "refuse")
         result: Received = await self._r.wait(spec, label, data)
         return result
+
+    def on_event(
+        self, name: str, handler: Callable[[Any], Any], *, model: type[Any] | None = None
+    ) -> None:
+        self._r.handlers.register(name, handler, model)
+
+    async def wait_condition(
+        self, fn: Callable[[], object], *, timeout: timedelta | None = None
+    ) -> None:
+        if not callable(fn):
+            raise ValidationError(f"ctx.wait_condition needs a function, not {fn!r:.60}")
+        if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
+            raise ValidationError(
+                f"the timeout of ctx.wait_condition is a positive timedelta, not {timeout!r:.60}"
+            )
+        if fn():  # true already: nothing to wait for, nothing recorded
+            return
+        condition = self._r.conditions.add(fn)
+        if timeout is None:
+            await condition
+            return
+        fire_at = (self.now() + timeout).isoformat()  # a durable timer raced against it
+        _, timer = self._r.command(h.TIMER_STARTED, CONDITION, {"fire_at": fire_at})
+        try:
+            await asyncio.wait((condition, timer), return_when=asyncio.FIRST_COMPLETED)
+        finally:  # the loser stops waiting
+            timer.cancel()
+            if not condition.done():
+                condition.cancel()
+        if not condition.cancelled():
+            condition.result()  # what the condition raised, if it did
+            return
+        if fn():  # true when the timer fired: the condition won
+            return
+        raise TimeoutError(f"ctx.wait_condition: the condition was still false after {timeout}")
+
+    def all_handlers_finished(self) -> bool:
+        return self._r.handlers.all_finished()
 
     def send_event(self, run_id: str, name: str, data: Any = None) -> None:
         if not isinstance(run_id, str) or not 0 < len(run_id) <= 200:

@@ -21,6 +21,7 @@ from typing import Any
 
 from sagaloop.engine import history as h
 from sagaloop.engine.commands import Context, ContinueAsNew, WaitSpec
+from sagaloop.engine.handlers import CONDITION, Conditions, Handlers
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.loop import DeterministicLoop, refuse_threads_in_saga_code
 from sagaloop.engine.watchdog import Watchdog
@@ -109,6 +110,7 @@ class Replayer:
         )
         self.stopped = False  # cancelled or finished: the code is no longer fed
         self.main: asyncio.Task[Any] | None = None
+        self.context: contextvars.Context | None = None  # the saga code's, current_saga() set
         self.outcome: dict[str, Any] | None = None  # {"output": ...} or {"error": ...}
         self.nondeterminism: NonDeterminismError | None = None
         self.rejections: list[NewEvent] = []
@@ -119,6 +121,11 @@ class Replayer:
         """The run that started this one (``ctx.started_by``), from ``run_started``."""
         self.deprecated: set[str] = set()
         """Change ids saga code passed to ``ctx.deprecate_patch``: their markers are skipped."""
+        self.handlers = Handlers(self)
+        """``ctx.on_event``: the handlers that take events of their name as they arrive."""
+        self.conditions = Conditions(self)
+        """``ctx.wait_condition``: resolved live in :meth:`take_new_commands`, on replay where
+        the history recorded it."""
         self.ctx = Context(self)
 
     def close(self) -> None:
@@ -155,7 +162,15 @@ class Replayer:
             if ev.kind == h.RUN_STARTED:
                 self._start(ev)
             elif ev.kind in h.COMMAND_KINDS and not self.is_deprecated(ev):
-                if ev.pos is not None and ev.pos >= self.next_pos and not self.stopped:
+                if (
+                    ev.kind == h.MARKER
+                    and ev.name == CONDITION
+                    and ev.pos is not None
+                    and not self.stopped
+                    and self.conditions.replay_marker(ev.pos, ev.data)
+                ):
+                    pass  # the code resumed from its wait_condition and recorded the marker
+                elif ev.pos is not None and ev.pos >= self.next_pos and not self.stopped:
                     self._diverged(
                         f"the history has {ev.describe()} but the saga code no longer issues it",
                         ev.pos,
@@ -185,6 +200,7 @@ class Replayer:
         coro = self.saga.fn(self.ctx, *args)
         context = contextvars.copy_context()
         context.run(_current.set, self.ctx)  # current_saga(), in every task the saga creates
+        self.context = context.copy()  # for the tasks of event handlers
         self.main = self.loop.create_task(coro, name=f"saga:{self.run_id}", context=context)
         self._run()
 
@@ -201,6 +217,8 @@ class Replayer:
                 waiting.popleft()
             if waiting:
                 self._resolve_wait(waiting[0], name, data)
+            elif self.handlers.handle(name, data):
+                pass  # its handler runs now, in history order
             else:  # kept, with its place in the arrival order, for a later wait
                 self.buffered[name].append((ev.seq, data))
         else:
@@ -288,6 +306,10 @@ class Replayer:
         rejections, self.rejections = self.rejections, []
         return rejections
 
+    def run_code(self) -> None:
+        """Run the saga code (its main task, handlers and other tasks) until it blocks."""
+        self._run()
+
     def _run(self) -> None:
         if self.watchdog is None:
             self.loop.run_until_blocked()
@@ -299,12 +321,13 @@ class Replayer:
 
     def _finish(self, task: asyncio.Task[Any]) -> None:
         self.stopped = True
-        if task.cancelled():
+        failure = self.handlers.failure  # an event handler raised: the run ends with it
+        if failure is None and task.cancelled():
             self.outcome = {
                 "error": ErrorInfo("CancelledError", "the saga was cancelled").to_json()
             }
             return
-        exc = task.exception()
+        exc = failure if failure is not None else task.exception()
         if exc is None:
             try:
                 output = self.saga.output.to_json(task.result(), what=f"saga {self.saga.name!r}")
@@ -320,6 +343,10 @@ class Replayer:
             self.outcome = {"error": error.to_json()}
 
     # --- commands ----------------------------------------------------------------------------
+
+    def diverged(self, message: str, pos: int) -> None:
+        """Note a divergence of the code from the history (raised by :meth:`feed`)."""
+        self._diverged(message, pos)
 
     def _diverged(self, message: str, pos: int) -> None:
         if self.nondeterminism is None:
@@ -378,6 +405,11 @@ class Replayer:
         return False
 
     def take_new_commands(self) -> list[NewEvent]:
+        """The commands the code issued since the last call. The engine calls this at the end
+        of each batch of events it fed: the conditions that are true now are resolved first
+        (every handler of the batch has run), and the code goes on."""
+        if not self.stopped and self.main is not None:
+            self.conditions.settle()
         commands, self.new_commands = self.new_commands, []
         return commands
 

@@ -6,7 +6,7 @@ import abc
 import contextvars
 import logging
 import uuid
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import (
     TYPE_CHECKING,
@@ -146,6 +146,44 @@ class SagaContext(abc.ABC):
         ``EventTimeoutError`` on timeout. Kept events of these names count, oldest first
         (``early="refuse"``: they are refused, as for ``wait_for_event``); events of other
         names keep their place. ``models`` validates the data per name."""
+
+    @overload
+    def on_event(
+        self, name: str, handler: Callable[[Any], object], *, model: None = None
+    ) -> None: ...
+
+    @overload
+    def on_event(self, name: str, handler: Callable[[T], object], *, model: type[T]) -> None: ...
+
+    @abc.abstractmethod
+    def on_event(
+        self, name: str, handler: Callable[[Any], object], *, model: type[Any] | None = None
+    ) -> None:
+        """Handle every event ``name`` as it arrives, whatever the saga awaits (Temporal's
+        signal handler): ``handler(data)`` runs on the saga's loop for each event, in history
+        order; a sync handler runs to its end at once, an async one may await commands
+        (``ctx.call``...) while the saga goes on. Events of that name that arrived before this
+        call are handled now, oldest first. Data that does not fit ``model`` (or the model
+        the saga declares for the event) is recorded as rejected and not handled. An
+        exception raised by a handler fails the run. One handler per name, and a handled
+        name cannot also be awaited with ``wait_for_event``: wait with :meth:`wait_condition`
+        on the state the handler updates."""
+
+    @abc.abstractmethod
+    async def wait_condition(
+        self, fn: Callable[[], object], *, timeout: timedelta | None = None
+    ) -> None:
+        """Return when ``fn()`` is true (at once if it is now). ``fn`` is checked again after
+        each batch of events, results and timers the run is fed, once every event handler of
+        the batch has run; the resumption is recorded in the history, so a replay resumes at
+        the same point. ``fn`` must only read the saga's own state. With ``timeout``, a
+        durable timer races the condition: ``TimeoutError`` if it fires while ``fn()`` is
+        still false."""
+
+    @abc.abstractmethod
+    def all_handlers_finished(self) -> bool:
+        """True when no async event handler is still running: ``await
+        ctx.wait_condition(ctx.all_handlers_finished)`` before returning lets them end."""
 
     @abc.abstractmethod
     def send_event(self, run_id: str, name: str, data: Any = None) -> None:
