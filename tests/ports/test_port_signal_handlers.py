@@ -1,0 +1,201 @@
+"""Port of Temporal's message passing introduction sample: its signal handlers and
+``wait_condition``.
+
+Original: github.com/temporalio/samples-python, ``message_passing/introduction/workflows.py``
+(``GreetingWorkflow``, commit 1ed6b30af316b88d4827dc7768b97d9cf1509843), ``activities.py``,
+``starter.py`` (the sequence of ``test_the_starters_sequence``) and
+``tests/message_passing/introduction/test_introduction_sample.py`` (the other tests, with their
+assertions).
+
+What maps to what:
+
+- the ``approve`` signal and its handler -> ``ctx.on_event("approve", approve,
+  model=ApproveInput)``: the handler mutates the saga's state as the event arrives;
+- ``workflow.wait_condition(lambda: approved and workflow.all_handlers_finished())`` ->
+  ``ctx.wait_condition(lambda: approved and ctx.all_handlers_finished())``;
+- the ``set_language`` update (sync) and ``set_language_using_activity`` update (async, which
+  executes the ``call_greeting_service`` activity under an ``asyncio.Lock``) -> event handlers
+  of those names, the second one async, awaiting the step ``call_greeting_service`` under the
+  same lock. Updates that answer their sender are another primitive (issue 25, item 4): here
+  the previous language is published (``previous_language``) instead of returned, and an
+  unsupported language leaves the language as it was instead of failing the update (the
+  original test's ``WorkflowUpdateFailedError``);
+- the ``get_language`` and ``get_languages`` queries -> values the handlers publish
+  (``ctx.publish``), read with ``Harness.get_published``;
+- ``Worker(..., activities=[call_greeting_service])`` -> the step, run by the harness;
+  ``handle.result()`` -> ``Harness.result``.
+
+Every test runs with the harness replaying the saga code from its history on each activation
+(the default) and with the code cached between activations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from enum import IntEnum
+
+import pytest
+
+from sagaloop import App, SagaContext, StepContext
+from sagaloop.engine.messages import engine_queue
+from sagaloop.testing import Harness, replay
+
+
+class Language(IntEnum):
+    ARABIC = 1
+    CHINESE = 2
+    ENGLISH = 3
+    FRENCH = 4
+    HINDI = 5
+    PORTUGUESE = 6
+    SPANISH = 7
+
+
+@dataclasses.dataclass
+class ApproveInput:
+    name: str
+
+
+app = App("port-message-passing-introduction")
+
+
+@app.step()
+async def call_greeting_service(ctx: StepContext, to_language: Language) -> str | None:
+    """A remote greeting service that knows every language."""
+    greetings = {
+        Language.ARABIC: "مرحبا بالعالم",
+        Language.CHINESE: "\u4f60\u597d\uff0c\u4e16\u754c",  # with a full-width comma
+        Language.ENGLISH: "Hello, world",
+        Language.FRENCH: "Bonjour, monde",
+        Language.HINDI: "नमस्ते दुनिया",
+        Language.PORTUGUESE: "Olá mundo",
+        Language.SPANISH: "Hola mundo",
+    }
+    return greetings.get(Language(to_language))
+
+
+@app.saga(name="greeting")
+async def greeting_workflow(ctx: SagaContext) -> str:
+    approved: list[str] = []  # the approver's name, once approved
+    greetings = {
+        Language.CHINESE: "\u4f60\u597d\uff0c\u4e16\u754c",
+        Language.ENGLISH: "Hello, world",
+    }
+    language = [Language.ENGLISH]
+    lock = asyncio.Lock()  # used by the async handler
+
+    def published() -> None:  # the queries get_language and get_languages
+        ctx.publish("language", language[0])
+        ctx.publish("languages", sorted(greetings))
+
+    def approve(input: ApproveInput) -> None:
+        approved.append(input.name)
+
+    def change(to: Language) -> None:
+        ctx.publish("previous_language", language[0])
+        language[0] = to
+        published()
+
+    def set_language(to: Language) -> None:
+        if to in greetings:  # Temporal's validator refuses the update otherwise
+            change(to)
+
+    async def set_language_using_activity(to: Language) -> None:
+        if to not in greetings:
+            async with lock:
+                greeting = await ctx.call(call_greeting_service, to)
+                if greeting is None:
+                    return  # Temporal fails the update
+                greetings[to] = greeting
+        change(to)
+
+    published()
+    ctx.on_event("approve", approve, model=ApproveInput)
+    ctx.on_event("set_language", set_language, model=Language)
+    ctx.on_event("set_language_using_activity", set_language_using_activity, model=Language)
+    await ctx.wait_condition(lambda: bool(approved) and ctx.all_handlers_finished())
+    return greetings[language[0]]
+
+
+@pytest.fixture(params=[False, True], ids=["replay", "cache"])
+def env(request: pytest.FixtureRequest) -> Harness:
+    return Harness(app, cache=request.param)
+
+
+def language(env: Harness, run_id: str) -> Language:
+    return Language(env.get_published(run_id, "language"))
+
+
+def test_queries(env: Harness) -> None:
+    run_id = env.start(greeting_workflow)
+    env.run_until_idle()
+    assert language(env, run_id) == Language.ENGLISH
+    assert env.get_published(run_id, "languages") == [Language.CHINESE, Language.ENGLISH]
+    assert sorted(Language) == [
+        Language.ARABIC,
+        Language.CHINESE,
+        Language.ENGLISH,
+        Language.FRENCH,
+        Language.HINDI,
+        Language.PORTUGUESE,
+        Language.SPANISH,
+    ]
+
+
+def test_set_language(env: Harness) -> None:
+    run_id = env.start(greeting_workflow)
+    env.run_until_idle()
+    assert language(env, run_id) == Language.ENGLISH
+    env.send_event(run_id, "set_language", Language.CHINESE)
+    env.run_until_idle()
+    assert env.get_published(run_id, "previous_language") == Language.ENGLISH
+    assert language(env, run_id) == Language.CHINESE
+
+
+def test_set_invalid_language(env: Harness) -> None:
+    run_id = env.start(greeting_workflow)
+    env.run_until_idle()
+    assert language(env, run_id) == Language.ENGLISH
+    env.send_event(run_id, "set_language", Language.ARABIC)  # Temporal: the update fails
+    env.run_until_idle()
+    assert language(env, run_id) == Language.ENGLISH
+
+
+def test_set_language_that_is_only_available_via_remote_service(env: Harness) -> None:
+    run_id = env.start(greeting_workflow)
+    env.run_until_idle()
+    assert language(env, run_id) == Language.ENGLISH
+    env.send_event(run_id, "set_language_using_activity", Language.ARABIC)
+    env.run_until_idle()
+    assert env.get_published(run_id, "previous_language") == Language.ENGLISH
+    assert language(env, run_id) == Language.ARABIC
+
+
+def test_the_starters_sequence(env: Harness) -> None:
+    """starter.py: an update, an update that executes an activity, then the ``approve``
+    signal sent while that activity still runs: the workflow waits for the handler to end
+    and returns the greeting in the language it set."""
+    run_id = env.start(greeting_workflow, run_id="greeting-workflow-1234")
+    env.run_until_idle()
+    assert env.get_published(run_id, "languages") == [Language.CHINESE, Language.ENGLISH]
+    env.send_event(run_id, "set_language", Language.CHINESE)
+    env.run_until_idle()
+    assert (env.get_published(run_id, "previous_language"), language(env, run_id)) == (
+        Language.ENGLISH,
+        Language.CHINESE,
+    )
+    env.queues = [engine_queue(app.name)]  # the activity is slow: it runs after the signal
+    env.send_event(run_id, "set_language_using_activity", Language.ARABIC)
+    env.run_until_idle()
+    env.send_event(run_id, "approve", {"name": ""})
+    env.run_until_idle()
+    assert env.get(run_id).status not in ("completed", "failed")  # the handler still runs
+    env.queues = None
+    env.run_until_idle()
+    assert env.result(run_id) == "مرحبا بالعالم"
+    assert (env.get_published(run_id, "previous_language"), language(env, run_id)) == (
+        Language.CHINESE,
+        Language.ARABIC,
+    )
+    replay(app, env.history(run_id), run_id=run_id)
