@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from sagaloop.engine import history as h
 from sagaloop.engine.history import NewEvent
-from sagaloop.errors import ValidationError
+from sagaloop.errors import ActivationDeadlineError, ValidationError
 from sagaloop.sagas.convert import Converter
 
 if TYPE_CHECKING:
@@ -109,7 +109,9 @@ class Handlers:
         if now:  # at registration, in the code that registers: a sync handler ends first
             try:
                 result = handler.fn(data)
-            except Exception as e:
+            except asyncio.CancelledError:
+                raise
+            except BaseException as e:
                 self._fail(e)
                 return True
             if inspect.isawaitable(result):
@@ -127,7 +129,9 @@ class Handlers:
     async def _call(self, handler: _Handler, data: Any) -> None:
         try:
             result = handler.fn(data)
-        except Exception as e:
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # ends the run, as the main code's would
             self._fail(e)
             return
         if inspect.isawaitable(result):
@@ -167,6 +171,10 @@ class Conditions:
         return future
 
     def _first_true(self) -> tuple[_Condition, BaseException | None] | None:
+        with self._r.guarded():  # a condition is saga code: under the deadline
+            return self._find()
+
+    def _find(self) -> tuple[_Condition, BaseException | None] | None:
         for cond in list(self.pending):
             if cond.future.done():  # cancelled: its await lost a race or timed out
                 self.pending.remove(cond)
@@ -190,12 +198,16 @@ class Conditions:
         """Live: resolve, one at a time in call order, the conditions now true, recording a
         marker for each, and run the code after each."""
         while not self._r.stopped and self._r.nondeterminism is None:
-            found = self._first_true()
-            if found is None:
+            found = self._first_true()  # one that overruns fails the activation: retried,
+            if found is None:  # then the run is parked
                 return
             self._r.replaying = False
             self._resolve(*found)
-            self._r.run_code()
+            try:
+                self._r.run_code()
+            except ActivationDeadlineError as e:  # the engine parks the run as it feeds the
+                self._r.overran = e  # commands issued (the marker at least)
+                return
 
     def replay_marker(self, pos: int, data: dict[str, Any]) -> bool:
         """Replay: the history records a condition resolved at ``pos``, the next position;

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import contextvars
 import functools
 import hashlib
@@ -26,6 +27,7 @@ from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.loop import DeterministicLoop, refuse_threads_in_saga_code
 from sagaloop.engine.watchdog import Watchdog
 from sagaloop.errors import (
+    ActivationDeadlineError,
     ErrorInfo,
     EventTimeoutError,
     NonDeterminismError,
@@ -126,6 +128,10 @@ class Replayer:
         self.conditions = Conditions(self)
         """``ctx.wait_condition``: resolved live in :meth:`take_new_commands`, on replay where
         the history recorded it."""
+        self.overran: ActivationDeadlineError | None = None
+        """Code resumed from a ``wait_condition`` in :meth:`take_new_commands` that ran past
+        the activation deadline: raised by the next :meth:`feed` (of the commands it issued),
+        where the engine parks the run as for any code that never yields."""
         self.ctx = Context(self)
 
     def close(self) -> None:
@@ -153,6 +159,9 @@ class Replayer:
 
     def feed(self, events: list[Event], *, replaying: bool) -> None:
         """Apply history events in order; raise NonDeterminismError on a divergence."""
+        if self.overran is not None:  # code resumed by a condition ran past the deadline
+            overran, self.overran = self.overran, None
+            raise overran
         for ev in events:
             if ev.kind in h.COMMAND_KINDS and ev.pos is not None:
                 self.recorded[ev.pos] = ev
@@ -310,12 +319,15 @@ class Replayer:
         """Run the saga code (its main task, handlers and other tasks) until it blocks."""
         self._run()
 
-    def _run(self) -> None:
+    def guarded(self) -> contextlib.AbstractContextManager[None]:
+        """Saga code runs under the activation deadline (when there is a watchdog)."""
         if self.watchdog is None:
+            return contextlib.nullcontext()
+        return self.watchdog.guard(f"saga {self.saga.name!r} (run {self.run_id!r})")
+
+    def _run(self) -> None:
+        with self.guarded():
             self.loop.run_until_blocked()
-        else:
-            with self.watchdog.guard(f"saga {self.saga.name!r} (run {self.run_id!r})"):
-                self.loop.run_until_blocked()
         if self.main is not None and self.main.done() and self.outcome is None:
             self._finish(self.main)
 

@@ -317,3 +317,46 @@ def test_bad_input_is_refused_with_what_to_do() -> None:
     assert "ctx.wait_condition needs a function" in said[5]
     assert "positive timedelta" in said[6]
     assert env.history(run_id)[-1].kind == h.RUN_FINISHED  # nothing recorded for them
+
+
+# --- code that never yields -----------------------------------------------------------------
+
+
+def spinning_app() -> tuple[App, Any, Any]:
+    spin = App("handler-spin")
+
+    @spin.saga(name="spin-after")
+    async def spin_after(ctx: SagaContext) -> None:
+        go: list[Any] = []
+        ctx.on_event("go", go.append)
+        await ctx.wait_condition(lambda: bool(go))
+        while True:  # resumed by the condition, never yields again
+            pass
+
+    def forever() -> bool:
+        while True:
+            pass
+
+    @spin.saga(name="spinning-condition")
+    async def spinning_condition(ctx: SagaContext) -> None:
+        go: list[Any] = []
+        ctx.on_event("go", go.append)
+        await ctx.wait_condition(lambda: bool(go) and forever())
+
+    return spin, spin_after, spinning_condition
+
+
+@pytest.mark.parametrize("saga", ["spin-after", "spinning-condition"])
+def test_code_resumed_by_a_condition_that_never_yields_parks_the_run(saga: str) -> None:
+    spin, *_ = spinning_app()
+    env = Harness(spin)
+    env.engine.watchdog.deadline = 0.3
+    run_id = env.start(saga)
+    env.run_until_idle()
+    env.send_event(run_id, "go")
+    env.run_until_idle()
+    env.send_event(run_id, "go")  # the one after: the engine is not stuck either way
+    env.run_until_idle()
+    run = env.get(run_id)
+    assert run.status == "needs_attention", run
+    assert run.reason and "without yielding" in run.reason
