@@ -210,15 +210,16 @@ class Conditions:
                 return
 
     def replay_marker(self, pos: int, data: dict[str, Any]) -> bool:
-        """Replay: the history records a condition resolved at ``pos``, the next position;
-        resolve the one the code waits on (False: it waits on none)."""
-        if not self.pending or pos != self._r.peek_pos():
-            return False
-        found = self._first_true()
+        """Replay: the history records a condition resumed at ``pos``; resolve the one the code
+        waits on, or note the divergence (False: the code issued this marker already)."""
+        if pos < self._r.peek_pos():
+            return False  # issued already
+        found = self._first_true() if pos == self._r.peek_pos() else None
         if found is None or found[0].number != data.get("condition"):
             self._r.diverged(
-                f"the history has wait_condition #{data.get('condition')} resolved at position "
-                f"{pos}, but no condition the saga code waits on is true there",
+                f"non-deterministic saga code: the history has wait_condition "
+                f"#{data.get('condition')} resumed at position {pos}, but the saga code waits "
+                "on no condition that is true there",
                 pos,
             )
             return True
