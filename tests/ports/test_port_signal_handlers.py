@@ -33,12 +33,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from datetime import timedelta
 from enum import IntEnum
+from pathlib import Path
 
 import pytest
 
-from sagaloop import App, SagaContext, StepContext
+from sagaloop import App, Client, SagaContext, StepContext
+from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.engine.messages import engine_queue
+from sagaloop.runtime.service import Runtime
+from sagaloop.store.sql import SqlStore
 from sagaloop.testing import Harness, replay
 
 
@@ -199,3 +204,26 @@ def test_the_starters_sequence(env: Harness) -> None:
         Language.ARABIC,
     )
     replay(app, env.history(run_id), run_id=run_id)
+
+
+def test_the_starters_sequence_with_a_running_engine_and_worker(tmp_path: Path) -> None:
+    """starter.py against an engine and a worker running beside the test (as Temporal's worker
+    runs beside its starter), on a SQLite file: the run's code is cached by the engine between
+    activations, and each message is its own activation."""
+    store = SqlStore(f"sqlite:///{tmp_path / 'introduction.db'}")
+    store.upgrade()
+    broker = DatabaseBroker(store, lease=timedelta(seconds=2), poll_interval=0.02)
+    runtime = Runtime(app, store, broker, poll=0.02, heartbeat=0.5, concurrency=2).start()
+    try:
+        client = Client(store, app)
+        run_id = client.start(greeting_workflow, run_id="greeting-workflow-1234")
+        client.send_event(run_id, "set_language", Language.CHINESE)
+        client.send_event(run_id, "set_language_using_activity", Language.ARABIC)
+        client.send_event(run_id, "approve", {"name": ""})
+        assert client.result(run_id, timeout=30) == "مرحبا بالعالم"
+        assert client.get_published(run_id, "previous_language") == Language.CHINESE
+        assert Language(client.get_published(run_id, "language")) == Language.ARABIC
+        replay(app, client.history(run_id), run_id=run_id)
+    finally:
+        runtime.stop()
+        store.close()
