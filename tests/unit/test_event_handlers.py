@@ -360,3 +360,13 @@ def test_code_resumed_by_a_condition_that_never_yields_parks_the_run(saga: str) 
     run = env.get(run_id)
     assert run.status == "needs_attention", run
     assert run.reason and "without yielding" in run.reason
+
+
+@pytest.mark.parametrize("cache", [False, True], ids=["replay", "cache"])
+def test_the_event_sent_with_the_start_is_handled_once_registered(cache: bool) -> None:
+    batch, first_seen = batch_app()
+    env = Harness(batch, cache=cache)
+    run_id = env.client.start(first_seen, run_id="box", event=("add_item", "a"))
+    env.run_until_idle()
+    assert env.result(run_id) == ["a"]
+    replay(batch, env.history(run_id), run_id=run_id)
