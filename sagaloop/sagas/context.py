@@ -176,9 +176,9 @@ class SagaContext(abc.ABC):
         """Return when ``fn()`` is true (at once if it is now). ``fn`` is checked again after
         each batch of events, results and timers the run is fed, once every event handler of
         the batch has run; the resumption is recorded in the history, so a replay resumes at
-        the same point. ``fn`` must only read the saga's own state. With ``timeout``, a
-        durable timer races the condition: ``TimeoutError`` if it fires while ``fn()`` is
-        still false."""
+        the same point. ``fn`` must only read the saga's own state; an exception it raises
+        is raised here. With ``timeout``, a durable timer races the condition:
+        ``TimeoutError`` if it fires while ``fn()`` is still false."""
 
     @abc.abstractmethod
     def all_handlers_finished(self) -> bool:
