@@ -8,9 +8,9 @@ name kept from before the registration are handled when it happens, oldest first
 A condition is resolved by the engine, never by a timer of asyncio: live, at the end of each
 batch of events the run is fed (:meth:`Conditions.settle`, called when the engine takes the
 code's new commands), so every handler of the batch has run when the code resumes; each
-resolution is recorded as a ``marker`` named :data:`CONDITION` at the next position. A replay
-resolves the condition where its marker is in the history (:meth:`Conditions.replay_marker`):
-the code resumes at the same point, whatever the batches of the replaying activation are.
+resolution is recorded as a ``condition_met`` command (named :data:`CONDITION`) at the next
+position. A replay resolves the condition where the history records it
+(:meth:`Conditions.replay_marker`): the code resumes at the same point, whatever the batches of the replaying activation are.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from sagaloop.engine.replay import Replayer
 
 CONDITION = "wait_condition"
-"""The name of the marker recording that a ``ctx.wait_condition`` was resolved, and of its
-timeout's timer."""
+"""The name of the ``condition_met`` command recording that a ``ctx.wait_condition`` was
+resolved, and of its timeout's timer."""
 
 
 class _Handler:
@@ -188,7 +188,7 @@ class Conditions:
 
     def _resolve(self, cond: _Condition, error: BaseException | None) -> None:
         self.pending.remove(cond)
-        self._r.command(h.MARKER, CONDITION, {"condition": cond.number})
+        self._r.command(h.CONDITION_MET, CONDITION, {"condition": cond.number})
         if error is None:
             cond.future.set_result(None)
         else:

@@ -39,6 +39,9 @@ class EventKind(StrEnum):
     without its code, when the engine wrote the run's start (a client records them in
     ``run_started``)."""
     MARKER = "marker"
+    CONDITION_MET = "condition_met"
+    """A ``ctx.wait_condition`` of saga code found its condition true here and resumed: a
+    replay resumes the code at the same position (``engine/handlers.py``)."""
     COMPENSATE_REQUESTED = "compensate_requested"
     """Saga code asked to undo the steps completed so far (``ctx.compensate``) and goes on
     after."""
@@ -88,6 +91,7 @@ EVENT_ARRIVED: Final[str] = EventKind.EVENT_ARRIVED
 EVENT_REJECTED: Final[str] = EventKind.EVENT_REJECTED
 EVENTS_DECLARED: Final[str] = EventKind.EVENTS_DECLARED
 MARKER: Final[str] = EventKind.MARKER
+CONDITION_MET: Final[str] = EventKind.CONDITION_MET
 COMPENSATE_REQUESTED: Final[str] = EventKind.COMPENSATE_REQUESTED
 COMPENSATE_DONE: Final[str] = EventKind.COMPENSATE_DONE
 PUBLISHED: Final[str] = EventKind.PUBLISHED
@@ -115,6 +119,7 @@ COMMAND_KINDS: Final = frozenset(
         TIMER_STARTED,
         EVENT_WAITING,
         MARKER,
+        CONDITION_MET,
         PUBLISHED,
         COMPENSATE_REQUESTED,
         EVENT_SENT,
@@ -127,13 +132,14 @@ COMMAND_LABEL: Final = {
     TIMER_STARTED: "sleep",
     EVENT_WAITING: "wait_for_event",
     MARKER: "patched",
+    CONDITION_MET: "wait_condition",
     PUBLISHED: "publish",
     COMPENSATE_REQUESTED: "compensate",
     EVENT_SENT: "send_event",
     RUN_SPAWNED: "start",
     CHILD_STARTED: "call",
 }
-INSTANT_KINDS: Final = frozenset({MARKER, PUBLISHED, EVENT_SENT, RUN_SPAWNED})
+INSTANT_KINDS: Final = frozenset({MARKER, CONDITION_MET, PUBLISHED, EVENT_SENT, RUN_SPAWNED})
 """Commands that complete when issued: nothing resolves them later."""
 
 

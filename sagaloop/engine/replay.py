@@ -22,7 +22,7 @@ from typing import Any
 
 from sagaloop.engine import history as h
 from sagaloop.engine.commands import Context, ContinueAsNew, WaitSpec
-from sagaloop.engine.handlers import CONDITION, Conditions, Handlers
+from sagaloop.engine.handlers import Conditions, Handlers
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.loop import DeterministicLoop, refuse_threads_in_saga_code
 from sagaloop.engine.watchdog import Watchdog
@@ -172,13 +172,12 @@ class Replayer:
                 self._start(ev)
             elif ev.kind in h.COMMAND_KINDS and not self.is_deprecated(ev):
                 if (
-                    ev.kind == h.MARKER
-                    and ev.name == CONDITION
+                    ev.kind == h.CONDITION_MET
                     and ev.pos is not None
                     and not self.stopped
                     and self.conditions.replay_marker(ev.pos, ev.data)
                 ):
-                    pass  # the code resumed from its wait_condition and recorded the marker
+                    pass  # the code resumed from its wait_condition, as recorded
                 elif ev.pos is not None and ev.pos >= self.next_pos and not self.stopped:
                     self._diverged(
                         f"the history has {ev.describe()} but the saga code no longer issues it",

@@ -117,7 +117,7 @@ def test_events_are_handled_as_they_arrive_whatever_the_saga_awaits(env: Harness
     env.advance(DAY)
     env.run_until_idle()
     assert env.result(run_id) == {"after_sleep": ["apple", "pear"], "items": ["apple", "pear"]}
-    assert [e.data["condition"] for e in kinds(env, run_id, h.MARKER)] == []  # true at once
+    assert [e.data["condition"] for e in kinds(env, run_id, h.CONDITION_MET)] == []  # true at once
     replay(app, env.history(run_id), run_id=run_id)
 
 
@@ -132,7 +132,7 @@ def test_the_condition_waits_for_a_handler_and_its_resumption_is_recorded(env: H
     env.send_event(run_id, "add_item", "pear")
     env.run_until_idle()
     assert env.result(run_id) == {"after_sleep": [], "items": ["pear"]}
-    markers = kinds(env, run_id, h.MARKER)
+    markers = kinds(env, run_id, h.CONDITION_MET)
     assert [(e.name, e.data) for e in markers] == [(CONDITION, {"condition": 1})]
     arrived = kinds(env, run_id, h.EVENT_ARRIVED)
     assert arrived[-1].seq < markers[0].seq  # resumed after the event that made it true
@@ -194,7 +194,7 @@ def test_the_timeout_raises_timeout_error_when_its_timer_fires_first(env: Harnes
     env.advance(DAY)
     env.run_until_idle()
     assert env.result(run_id) == "timed out at 2026-01-02T00:00:00+00:00"
-    assert kinds(env, run_id, h.MARKER) == []
+    assert kinds(env, run_id, h.CONDITION_MET) == []
 
 
 def test_the_condition_that_comes_first_wins_and_its_timer_is_ignored(env: Harness) -> None:
@@ -246,12 +246,12 @@ def test_every_handler_of_a_batch_runs_before_the_code_resumes() -> None:
     arrived = [event(2 + i, h.EVENT_ARRIVED, "add_item", {"data": s}) for i, s in enumerate("ab")]
     code.feed(arrived, replaying=False)  # one activation, two events
     commands = code.take_new_commands()
-    assert [(c.kind, c.pos, c.name) for c in commands] == [(h.MARKER, 0, CONDITION)]
+    assert [(c.kind, c.pos, c.name) for c in commands] == [(h.CONDITION_MET, 0, CONDITION)]
     assert code.outcome == {"output": ["a", "b"]}
 
     # replayed, the same history resumes the code where its marker is: the same output,
     # whatever the batches the replaying engine feeds
-    marker = Event(4, h.MARKER, arrived[0].at, 0, CONDITION, {"condition": 1})
+    marker = Event(4, h.CONDITION_MET, arrived[0].at, 0, CONDITION, {"condition": 1})
     again = Replayer(batch, first_seen, "r1")
     history = [event(1, h.RUN_STARTED, data={"input": None}), *arrived, marker]
     for ev in history:
@@ -262,7 +262,7 @@ def test_every_handler_of_a_batch_runs_before_the_code_resumes() -> None:
 def test_a_condition_false_where_the_history_resumed_it_is_a_non_determinism() -> None:
     batch, _ = batch_app()
     start = event(1, h.RUN_STARTED, "first-seen", {"input": None})
-    marker = Event(2, h.MARKER, start.at, 0, CONDITION, {"condition": 1})
+    marker = Event(2, h.CONDITION_MET, start.at, 0, CONDITION, {"condition": 1})
     with pytest.raises(NonDeterminismError, match="wait_condition"):
         replay(batch, [start, marker], run_id="r1")  # no item arrived: the condition is false
 
