@@ -10,7 +10,8 @@ batch of events the run is fed (:meth:`Conditions.settle`, called when the engin
 code's new commands), so every handler of the batch has run when the code resumes; each
 resolution is recorded as a ``condition_met`` command (named :data:`CONDITION`) at the next
 position. A replay resolves the condition where the history records it
-(:meth:`Conditions.replay_marker`): the code resumes at the same point, whatever the batches of the replaying activation are.
+(:meth:`Conditions.replay_marker`): the code resumes at the same point, whatever the batches
+of the replaying activation are.
 """
 
 from __future__ import annotations
