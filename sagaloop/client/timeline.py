@@ -254,7 +254,10 @@ def _why(st: RunState, run: RunRecord, queues: dict[Any, Any], now: datetime) ->
     why: list[str] = []
     if run.status == s.NEEDS_ATTENTION:
         why.append(f"needs attention: {run.reason}")
-    if run.processed_seq == 0 and run.status == s.RUNNING:
+    if run.processed_seq == 0 and run.status == s.RUNNING and run.reason:
+        # a concurrency key's queue: "queued behind N runs of key K" (as it last was judged)
+        why.append(f"{run.reason}: its code starts once a slot of its concurrency key is free")
+    elif run.processed_seq == 0 and run.status == s.RUNNING:
         why.append(
             f"waiting in the start queue for {_ago(now, run.created_at)}: an engine takes up "
             "new runs after the work of the runs in flight, within its start window "

@@ -16,11 +16,11 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sagaloop import tracing
-from sagaloop.engine import decide, gate, intake, runlog
+from sagaloop.engine import concurrency, decide, gate, intake, runlog
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.history import Event, NewEvent
@@ -103,6 +103,8 @@ class Plan:
     """The message was refused (the run records why); dead-letter it after the commit."""
     logs: list[runlog.Line] = dataclasses.field(default_factory=list)
     """The log lines of the events it appends, written once they are committed."""
+    slot: concurrency.Gate | None = None
+    """A start under a concurrency limit: the slot it claims or the queue it joins."""
 
 
 class Engine:
@@ -152,9 +154,24 @@ class Engine:
         triggers = intake.triggers(env, self.app, self.store, self.clock)
         cached = self._cached_record(env.run_id) if trust_cache and self.trusts_cache else None
         run = cached or self._read_run(env.run_id)
+        if self._queued(run):  # its code has not started: record, without starting it
+            plan = self._activate(env, run, triggers, run_code=False)
+            _drop(self._staged.pop(run.run_id, None))
+            if plan.run is not None and plan.run.status not in s.FINAL_STATUSES:
+                kept = {"status": s.RUNNING, "processed_seq": 0, "reason": run.reason}
+                plan.run = dataclasses.replace(plan.run, **kept)  # type: ignore[arg-type]
+                self._staged_runs[run.run_id] = plan.run
+            return plan
         plan = self._activate(env, run, triggers)
         plan.cached = cached is not None
         return plan
+
+    def _queued(self, run: RunRecord) -> bool:
+        """Whether ``run`` waits for a slot of its concurrency key."""
+        saga = self.app.get_saga(run.saga)
+        if saga is None or saga.concurrency is None or run.processed_seq > 0:
+            return False
+        return run.status == s.RUNNING and self.store.waiting_key(run.run_id) is not None
 
     @property
     def trusts_cache(self) -> bool:
@@ -199,12 +216,16 @@ class Engine:
                     self._distrust()
                     raise ActivationConflict(f"run {plan.env.run_id!r} changed meanwhile")
             return
+        if plan.slot is not None and not self._enforce(tx, plan.slot, now):
+            raise ActivationConflict(f"concurrency key {plan.slot.key!r} changed meanwhile")
         if plan.create and not self.store.create_run(tx, dataclasses.replace(run, last_seq=0)):
             raise ActivationConflict(f"run {run.run_id!r} was created meanwhile")
         if not self.store.save_run(tx, run, if_last_seq=plan.base_seq):
             if plan.cached:
                 self._distrust()
             raise ActivationConflict(f"run {run.run_id!r} changed meanwhile")
+        if run.status in s.FINAL_STATUSES and self._limited(run.saga):  # its slot frees
+            concurrency.release(self.store, tx, self.app, run.run_id, now)
         if effects.restart is not None:
             self.store.delete_history(tx, run.run_id)
             self.store.append_events(tx, run.run_id, 0, [effects.restart], effects.at)
@@ -217,6 +238,15 @@ class Engine:
             self.store.add_timer(tx, timer)
         self.store.enqueue(tx, effects.messages, now)
         self._logs.extend(plan.logs)
+
+    def _limited(self, saga_name: str) -> bool:
+        saga = self.app.get_saga(saga_name)
+        return saga is not None and saga.concurrency is not None
+
+    def _enforce(self, tx: Tx, slot: concurrency.Gate, now: datetime) -> bool:
+        saga = self.app.get_saga(slot.saga)
+        limit = saga.concurrency if saga is not None else None
+        return limit is None or concurrency.enforce(self.store, tx, slot, limit, now)
 
     def _index_approvals(
         self, tx: Tx, env: Envelope, run: RunRecord, effects: decide.Effects
@@ -280,20 +310,50 @@ class Engine:
                 input_json = saga.input.to_json(value, what=what)
             except ValidationError as e:
                 raise MessageError(str(e)) from e
-        except MessageError as e:
-            return self._reject_start(env, run, e.reason)
-        if run is not None:  # a duplicate start, or one whose run a Client already created
-            return self._activate(env, self._own(env.run_id, run), [lambda st: []])
+            key = saga.concurrency.key_of(value) if saga.concurrency is not None else ""
+        except (MessageError, ValidationError) as e:
+            return self._reject_start(env, run, e.reason if isinstance(e, MessageError) else str(e))
         now = self.clock.now()
+        if run is not None and (run.processed_seq > 0 or run.app != self.app.name):
+            # a duplicate start, or one of a run that is not this app's
+            return self._activate(env, self._own(env.run_id, run), [lambda st: []])
+        at = run.created_at if run is not None else now
+        slot = concurrency.judge(self.store, self.app.name, saga, env.run_id, key, at)
         name = saga.name
-        record = RunRecord(env.run_id, self.app.name, name, s.RUNNING, input_json, now, now)
-
-        def started(st: RunState) -> list[NewEvent]:  # in the activation's span: its trace
+        record = run or RunRecord(env.run_id, self.app.name, name, s.RUNNING, input_json, now, now)
+        began: list[NewEvent] = []
+        if run is None:  # in the activation's span: its trace
             data = {"input": input_json, **tracing.run_trace(env.trace)}
-            return [NewEvent(h.RUN_STARTED, name=name, data=data)]
+            began.append(NewEvent(h.RUN_STARTED, name=name, data=data))
+        if slot is not None and slot.kind == "queue":
+            return self._queue(env, run, record, began, slot)
+        if slot is not None and slot.kind == "cancel_new":
+            cancel = NewEvent(h.CANCEL_REQUESTED, data={"reason": slot.describe()})
+            plan = self._activate(env, record, [lambda st: [*began, cancel]], run_code=False)
+        else:
+            plan = self._activate(env, record, [lambda st: list(began)])
+            plan.slot = slot if slot is not None and slot.kind != "held" else None
+        plan.create = run is None
+        return plan
 
-        plan = self._activate(env, record, [started])
-        plan.create = True
+    def _queue(
+        self,
+        env: Envelope,
+        run: RunRecord | None,
+        record: RunRecord,
+        began: list[NewEvent],
+        slot: concurrency.Gate,
+    ) -> Plan:
+        """The plan of a start that waits for a slot: the run recorded (created, if no client
+        did, as a client would: started, not processed), its saga code not started."""
+        now = self.clock.now()
+        saved = dataclasses.replace(
+            record, last_seq=len(began) or record.last_seq, reason=slot.describe(), updated_at=now
+        )
+        plan = Plan(env, run=saved, base_seq=0 if run is None else run.last_seq, slot=slot)
+        plan.effects = decide.Effects(now, 0 if run is None else run.last_seq, events=began)
+        plan.create = run is None
+        self._staged_runs[env.run_id] = saved
         return plan
 
     def _on_child_start(self, env: Envelope) -> Plan:

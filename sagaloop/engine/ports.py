@@ -474,6 +474,61 @@ class ScheduleStore(Protocol):
     def delete_schedule(self, app: str, name: str) -> bool: ...
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeySlots:
+    """The run-concurrency state of one key of one saga (``@app.saga(concurrency=...)``)."""
+
+    held: dict[int, str]
+    """Slot index -> the run id holding it."""
+    waiting: list[str]
+    """The run ids queued for a slot, in the order they joined the queue."""
+
+
+@runtime_checkable
+class ConcurrencySlots(Protocol):
+    """The slots of run-concurrency keys and the runs queued for them (see
+    ``engine/concurrency.py``). A slot is a row keyed by (app, saga, key, slot index) naming
+    the run that holds it: two transactions cannot both insert it."""
+
+    def key_slots(self, tx: Tx | None, app: str, saga: str, key: str) -> KeySlots:
+        """The slots held and the runs waiting for ``key``, as ``tx`` (or, None: committed
+        state) sees them."""
+        ...
+
+    def lock_key(self, tx: Tx, app: str, saga: str, key: str) -> None:
+        """Serialize the transactions that change ``key``'s slots or queue until ``tx`` ends."""
+        ...
+
+    def claim_slot(
+        self, tx: Tx, app: str, saga: str, key: str, slot: int, run_id: str, now: datetime
+    ) -> bool:
+        """Give slot ``slot`` of ``key`` to ``run_id`` and take the run off the key's queue;
+        False (nothing written) if another run holds that slot."""
+        ...
+
+    def move_slot(
+        self, tx: Tx, app: str, saga: str, key: str, slot: int, holder: str, run_id: str
+    ) -> bool:
+        """Hand slot ``slot`` from ``holder`` to ``run_id``; False if ``holder`` lost it."""
+        ...
+
+    def release_slot(self, tx: Tx, run_id: str) -> tuple[str, str, str] | None:
+        """Free the slot ``run_id`` holds and take it off any queue; its (app, saga, key), or
+        None if it held no slot and waited for none."""
+        ...
+
+    def queue_for_slot(
+        self, tx: Tx, app: str, saga: str, key: str, run_id: str, started_at: datetime
+    ) -> None:
+        """Queue ``run_id`` for a slot of ``key``, behind the runs queued before it; a run
+        queued already keeps its place."""
+        ...
+
+    def waiting_key(self, run_id: str) -> str | None:
+        """The key ``run_id`` is queued for, or None."""
+        ...
+
+
 class Store(
     Transactions,
     Maintenance,
@@ -485,6 +540,7 @@ class Store(
     RateLimits,
     ApprovalStore,
     ProcessRegistry,
+    ConcurrencySlots,
     Protocol,
 ):
     """Every role of the store: what the engine's composition root passes around. A caller

@@ -10,6 +10,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, get_origin, overload
 
 from sagaloop.errors import DeclarationError, InvalidRateLimit
 from sagaloop.sagas.approvals import KEY_PREFIX
+from sagaloop.sagas.concurrency import Concurrency
 from sagaloop.sagas.context import SagaContext
 from sagaloop.sagas.convert import ANY, Converter, Signature
 from sagaloop.sagas.policy import RateLimit, RetryPolicy, check_rate_key
@@ -161,9 +162,17 @@ class SagaDef(Generic[I, O]):
         name: str,
         aliases: Sequence[str],
         events: Mapping[str, Any] | None = None,
+        concurrency: Concurrency | None = None,
     ) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise DeclarationError(f"saga {name!r} must be an `async def` function")
+        if concurrency is not None and not isinstance(concurrency, Concurrency):
+            raise DeclarationError(
+                f"saga {name!r}: concurrency= takes a sagaloop.Concurrency(limit=..., key=..., "
+                f"at_limit=...), not {type(concurrency).__name__}"
+            )
+        self.concurrency = concurrency
+        """At most ``limit`` runs at once per key (None: no limit)."""
         self.fn = fn
         self.name = _check_name("saga", name)
         self.aliases = tuple(_check_name("saga", a) for a in aliases)
@@ -221,6 +230,7 @@ class App:
         name: str | None = None,
         aliases: Sequence[str] = (),
         events: Mapping[str, type[Any] | None] | None = None,
+        concurrency: Concurrency | None = None,
     ) -> Callable[[Callable[[SagaContext, I], Awaitable[O]]], SagaDef[I, O]]: ...
 
     def saga(
@@ -230,6 +240,7 @@ class App:
         name: str | None = None,
         aliases: Sequence[str] = (),
         events: Mapping[str, type[Any] | None] | None = None,
+        concurrency: Concurrency | None = None,
     ) -> Any:
         """Declare a saga. ``name`` is what runs store: set it explicitly to keep in-flight runs
         resolvable across renames of the function (or list old names in ``aliases``).
@@ -238,11 +249,14 @@ class App:
         dataclass..., or None for any data). Clients then refuse, before anything is sent, an
         event of another name or whose data does not fit its model, even before the wait for
         it begins; ``ctx.wait_for_event(name)`` validates with the declared model unless given
-        another. Approval answers are not declared: they have their own rules."""
+        another. Approval answers are not declared: they have their own rules.
+
+        ``concurrency``: at most ``limit`` runs at once per key, and what a start does at the
+        limit (see :class:`~sagaloop.sagas.concurrency.Concurrency`)."""
 
         def register(f: Callable[..., Awaitable[Any]]) -> SagaDef[Any, Any]:
             definition: SagaDef[Any, Any] = SagaDef(
-                f, name=name or f.__name__, aliases=aliases, events=events
+                f, name=name or f.__name__, aliases=aliases, events=events, concurrency=concurrency
             )
             self._register(definition, self.sagas, self._saga_aliases, "saga")
             return definition

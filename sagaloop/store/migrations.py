@@ -205,6 +205,35 @@ Table(
 )
 
 
+def _v7(conn: Connection) -> None:
+    """Run concurrency keys: the slots of each key and the runs queued for one."""
+    _V7_TABLES.create_all(conn)
+
+
+_V7_TABLES = MetaData()  # the tables version 7 (run concurrency) added, frozen as it added them
+Table(
+    "sagaloop_concurrency_slots",
+    _V7_TABLES,
+    Column("app", String(200), primary_key=True),
+    Column("saga", String(200), primary_key=True),
+    Column("key", String(200), primary_key=True),
+    Column("slot", Integer, primary_key=True),
+    Column("run_id", String(200), nullable=False, unique=True),
+    Column("claimed_at", t.UTCDateTime, nullable=False),
+)
+Table(
+    "sagaloop_concurrency_waiters",
+    _V7_TABLES,
+    Column("id", t.BigId, primary_key=True, autoincrement=True),
+    Column("run_id", String(200), nullable=False, unique=True),
+    Column("app", String(200), nullable=False),
+    Column("saga", String(200), nullable=False),
+    Column("key", String(200), nullable=False),
+    Column("started_at", t.UTCDateTime, nullable=False),
+    Index("sagaloop_concurrency_waiters_key", "app", "saga", "key", "id"),
+)
+
+
 MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (1, _v1),
     (2, _v2),
@@ -212,6 +241,7 @@ MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (4, _v4),
     (5, _v5),
     (6, _v6),
+    (7, _v7),
 ]
 LATEST = MIGRATIONS[-1][0]
 

@@ -23,6 +23,7 @@ module             mixin            roles (``engine/ports.py``)
 ``approvals.py``   ``SqlApprovals``   ``ApprovalStore``
 ``processes.py``   ``SqlRegistry``  ``ProcessRegistry`` (and the registry's writes)
 ``schedules.py``   ``SqlSchedules``   ``ScheduleStore`` (not a role of every ``Store``)
+``concurrency.py``  ``SqlConcurrency``  ``ConcurrencySlots`` (run concurrency keys)
 ``read.py``        ``SqlReadModels``  the operators' read models (metrics, health)
 =================  ===============  =====================================================
 """
@@ -36,6 +37,7 @@ import sqlalchemy as sa
 
 from sagaloop.store import tables as t
 from sagaloop.store.approvals import SqlApprovals
+from sagaloop.store.concurrency import SqlConcurrency
 from sagaloop.store.connect import create_sa_engine
 from sagaloop.store.inbox import SqlInbox
 from sagaloop.store.limits import SqlRateLimits
@@ -62,6 +64,7 @@ class SqlStore(
     SqlRegistry,
     SqlReadModels,
     SqlSchedules,
+    SqlConcurrency,
 ):
     """The :class:`~sagaloop.engine.ports.Store` on SQLite or PostgreSQL.
 

@@ -274,3 +274,34 @@ approvals = Table(
 """The approvals runs asked for (``ctx.approval``), written in the activation's transaction
 that published them: the pending ones are listed page by page from here, and an answer claims
 its request here, so that one answer wins even while no engine runs."""
+
+concurrency_slots = Table(
+    "sagaloop_concurrency_slots",
+    metadata,
+    Column("app", ID, primary_key=True),
+    Column("saga", ID, primary_key=True),
+    Column("key", ID, primary_key=True),
+    # 0 .. limit - 1: the primary key lets one run hold each slot; a second claimant's insert
+    # writes nothing and its activation is prepared again.
+    Column("slot", Integer, primary_key=True),
+    Column("run_id", ID, nullable=False, unique=True),
+    Column("claimed_at", UTCDateTime, nullable=False),
+)
+"""The slots of run-concurrency keys (``@app.saga(concurrency=...)``): claimed in the
+transaction that starts the run's saga code, released in the one that records its end."""
+
+concurrency_waiters = Table(
+    "sagaloop_concurrency_waiters",
+    metadata,
+    # The order in which the runs joined the queue (their starts' order): they leave it so.
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("run_id", ID, nullable=False, unique=True),
+    Column("app", ID, nullable=False),
+    Column("saga", ID, nullable=False),
+    Column("key", ID, nullable=False),
+    # When the run was started.
+    Column("started_at", UTCDateTime, nullable=False),
+    Index("sagaloop_concurrency_waiters_key", "app", "saga", "key", "id"),
+)
+"""The runs queued for a slot of their key (``at_limit="queue"``): recorded, their saga code
+not started."""

@@ -1,0 +1,145 @@
+"""Run concurrency keys (issue 25): ``@app.saga(concurrency=Concurrency(limit, key, at_limit))``
+keeps at most ``limit`` runs of a key running their code; at the limit a start queues, cancels
+the running one or is cancelled itself."""
+
+from __future__ import annotations
+
+from contextlib import closing
+from typing import Any
+
+import pytest
+
+from sagaloop import App, SagaContext
+from sagaloop.engine import history as h
+from sagaloop.errors import DeclarationError
+from sagaloop.sagas.concurrency import Concurrency
+from sagaloop.testing import Harness
+
+
+def gated_app(limit: Concurrency) -> App:
+    """A saga that waits for the event ``go`` once started: its code started iff it waits."""
+    app = App("gated")
+
+    @app.saga(name="job", concurrency=limit)
+    async def job(ctx: SagaContext, input: dict[str, Any]) -> str:
+        await ctx.wait_for_event("go")
+        return str(input["n"])
+
+    return app
+
+
+def started(harness: Harness, run_id: str) -> bool:
+    """Whether the run's saga code started: an engine processed its history."""
+    return harness.get(run_id).processed_seq > 0
+
+
+def test_queue_starts_runs_of_a_key_in_start_order_when_slots_free() -> None:
+    app = gated_app(Concurrency(limit=1, key=lambda i: i["user"]))
+    with closing(Harness(app)) as harness:
+        first = harness.start("job", {"user": "u1", "n": 1})
+        second = harness.start("job", {"user": "u1", "n": 2})
+        third = harness.start("job", {"user": "u1", "n": 3})
+        other = harness.start("job", {"user": "u2", "n": 4})  # another key: not limited
+        harness.run_until_idle()
+        assert started(harness, first) and started(harness, other)
+        assert not started(harness, second) and not started(harness, third)
+        words = harness.status(third).waiting_for
+        assert any("queued behind 2 runs of key 'u1'" in w for w in words), words
+        assert harness.get(third).status == "running"  # recorded, not started
+
+        harness.send_event(first, "go")
+        harness.run_until_idle()
+        assert harness.result(first) == "1"
+        assert started(harness, second) and not started(harness, third)
+        harness.send_event(second, "go")
+        harness.run_until_idle()
+        assert started(harness, third)
+        harness.send_event(third, "go")
+        harness.run_until_idle()
+        assert harness.result(third) == "3"
+
+
+def test_queue_with_limit_two_and_one_key_per_saga() -> None:
+    app = gated_app(Concurrency(limit=2))  # no key function: one key for the saga
+    with closing(Harness(app)) as harness:
+        runs = [harness.start("job", {"n": n}) for n in range(4)]
+        harness.run_until_idle()
+        assert [started(harness, r) for r in runs] == [True, True, False, False]
+        harness.send_event(runs[1], "go")
+        harness.run_until_idle()
+        assert [started(harness, r) for r in runs] == [True, True, True, False]
+
+
+def test_an_event_to_a_queued_run_waits_with_it_and_a_cancel_ends_it_unstarted() -> None:
+    app = gated_app(Concurrency(limit=1))
+    with closing(Harness(app)) as harness:
+        first = harness.start("job", {"n": 1})
+        second = harness.start("job", {"n": 2})
+        third = harness.start("job", {"n": 3})
+        harness.run_until_idle()
+        harness.send_event(second, "go")  # recorded; seen by its code once it starts
+        harness.cancel(third, "not needed")
+        harness.run_until_idle()
+        assert not started(harness, second)
+        assert harness.get(third).status == "cancelled"
+        harness.send_event(first, "go")
+        harness.run_until_idle()
+        assert harness.result(second) == "2"  # it started and took the event recorded
+
+
+def test_cancel_new_ends_the_new_run_cancelled_naming_its_key() -> None:
+    app = gated_app(Concurrency(limit=1, key=lambda i: i["user"], at_limit="cancel_new"))
+    with closing(Harness(app)) as harness:
+        first = harness.start("job", {"user": "u1", "n": 1})
+        harness.run_until_idle()
+        second = harness.start("job", {"user": "u1", "n": 2})
+        harness.run_until_idle()
+        assert harness.get(second).status == "cancelled"
+        assert not any(e.kind == h.EVENT_WAITING for e in harness.history(second))
+        reason = harness.status(second).cancel_reason or ""
+        assert "'u1'" in reason and "cancel_new" in reason
+        harness.send_event(first, "go")
+        harness.run_until_idle()
+        assert harness.result(first) == "1"
+        third = harness.start("job", {"user": "u1", "n": 3})  # the slot is free again
+        harness.run_until_idle()
+        assert started(harness, third) and harness.get(third).status == "waiting"
+
+
+def test_cancel_in_progress_cancels_the_running_run_and_starts_the_new() -> None:
+    app = gated_app(Concurrency(limit=1, at_limit="cancel_in_progress"))
+    with closing(Harness(app)) as harness:
+        first = harness.start("job", {"n": 1})
+        harness.run_until_idle()
+        second = harness.start("job", {"n": 2})
+        harness.run_until_idle()
+        assert harness.get(first).status == "cancelled"
+        assert "cancel_in_progress" in (harness.status(first).cancel_reason or "")
+        assert started(harness, second)
+        harness.send_event(second, "go")
+        harness.run_until_idle()
+        assert harness.result(second) == "2"
+
+
+def test_a_bad_key_fails_the_start_saying_why() -> None:
+    app = gated_app(Concurrency(key=lambda i: i["user"]))
+    with closing(Harness(app)) as harness:
+        run = harness.start("job", {"n": 1})
+        harness.run_until_idle()
+        record = harness.get(run)
+        assert record.status == "failed"
+        assert "concurrency key function raised KeyError" in str(record.error)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"limit": 0}, {"limit": True}, {"key": "user"}, {"at_limit": "drop"}],
+)
+def test_bad_declarations_are_refused(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(DeclarationError):
+        Concurrency(**kwargs)
+    app = App("bad")
+    with pytest.raises(DeclarationError, match="concurrency="):
+
+        @app.saga(concurrency=3)  # type: ignore[arg-type]
+        async def job(ctx: SagaContext) -> None: ...
