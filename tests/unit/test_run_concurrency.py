@@ -4,15 +4,23 @@ the running one or is cancelled itself."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import closing
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sagaloop import App, SagaContext
+from sagaloop import App, Client, SagaContext
+from sagaloop.brokers.database import DatabaseBroker
+from sagaloop.engine.activation import ActivationConflict, Engine
+from sagaloop.engine.messages import Envelope, engine_queue, start_queue
+from sagaloop.engine.ports import KeySlots
 from sagaloop.engine import history as h
 from sagaloop.errors import DeclarationError
 from sagaloop.sagas.concurrency import Concurrency
+from sagaloop.store.sql import SqlStore
 from sagaloop.testing import Harness
 
 
@@ -143,3 +151,92 @@ def test_bad_declarations_are_refused(kwargs: dict[str, Any]) -> None:
 
         @app.saga(concurrency=3)  # type: ignore[arg-type]
         async def job(ctx: SagaContext) -> None: ...
+
+
+# --- exact across engines ------------------------------------------------------------------
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqlStore]:
+    store = SqlStore(f"sqlite:///{tmp_path / 'slots.db'}")
+    store.upgrade()
+    yield store
+    store.close()
+
+
+def _starts(store: SqlStore, app: App) -> list[Envelope]:
+    broker = DatabaseBroker(store)
+    deliveries = broker.receive([engine_queue(app.name), start_queue(app.name)], 16, 0)
+    return [Envelope.model_validate_json(d.body) for d in deliveries]
+
+
+def test_two_engines_racing_for_the_last_slot_never_exceed_the_limit(store: SqlStore) -> None:
+    app = gated_app(Concurrency(limit=1))
+    client = Client(store, app)
+    client.start("job", {"n": 1}, run_id="a")
+    client.start("job", {"n": 2}, run_id="b")
+    env_a, env_b = sorted(_starts(store, app), key=lambda e: e.run_id)
+    one, two = Engine(app, store), Engine(app, store)
+    plan_a, plan_b = one.prepare(env_a), two.prepare(env_b)  # both see the slot free
+    assert plan_a.slot is not None and plan_b.slot is not None
+    assert (plan_a.slot.kind, plan_b.slot.kind) == ("claim", "claim")
+    with store.transaction() as tx:
+        one.apply(tx, plan_a)
+    one.committed()
+    with pytest.raises(ActivationConflict), store.transaction() as tx:
+        two.apply(tx, plan_b)  # the key moved: prepared again, it queues
+    two.rolled_back()
+    again = two.prepare(env_b)
+    assert again.slot is not None and again.slot.kind == "queue"
+    with store.transaction() as tx:
+        two.apply(tx, again)
+    two.committed()
+    assert store.key_slots(None, app.name, "job", "") == KeySlots({0: "a"}, ["b"])
+    assert client.get("a").processed_seq > 0 and client.get("b").processed_seq == 0
+
+
+def test_the_slot_row_is_unique_and_a_rolled_back_claim_holds_nothing(store: SqlStore) -> None:
+    now = datetime.now(UTC)
+    with store.transaction() as tx:
+        assert store.claim_slot(tx, "x", "job", "k", 0, "a", now)
+        assert not store.claim_slot(tx, "x", "job", "k", 0, "b", now)  # the primary key
+    with pytest.raises(RuntimeError), store.transaction() as tx:  # a crash before the commit
+        assert store.claim_slot(tx, "x", "job", "k", 1, "c", now)
+        raise RuntimeError("crash")
+    assert store.key_slots(None, "x", "job", "k") == KeySlots({0: "a"}, [])
+    with store.transaction() as tx:
+        assert store.release_slot(tx, "a") == ("x", "job", "k")
+        assert store.release_slot(tx, "a") is None
+    assert store.key_slots(None, "x", "job", "k") == KeySlots({}, [])
+
+
+def test_a_run_s_end_frees_its_slot_in_the_same_transaction(store: SqlStore) -> None:
+    app = gated_app(Concurrency(limit=1))
+    client = Client(store, app)
+    client.start("job", {"n": 1}, run_id="a")
+    client.start("job", {"n": 2}, run_id="b")
+    engine = Engine(app, store)
+    for env in sorted(_starts(store, app), key=lambda e: e.run_id):
+        with store.transaction() as tx:
+            engine.apply(tx, engine.prepare(env))
+        engine.committed()
+    client.send_event("a", "go")
+    (event,) = _starts(store, app)
+    plan = engine.prepare(event)
+    with pytest.raises(RuntimeError), store.transaction() as tx:
+        engine.apply(tx, plan)
+        assert store.key_slots(tx, app.name, "job", "") == KeySlots({}, ["b"])
+        raise RuntimeError("crash before the commit")
+    engine.rolled_back()
+    assert client.get("a").status != "completed"
+    assert store.key_slots(None, app.name, "job", "") == KeySlots({0: "a"}, ["b"])
+    with store.transaction() as tx:
+        engine.apply(tx, engine.prepare(event))
+    engine.committed()
+    assert client.get("a").status == "completed"
+    (wake,) = _starts(store, app)  # the wake of the queued run, sent with the end
+    assert (wake.type, wake.run_id) == ("start", "b")
+    with store.transaction() as tx:
+        engine.apply(tx, engine.prepare(wake))
+    engine.committed()
+    assert store.key_slots(None, app.name, "job", "") == KeySlots({0: "b"}, [])
