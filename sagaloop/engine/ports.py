@@ -481,7 +481,7 @@ class KeySlots:
     held: dict[int, str]
     """Slot index -> the run id holding it."""
     waiting: list[str]
-    """The run ids queued for a slot, in the order they joined the queue."""
+    """The run ids queued for a slot: oldest start first, then in the order they joined."""
 
 
 @runtime_checkable
@@ -520,8 +520,8 @@ class ConcurrencySlots(Protocol):
     def queue_for_slot(
         self, tx: Tx, app: str, saga: str, key: str, run_id: str, started_at: datetime
     ) -> None:
-        """Queue ``run_id`` for a slot of ``key``, behind the runs queued before it; a run
-        queued already keeps its place."""
+        """Queue ``run_id`` for a slot of ``key``, ordered by ``started_at``, then behind the
+        runs queued before it; a run queued already keeps its place."""
         ...
 
     def waiting_key(self, run_id: str) -> str | None:

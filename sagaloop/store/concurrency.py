@@ -32,7 +32,9 @@ class SqlConcurrency(SqlCore, ConcurrencySlots):
                 sa.select(_s.slot, _s.run_id).where(_of_key(_s, app, saga, key))
             ).all()
             waiting = conn.execute(
-                sa.select(_w.run_id).where(_of_key(_w, app, saga, key)).order_by(_w.id)
+                sa.select(_w.run_id)
+                .where(_of_key(_w, app, saga, key))
+                .order_by(_w.started_at, _w.id)
             ).scalars()
             return KeySlots({int(slot): str(run) for slot, run in held}, list(waiting))
 

@@ -230,7 +230,7 @@ Table(
     Column("saga", String(200), nullable=False),
     Column("key", String(200), nullable=False),
     Column("started_at", t.UTCDateTime, nullable=False),
-    Index("sagaloop_concurrency_waiters_key", "app", "saga", "key", "id"),
+    Index("sagaloop_concurrency_waiters_key", "app", "saga", "key", "started_at", "id"),
 )
 
 

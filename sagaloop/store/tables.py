@@ -293,15 +293,15 @@ transaction that starts the run's saga code, released in the one that records it
 concurrency_waiters = Table(
     "sagaloop_concurrency_waiters",
     metadata,
-    # The order in which the runs joined the queue (their starts' order): they leave it so.
+    # The order in which the runs joined the queue: it breaks ties of ``started_at``.
     Column("id", BigId, primary_key=True, autoincrement=True),
     Column("run_id", ID, nullable=False, unique=True),
     Column("app", ID, nullable=False),
     Column("saga", ID, nullable=False),
     Column("key", ID, nullable=False),
-    # When the run was started.
+    # When the run was started (its run's created_at): the queue's order.
     Column("started_at", UTCDateTime, nullable=False),
-    Index("sagaloop_concurrency_waiters_key", "app", "saga", "key", "id"),
+    Index("sagaloop_concurrency_waiters_key", "app", "saga", "key", "started_at", "id"),
 )
 """The runs queued for a slot of their key (``at_limit="queue"``): recorded, their saga code
 not started."""

@@ -14,10 +14,10 @@ import pytest
 
 from sagaloop import App, Client, SagaContext
 from sagaloop.brokers.database import DatabaseBroker
+from sagaloop.engine import history as h
 from sagaloop.engine.activation import ActivationConflict, Engine
 from sagaloop.engine.messages import Envelope, engine_queue, start_queue
 from sagaloop.engine.ports import KeySlots
-from sagaloop.engine import history as h
 from sagaloop.errors import DeclarationError
 from sagaloop.sagas.concurrency import Concurrency
 from sagaloop.store.sql import SqlStore
