@@ -15,8 +15,8 @@ import collections
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
-from datetime import datetime, timedelta
+from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 from sagaloop import tracing
@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 ENGINE_CONSUMER = "engine"
 Triggers = intake.Triggers
+Started = Callable[[], list[NewEvent]]
 
 
 class ActivationConflict(TransientStoreError):
@@ -154,7 +155,7 @@ class Engine:
         triggers = intake.triggers(env, self.app, self.store, self.clock)
         cached = self._cached_record(env.run_id) if trust_cache and self.trusts_cache else None
         run = cached or self._read_run(env.run_id)
-        if self._queued(run):  # its code has not started: record, without starting it
+        if concurrency.queued(self.app, self.store, run):  # record, without starting its code
             plan = self._activate(env, run, triggers, run_code=False)
             _drop(self._staged.pop(run.run_id, None))
             if plan.run is not None and plan.run.status not in s.FINAL_STATUSES:
@@ -165,13 +166,6 @@ class Engine:
         plan = self._activate(env, run, triggers)
         plan.cached = cached is not None
         return plan
-
-    def _queued(self, run: RunRecord) -> bool:
-        """Whether ``run`` waits for a slot of its concurrency key."""
-        saga = self.app.get_saga(run.saga)
-        if saga is None or saga.concurrency is None or run.processed_seq > 0:
-            return False
-        return run.status == s.RUNNING and self.store.waiting_key(run.run_id) is not None
 
     @property
     def trusts_cache(self) -> bool:
@@ -216,7 +210,7 @@ class Engine:
                     self._distrust()
                     raise ActivationConflict(f"run {plan.env.run_id!r} changed meanwhile")
             return
-        if plan.slot is not None and not self._enforce(tx, plan.slot, now):
+        if plan.slot is not None and not concurrency.enforce(self.store, tx, plan.slot, now):
             raise ActivationConflict(f"concurrency key {plan.slot.key!r} changed meanwhile")
         if plan.create and not self.store.create_run(tx, dataclasses.replace(run, last_seq=0)):
             raise ActivationConflict(f"run {run.run_id!r} was created meanwhile")
@@ -224,8 +218,8 @@ class Engine:
             if plan.cached:
                 self._distrust()
             raise ActivationConflict(f"run {run.run_id!r} changed meanwhile")
-        if run.status in s.FINAL_STATUSES and self._limited(run.saga):  # its slot frees
-            concurrency.release(self.store, tx, self.app, run.run_id, now)
+        if run.status in s.FINAL_STATUSES and concurrency.limit_of(self.app, run.saga):
+            concurrency.release(self.store, tx, self.app, run.run_id, now)  # its slot frees
         if effects.restart is not None:
             self.store.delete_history(tx, run.run_id)
             self.store.append_events(tx, run.run_id, 0, [effects.restart], effects.at)
@@ -238,15 +232,6 @@ class Engine:
             self.store.add_timer(tx, timer)
         self.store.enqueue(tx, effects.messages, now)
         self._logs.extend(plan.logs)
-
-    def _limited(self, saga_name: str) -> bool:
-        saga = self.app.get_saga(saga_name)
-        return saga is not None and saga.concurrency is not None
-
-    def _enforce(self, tx: Tx, slot: concurrency.Gate, now: datetime) -> bool:
-        saga = self.app.get_saga(slot.saga)
-        limit = saga.concurrency if saga is not None else None
-        return limit is None or concurrency.enforce(self.store, tx, slot, limit, now)
 
     def _index_approvals(
         self, tx: Tx, env: Envelope, run: RunRecord, effects: decide.Effects
@@ -310,50 +295,49 @@ class Engine:
                 input_json = saga.input.to_json(value, what=what)
             except ValidationError as e:
                 raise MessageError(str(e)) from e
-            key = saga.concurrency.key_of(value) if saga.concurrency is not None else ""
+            key = concurrency.key_of(saga, input_json)
         except (MessageError, ValidationError) as e:
             return self._reject_start(env, run, e.reason if isinstance(e, MessageError) else str(e))
         now = self.clock.now()
         if run is not None and (run.processed_seq > 0 or run.app != self.app.name):
             # a duplicate start, or one of a run that is not this app's
             return self._activate(env, self._own(env.run_id, run), [lambda st: []])
-        at = run.created_at if run is not None else now
-        slot = concurrency.judge(self.store, self.app.name, saga, env.run_id, key, at)
         name = saga.name
         record = run or RunRecord(env.run_id, self.app.name, name, s.RUNNING, input_json, now, now)
-        began: list[NewEvent] = []
-        if run is None:  # in the activation's span: its trace
+
+        def started() -> list[NewEvent]:  # in the activation's span: its trace
             data = {"input": input_json, **tracing.run_trace(env.trace)}
-            began.append(NewEvent(h.RUN_STARTED, name=name, data=data))
+            return [] if run is not None else [NewEvent(h.RUN_STARTED, name=name, data=data)]
+
+        return self._gated(env, record, run is None, started, key)
+
+    def _gated(
+        self, env: Envelope, record: RunRecord, create: bool, started: Started, key: str
+    ) -> Plan:
+        """The plan of a start (``started``: the events that start the run; ``create``: it
+        does not exist yet) under its saga's concurrency limit, if any: it claims a slot, or
+        its run waits for one (recorded as a client records it, its code not started), or
+        ends cancelled (``at_limit="cancel_new"``)."""
+        at = record.created_at
+        slot = concurrency.judge(self.store, self.app, record.saga, env.run_id, key, at)
         if slot is not None and slot.kind == "queue":
-            return self._queue(env, run, record, began, slot)
+            now, began = self.clock.now(), started()
+            last = len(began) if create else record.last_seq
+            saved = dataclasses.replace(
+                record, last_seq=last, reason=slot.describe(), updated_at=now
+            )
+            base = 0 if create else record.last_seq
+            plan = Plan(env, run=saved, base_seq=base, slot=slot, create=create)
+            plan.effects = decide.Effects(now, base, events=began)
+            self._staged_runs[env.run_id] = saved
+            return plan
         if slot is not None and slot.kind == "cancel_new":
             cancel = NewEvent(h.CANCEL_REQUESTED, data={"reason": slot.describe()})
-            plan = self._activate(env, record, [lambda st: [*began, cancel]], run_code=False)
+            plan = self._activate(env, record, [lambda st: [*started(), cancel]], run_code=False)
         else:
-            plan = self._activate(env, record, [lambda st: list(began)])
+            plan = self._activate(env, record, [lambda st: started()])
             plan.slot = slot if slot is not None and slot.kind != "held" else None
-        plan.create = run is None
-        return plan
-
-    def _queue(
-        self,
-        env: Envelope,
-        run: RunRecord | None,
-        record: RunRecord,
-        began: list[NewEvent],
-        slot: concurrency.Gate,
-    ) -> Plan:
-        """The plan of a start that waits for a slot: the run recorded (created, if no client
-        did, as a client would: started, not processed), its saga code not started."""
-        now = self.clock.now()
-        saved = dataclasses.replace(
-            record, last_seq=len(began) or record.last_seq, reason=slot.describe(), updated_at=now
-        )
-        plan = Plan(env, run=saved, base_seq=0 if run is None else run.last_seq, slot=slot)
-        plan.effects = decide.Effects(now, 0 if run is None else run.last_seq, events=began)
-        plan.create = run is None
-        self._staged_runs[env.run_id] = saved
+        plan.create = create
         return plan
 
     def _on_child_start(self, env: Envelope) -> Plan:
@@ -372,9 +356,14 @@ class Engine:
             record = RunRecord(env.run_id, self.app.name, saga.name, s.RUNNING, value, now, now)
             data = {"input": value, "parent": link, **tracing.run_trace(env.trace)}
             started = NewEvent(h.RUN_STARTED, name=saga.name, data=data)
-            plan = self._activate(env, record, [lambda st: [started]])
-            plan.create = True
-            return plan
+            try:
+                key = concurrency.key_of(saga, value)
+            except ValidationError as e:  # the child fails, saying why; its parent hears it
+                fail = [started, *decide.rejected_start_events(str(e))]
+                plan = self._activate(env, record, [lambda st: fail], run_code=False)
+                plan.create = True
+                return plan
+            return self._gated(env, record, True, lambda: [started], key)
         first = self.store.load_history(None, run.run_id)[:1]
         if run.app == self.app.name and first and first[0].data.get("parent") == link:
             return self._activate(env, run, [lambda st: []])  # a duplicate: it runs already

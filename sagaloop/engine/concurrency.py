@@ -28,11 +28,12 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from sagaloop.engine import history as h
+from sagaloop.engine import state as s
 from sagaloop.engine.messages import Envelope, engine_queue
-from sagaloop.engine.ports import KeySlots, Outgoing, Store, Tx
+from sagaloop.engine.ports import KeySlots, Outgoing, RunRecord, Store, Tx
 from sagaloop.sagas.app import App, SagaDef
 from sagaloop.sagas.concurrency import Concurrency
 
@@ -54,6 +55,7 @@ class Gate:
     """``take``: the run whose slot it takes (it is cancelled)."""
     ahead: int = 0
     """``queue``: the runs it waits behind (holding a slot, or queued before it)."""
+    limit: Concurrency | None = None
 
     def describe(self) -> str:
         """The status words of a queued run, and the reason of a cancelled new one."""
@@ -83,23 +85,47 @@ def _judge(limit: Concurrency, view: KeySlots, run_id: str) -> tuple[Kind, int, 
     return "take", slot, view.held[slot], 0
 
 
+def limit_of(app: App, saga_name: str) -> Concurrency | None:
+    """The concurrency limit of ``app``'s saga ``saga_name``, if it declares one."""
+    saga = app.get_saga(saga_name)
+    return None if saga is None else saga.concurrency
+
+
+def key_of(saga: SagaDef[Any, Any], input_json: Any) -> str:
+    """The concurrency key of a run of ``saga`` whose input is ``input_json`` (``""`` if the
+    saga has no limit). Raises ValidationError for an input or a key the saga refuses."""
+    if saga.concurrency is None:
+        return ""
+    value = saga.input.from_json(input_json, what=f"input of saga {saga.name!r}")
+    return saga.concurrency.key_of(value)
+
+
+def queued(app: App, store: Store, run: RunRecord) -> bool:
+    """Whether ``run`` waits for a slot of its concurrency key (its code not started)."""
+    if run.processed_seq > 0 or run.status != s.RUNNING or limit_of(app, run.saga) is None:
+        return False
+    return store.waiting_key(run.run_id) is not None
+
+
 def judge(
-    store: Store, app: str, saga: SagaDef[object, object], run_id: str, key: str, at: datetime
+    store: Store, app: App, saga_name: str, run_id: str, key: str, at: datetime
 ) -> Gate | None:
     """How the start of ``run_id`` (key ``key``, started at ``at``) fares, from committed
     state; None when its saga has no concurrency limit."""
-    limit = saga.concurrency
+    limit = limit_of(app, saga_name)
     if limit is None:
         return None
-    view = store.key_slots(None, app, saga.name, key)
+    view = store.key_slots(None, app.name, saga_name, key)
     kind, slot, holder, ahead = _judge(limit, view, run_id)
-    return Gate(kind, app, saga.name, key, run_id, at, slot, holder, ahead)
+    return Gate(kind, app.name, saga_name, key, run_id, at, slot, holder, ahead, limit)
 
 
-def enforce(store: Store, tx: Tx, gate: Gate, limit: Concurrency, now: datetime) -> bool:
+def enforce(store: Store, tx: Tx, gate: Gate, now: datetime) -> bool:
     """Write ``gate`` in ``tx`` under the key's lock; False (roll back and prepare again) when
     the key moved since it was judged."""
-    app, saga, key, run_id = gate.app, gate.saga, gate.key, gate.run_id
+    app, saga, key, run_id, limit = gate.app, gate.saga, gate.key, gate.run_id, gate.limit
+    if limit is None:
+        return True
     store.lock_key(tx, app, saga, key)
     view = store.key_slots(tx, app, saga, key)
     kind, slot, holder, _ = _judge(limit, view, run_id)

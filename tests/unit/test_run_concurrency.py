@@ -240,3 +240,27 @@ def test_a_run_s_end_frees_its_slot_in_the_same_transaction(store: SqlStore) -> 
         engine.apply(tx, engine.prepare(wake))
     engine.committed()
     assert store.key_slots(None, app.name, "job", "") == KeySlots({0: "b"}, [])
+
+
+def test_child_runs_of_a_limited_saga_queue_too() -> None:
+    app = gated_app(Concurrency(limit=1, key=lambda i: i["user"]))
+
+    @app.saga(name="parent")
+    async def parent(ctx: SagaContext, n: int) -> str:
+        return await ctx.call(app.sagas["job"], {"user": "u1", "n": n})
+
+    with closing(Harness(app)) as harness:
+        first = harness.start("parent", 1)
+        second = harness.start("parent", 2)
+        harness.run_until_idle()
+        children = harness.client.list(saga="job")
+        assert len(children) == 2
+        waiting = [c.run_id for c in children if not started(harness, c.run_id)]
+        running = [c.run_id for c in children if started(harness, c.run_id)]
+        assert len(waiting) == 1 and len(running) == 1
+        harness.send_event(running[0], "go")
+        harness.run_until_idle()
+        assert started(harness, waiting[0])
+        harness.send_event(waiting[0], "go")
+        harness.run_until_idle()
+        assert sorted([harness.result(first), harness.result(second)]) == ["1", "2"]
