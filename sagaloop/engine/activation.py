@@ -155,7 +155,7 @@ class Engine:
         triggers = intake.triggers(env, self.app, self.store, self.clock)
         cached = self._cached_record(env.run_id) if trust_cache and self.trusts_cache else None
         run = cached or self._read_run(env.run_id)
-        if concurrency.queued(self.app, self.store, run):  # record, without starting its code
+        if concurrency.queued(self.app, run):  # record, without starting its code
             plan = self._activate(env, run, triggers, run_code=False)
             _drop(self._staged.pop(run.run_id, None))
             if plan.run is not None and plan.run.status not in s.FINAL_STATUSES:

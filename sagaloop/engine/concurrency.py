@@ -100,11 +100,12 @@ def key_of(saga: SagaDef[Any, Any], input_json: Any) -> str:
     return saga.concurrency.key_of(value)
 
 
-def queued(app: App, store: Store, run: RunRecord) -> bool:
-    """Whether ``run`` waits for a slot of its concurrency key (its code not started)."""
-    if run.processed_seq > 0 or run.status != s.RUNNING or limit_of(app, run.saga) is None:
-        return False
-    return store.waiting_key(run.run_id) is not None
+def queued(app: App, run: RunRecord) -> bool:
+    """Whether ``run``, of a limited saga, has no slot yet: its code has not started (no
+    engine processed its history: the activation that claims a slot starts the code), because
+    it waits for a slot or its start is not processed yet (an event sent with the start may
+    come first). A message to it is recorded without starting its code."""
+    return run.processed_seq == 0 and run.status == s.RUNNING and bool(limit_of(app, run.saga))
 
 
 def judge(

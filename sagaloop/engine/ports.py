@@ -524,10 +524,6 @@ class ConcurrencySlots(Protocol):
         runs queued before it; a run queued already keeps its place."""
         ...
 
-    def waiting_key(self, run_id: str) -> str | None:
-        """The key ``run_id`` is queued for, or None."""
-        ...
-
 
 class Store(
     Transactions,

@@ -83,8 +83,3 @@ class SqlConcurrency(SqlCore, ConcurrencySlots):
         self._insert_ignore(
             conn_of(tx), t.concurrency_waiters, {**values, "started_at": started_at}
         )
-
-    def waiting_key(self, run_id: str) -> str | None:
-        with self._read() as conn:
-            key = conn.execute(sa.select(_w.key).where(_w.run_id == run_id)).scalar()
-            return None if key is None else str(key)

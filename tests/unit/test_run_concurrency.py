@@ -264,3 +264,39 @@ def test_child_runs_of_a_limited_saga_queue_too() -> None:
         harness.send_event(waiting[0], "go")
         harness.run_until_idle()
         assert sorted([harness.result(first), harness.result(second)]) == ["1", "2"]
+
+
+def test_an_event_processed_before_its_start_does_not_start_the_code(store: SqlStore) -> None:
+    """Signal-with-start: the event (engine queue) may be processed before the start (start
+    queue, behind the work in flight); it is recorded, and the code starts only with a slot."""
+    app = gated_app(Concurrency(limit=1))
+    client = Client(store, app)
+    engine = Engine(app, store)
+    client.start("job", {"n": 1}, run_id="a")
+    (start_a,) = _starts(store, app)
+    with store.transaction() as tx:
+        engine.apply(tx, engine.prepare(start_a))
+    engine.committed()
+    client.start("job", {"n": 2}, run_id="b", event=("go", None))
+    start_b, event_b = sorted(_starts(store, app), key=lambda e: e.type != "event")
+    for env in (start_b, event_b) if start_b.type == "event" else (event_b, start_b):
+        with store.transaction() as tx:
+            engine.apply(tx, engine.prepare(env))
+        engine.committed()
+    assert client.get("b").processed_seq == 0, "its code started beside a's: over the limit"
+    assert store.key_slots(None, app.name, "job", "") == KeySlots({0: "a"}, ["b"])
+
+
+def test_an_event_sent_with_the_start_does_not_start_the_code_without_a_slot() -> None:
+    """Signal-with-start: the event (engine queue) may be processed before the start (start
+    queue); it is recorded, and the code starts only with a slot."""
+    app = gated_app(Concurrency(limit=1))
+    with closing(Harness(app)) as harness:
+        first = harness.start("job", {"n": 1})
+        harness.run_until_idle()
+        second = harness.client.start("job", {"n": 2}, event=("go", None))
+        harness.run_until_idle()
+        assert not started(harness, second), "it ran beside the first: over the limit"
+        harness.send_event(first, "go")
+        harness.run_until_idle()
+        assert harness.result(first) == "1" and harness.result(second) == "2"
