@@ -37,6 +37,8 @@ from sagaloop.engine.ports import KeySlots, Outgoing, RunRecord, Store, Tx
 from sagaloop.sagas.app import App, SagaDef
 from sagaloop.sagas.concurrency import Concurrency
 
+NOTED = 100
+"""How many runs of a key's queue a release tells their new place (the rest: at their wake)."""
 Kind = Literal["claim", "take", "queue", "cancel_new", "held"]
 
 
@@ -177,3 +179,9 @@ def release(store: Store, tx: Tx, app: App, run_id: str, now: datetime) -> None:
         )
         wakes.append(Outgoing(engine_queue(app_name), wake))
     store.enqueue(tx, wakes, now)
+    held, behind = len(view.held), view.waiting[free : free + NOTED]
+    gates = [
+        Gate("queue", app_name, saga_name, key, w, now, ahead=held + free + i)
+        for i, w in enumerate(behind)
+    ]
+    store.note_waiting(tx, {g.run_id: g.describe() for g in gates})  # status says it

@@ -513,8 +513,14 @@ class ConcurrencySlots(Protocol):
         ...
 
     def release_slot(self, tx: Tx, run_id: str) -> tuple[str, str, str] | None:
-        """Free the slot ``run_id`` holds and take it off any queue; its (app, saga, key), or
-        None if it held no slot and waited for none."""
+        """Free the slot ``run_id`` holds and take it off any queue, under the key's lock (as
+        :meth:`lock_key`); its (app, saga, key), or None if it held no slot and waited for
+        none."""
+        ...
+
+    def note_waiting(self, tx: Tx, reasons: dict[str, str]) -> None:
+        """Set the ``reason`` of each run of ``reasons`` (run id -> reason) still running: what
+        ``status`` says of a run queued for a slot. Changes nothing else of the run."""
         ...
 
     def queue_for_slot(

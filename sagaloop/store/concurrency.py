@@ -73,8 +73,18 @@ class SqlConcurrency(SqlCore, ConcurrencySlots):
             row = conn.execute(sa.select(c.app, c.saga, c.key).where(c.run_id == run_id)).first()
             if row is not None:
                 found = (str(row[0]), str(row[1]), str(row[2]))
+                self.lock_key(tx, *found)  # before the delete: the key's lock comes first
                 conn.execute(table.delete().where(c.run_id == run_id))
         return found
+
+    def note_waiting(self, tx: Any, reasons: dict[str, str]) -> None:
+        conn, runs = conn_of(tx), t.runs.c
+        for run_id, reason in reasons.items():
+            conn.execute(
+                t.runs.update()
+                .where(runs.run_id == run_id, runs.status == "running")
+                .values(reason=reason)
+            )
 
     def queue_for_slot(
         self, tx: Any, app: str, saga: str, key: str, run_id: str, started_at: datetime

@@ -59,6 +59,8 @@ def test_queue_starts_runs_of_a_key_in_start_order_when_slots_free() -> None:
         harness.run_until_idle()
         assert harness.result(first) == "1"
         assert started(harness, second) and not started(harness, third)
+        words = harness.status(third).waiting_for  # its place, told by the release
+        assert any("queued behind 1 run of key 'u1'" in w for w in words), words
         harness.send_event(second, "go")
         harness.run_until_idle()
         assert started(harness, third)
