@@ -302,3 +302,18 @@ def test_an_event_sent_with_the_start_does_not_start_the_code_without_a_slot() -
         harness.send_event(first, "go")
         harness.run_until_idle()
         assert harness.result(first) == "1" and harness.result(second) == "2"
+
+
+def test_a_start_published_without_a_client_queues_creating_its_run(store: SqlStore) -> None:
+    app = gated_app(Concurrency(limit=1))
+    engine = Engine(app, store)
+    client = Client(store, app)
+    for run_id, n in (("a", 1), ("b", 2)):  # as a plain publisher on the broker would
+        env = Envelope(type="start", run_id=run_id, saga="job", payload={"input": {"n": n}})
+        with store.transaction() as tx:
+            engine.apply(tx, engine.prepare(env))
+        engine.committed()
+    queued = client.get("b")
+    assert (queued.status, queued.processed_seq, queued.last_seq) == ("running", 0, 1)
+    assert [e.kind for e in client.history("b")] == [h.RUN_STARTED]
+    assert store.key_slots(None, app.name, "job", "") == KeySlots({0: "a"}, ["b"])
