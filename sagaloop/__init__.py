@@ -42,6 +42,7 @@ from sagaloop.sagas import (
     current_saga,
 )
 from sagaloop.sagas.approvals import Approval
+from sagaloop.sagas.concurrency import Concurrency
 
 if TYPE_CHECKING:
     from sagaloop.runtime.assembly import Roles, Tuning
@@ -70,6 +71,7 @@ __all__ = [
     "ApprovalDenied",
     "ApprovalTakenError",
     "Client",
+    "Concurrency",
     "DeclarationError",
     "EventTimeoutError",
     "NonDeterminismError",

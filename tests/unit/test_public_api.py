@@ -14,6 +14,7 @@ def test_exported_names_are_pinned() -> None:
             "ApprovalTakenError",
             "Approval",
             "Client",
+            "Concurrency",
             "DeclarationError",
             "EventTimeoutError",
             "NonDeterminismError",
