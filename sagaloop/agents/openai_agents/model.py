@@ -142,34 +142,13 @@ class StepModel(Model):
         return response
 
     async def stream_response(
-        self,
-        system_instructions: str | None,
-        input: str | list[TResponseInputItem],
-        model_settings: ModelSettings,
-        tools: list[Tool],
-        output_schema: AgentOutputSchemaBase | None,
-        handoffs: list[Handoff],
-        tracing: ModelTracing,
-        *,
-        previous_response_id: str | None,
-        conversation_id: str | None,
-        prompt: Any,
+        self, *args: Any, **kwargs: Any
     ) -> AsyncIterator[TResponseStreamEvent]:
-        """``SagaRunner.run_streamed`` in a saga: the request is the same step as
-        :meth:`get_response` (streamed on the worker with ``SagaRunner(stream=True)``); saga
-        code gets the recorded response, replayed as events (:func:`replayed_events`)."""
-        response = await self.get_response(
-            system_instructions,
-            input,
-            model_settings,
-            tools,
-            output_schema,
-            handoffs,
-            tracing,
-            previous_response_id=previous_response_id,
-            conversation_id=conversation_id,
-            prompt=prompt,
-        )
+        """``SagaRunner.run_streamed`` in a saga: the request (the SDK's arguments, as to
+        :meth:`get_response`) is the same step as :meth:`get_response` (streamed on the worker
+        with ``SagaRunner(stream=True)``); saga code gets the recorded response, replayed as
+        events (:func:`replayed_events`)."""
+        response = await self.get_response(*args, **kwargs)
         for event in replayed_events(response):
             yield event
 
