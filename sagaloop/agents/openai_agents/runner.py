@@ -358,30 +358,13 @@ class SagaRunner(DurableAdapter):
         doc. ``budget`` (else the runner's) bounds all agent runs of the saga run together.
         A tool that needs approval makes the run wait for ``sagaloop approve``/``deny``; the
         SDK's run then resumes from its state, in the same saga run."""
-        saga = current_saga()
-        if saga is None:
-            return await Runner.run(
-                starting_agent,
-                input,
-                context=context,
-                max_turns=max_turns,
-                hooks=hooks,
-                run_config=run_config,
-                **kwargs,
-            )
-        run, config = self._start(saga, context, run_config, budget, kwargs)
-        agent = self._durable(starting_agent)
+        options = dict(kwargs, context=context, max_turns=max_turns, hooks=hooks)
+        run, agent, config = self._begin(starting_agent, run_config, budget, options)
+        if run is None:
+            return await Runner.run(agent, input, run_config=config, **options)
         token = current.set(run)
         try:
-            result = await Runner.run(
-                agent,
-                input,
-                context=context,
-                max_turns=max_turns,
-                hooks=hooks,
-                run_config=config,
-                **kwargs,
-            )
+            result = await Runner.run(agent, input, run_config=config, **options)
             while result.interruptions:
                 state = result.to_state()
                 for item in result.interruptions:
@@ -412,31 +395,31 @@ class SagaRunner(DurableAdapter):
         worker streams the live tokens to the run's channel with ``SagaRunner(stream=True)``.
         A tool that needs approval ends the stream with ``interruptions``: use :meth:`run`,
         which waits for the answer in the run."""
-        saga = current_saga()
-        if saga is None:
-            return Runner.run_streamed(
-                starting_agent,
-                input,
-                context=context,
-                max_turns=max_turns,
-                hooks=hooks,
-                run_config=run_config,
-                **kwargs,
-            )
-        run, config = self._start(saga, context, run_config, budget, kwargs)
+        options = dict(kwargs, context=context, max_turns=max_turns, hooks=hooks)
+        run, agent, config = self._begin(starting_agent, run_config, budget, options)
+        if run is None:
+            return Runner.run_streamed(agent, input, run_config=config, **options)
         token = current.set(run)  # the streamed run's task starts with a copy of this context
         try:
-            return Runner.run_streamed(
-                self._durable(starting_agent),
-                input,
-                context=context,
-                max_turns=max_turns,
-                hooks=hooks,
-                run_config=config,
-                **kwargs,
-            )
+            return Runner.run_streamed(agent, input, run_config=config, **options)
         finally:
             current.reset(token)
+
+    def _begin(
+        self,
+        agent: Agent[Any],
+        run_config: RunConfig | None,
+        budget: Budget | None,
+        options: dict[str, Any],
+    ) -> tuple[OpenAIRun | None, Agent[Any], RunConfig | None]:
+        """What :meth:`run` and :meth:`run_streamed` run: outside saga code, the SDK's own run
+        of ``agent`` (no saga side); in saga code, the saga side of a new run, the durable
+        copy of ``agent`` and the run config saga code runs it with."""
+        saga = current_saga()
+        if saga is None:
+            return None, agent, run_config
+        run, config = self._start(saga, options["context"], run_config, budget, options)
+        return run, self._durable(agent), config
 
     def _start(
         self,
