@@ -39,6 +39,18 @@ def in_run(what: str) -> OpenAIRun:
     return run
 
 
+def tool_call(call_id: str, arguments: str) -> tuple[OpenAIRun | None, str, str | None]:
+    """For one call of a function tool: the run making it (None outside a ``SagaRunner``
+    run), its arguments as an approver may have edited them, and the refusal it answers with
+    instead of running (its batch is over the budget), if any."""
+    run = current.get()
+    if run is None:
+        return None, arguments, None
+    if run.refusal is not None:
+        return run, arguments, run.refusal
+    return run, run.edits.pop(call_id, arguments), None
+
+
 def unless_refused(needs: Any) -> Any:
     """A tool's ``needs_approval`` that asks nobody about a call whose batch the budget
     refused (the call answers with the refusal, and does not run)."""

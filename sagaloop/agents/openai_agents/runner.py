@@ -47,7 +47,13 @@ from sagaloop.agents._model_call import finish_run
 from sagaloop.agents.budgets import Budget
 from sagaloop.agents.openai_agents import mcp
 from sagaloop.agents.openai_agents.model import StepModel, serve_request
-from sagaloop.agents.openai_agents.run import OpenAIRun, current, in_run, unless_refused
+from sagaloop.agents.openai_agents.run import (
+    OpenAIRun,
+    current,
+    in_run,
+    tool_call,
+    unless_refused,
+)
 from sagaloop.agents.openai_agents.subagents import SAGA_ATTR, agent_tool
 from sagaloop.agents.options import AgentOptions, DurableAdapter, steps_prefix
 from sagaloop.agents.subagents import Failures
@@ -96,11 +102,9 @@ def step_as_function_tool(
     (tool_name,) = tools.names
 
     async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
-        run = current.get()
-        if run is not None:  # an approver may have edited the arguments
-            if run.refusal is not None:
-                return run.refusal
-            arguments = run.edits.pop(ctx.tool_call_id, arguments)
+        run, arguments, refusal = tool_call(ctx.tool_call_id, arguments)
+        if refusal is not None:
+            return refusal
         try:
             kwargs = tools.validate(tool_name, arguments)
         except ToolCallError as e:

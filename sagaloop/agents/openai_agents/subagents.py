@@ -14,7 +14,7 @@ from agents.tool import FunctionTool
 from agents.tool_context import ToolContext
 
 from sagaloop.agents._core import charge_tool_calls, jsonable, step_part
-from sagaloop.agents.openai_agents.run import current, unless_refused
+from sagaloop.agents.openai_agents.run import tool_call, unless_refused
 from sagaloop.agents.options import steps_prefix
 from sagaloop.agents.subagents import Failures, saga_tool
 from sagaloop.agents.tools import ToolCallError
@@ -47,11 +47,9 @@ def saga_as_function_tool(
 
     async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
         saga_ctx = spec.in_saga()
-        run = current.get()
-        if run is not None:  # an approver may have edited the arguments
-            if run.refusal is not None:
-                return run.refusal
-            arguments = run.edits.pop(ctx.tool_call_id, arguments)
+        run, arguments, refusal = tool_call(ctx.tool_call_id, arguments)
+        if refusal is not None:
+            return refusal
         try:
             spec.input_of(arguments)
         except ToolCallError as e:
