@@ -129,31 +129,21 @@ def _change(obj: Obj, name: str, app_name: str | None, what: str) -> None:
     click.echo(printable(f"schedule {name} of app {found.app} {done}"))
 
 
-_app_name = click.option("--app-name", help="The app (its name) when several have NAME.")
+def _change_command(what: str, doc: str) -> None:
+    """Add ``sagaloop schedule WHAT NAME [--app-name APP]``, with help ``doc``."""
+
+    def command(obj: Obj, name: str, app_name: str | None) -> None:
+        _change(obj, name, app_name, what)
+
+    command.__doc__ = doc
+    options = click.option("--app-name", help="The app (its name) when several have NAME.")
+    schedule.command(what)(click.argument("name")(options(click.pass_obj(command))))
 
 
-@schedule.command()
-@click.argument("name")
-@_app_name
-@click.pass_obj
-def pause(obj: Obj, name: str, app_name: str | None) -> None:
-    """Pause the schedule NAME: it starts nothing until resumed."""
-    _change(obj, name, app_name, "pause")
-
-
-@schedule.command()
-@click.argument("name")
-@_app_name
-@click.pass_obj
-def resume(obj: Obj, name: str, app_name: str | None) -> None:
-    """Resume the schedule NAME from its next tick (the ticks of the pause start nothing)."""
-    _change(obj, name, app_name, "resume")
-
-
-@schedule.command()
-@click.argument("name")
-@_app_name
-@click.pass_obj
-def delete(obj: Obj, name: str, app_name: str | None) -> None:
-    """Delete the schedule NAME made at run time (one declared in code: pause it instead)."""
-    _change(obj, name, app_name, "delete")
+_change_command("pause", "Pause the schedule NAME: it starts nothing until resumed.")
+_change_command(
+    "resume", "Resume the schedule NAME from its next tick (the ticks of the pause start nothing)."
+)
+_change_command(
+    "delete", "Delete the schedule NAME made at run time (one declared in code: pause it instead)."
+)
