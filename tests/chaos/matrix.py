@@ -168,6 +168,14 @@ _RACING = {
     ("local.after_commit", "local-sequence"): "c",
     ("local.after_commit", "local-then-fail"): "x",
 }
+# On the embedded default the engine and the workers are one process (``sagaloop dev``), and the
+# outbox is the queue: the step or compensation an engine commit dispatched may be claimed and
+# run by a worker thread before the kill at the engine's after_commit lands (seen on a busy
+# machine: ~y's body ran, then again after the restart, under its one key).
+_RACING_DEV = {
+    ("engine.after_commit", "sequence"): "c",
+    ("engine.after_commit", "then-fail"): "y",
+}
 
 
 def _cells() -> list[Cell]:
@@ -178,6 +186,8 @@ def _cells() -> list[Cell]:
                 cells.append(Cell(backend, point, nth, saga, "dev", reached=False))
             else:
                 racing = _RACING.get((point, saga))
+                if backend == EMBEDDED:
+                    racing = racing or _RACING_DEV.get((point, saga))
                 killed = role if backend == RABBIT else "dev"
                 cells.append(Cell(backend, point, nth, saga, killed, *expect, racing=racing))
     return cells
