@@ -3,7 +3,6 @@ the engine imports no driver or SQL dialect."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -12,6 +11,49 @@ from typing import Any, Protocol, runtime_checkable
 
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import Envelope
+from sagaloop.engine.records import (  # the records the ports take and return: re-exported
+    ApprovalRow,
+    HeldSlot,
+    KeySlots,
+    Outgoing,
+    QueuedMessage,
+    RunRecord,
+    Schedule,
+    Timer,
+)
+
+__all__ = [
+    "ApprovalRow",
+    "ApprovalStore",
+    "Broker",
+    "Clock",
+    "ConcurrencySlots",
+    "Delivery",
+    "Handoff",
+    "HeldSlot",
+    "InboxStore",
+    "KeySlots",
+    "Maintenance",
+    "OutboxQueue",
+    "Outgoing",
+    "ProcessRegistry",
+    "QueuedMessage",
+    "RateLimits",
+    "RunQueries",
+    "RunRecord",
+    "RunStore",
+    "Schedule",
+    "ScheduleStore",
+    "Store",
+    "Streams",
+    "Subscription",
+    "SystemClock",
+    "Timer",
+    "TimerStore",
+    "Transactions",
+    "Tx",
+    "batched",
+]
 
 
 class Clock(Protocol):
@@ -24,110 +66,6 @@ class SystemClock:
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Outgoing:
-    """A message to send: it goes to the outbox in the transaction that decided to send it."""
-
-    queue: str
-    envelope: Envelope
-    available_at: datetime | None = None
-
-
-@dataclasses.dataclass(slots=True)
-class RunRecord:
-    run_id: str
-    app: str
-    """The app whose engine queue receives the run's messages."""
-    saga: str
-    status: str
-    input: Any
-    created_at: datetime
-    updated_at: datetime
-    last_seq: int = 0
-    processed_seq: int = 0
-    output: Any = None
-    error: dict[str, Any] | None = None
-    reason: str | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Timer:
-    run_id: str
-    pos: int
-    kind: str
-    fire_at: datetime
-    attempt: int = 0
-    app: str = ""
-    """The app of the run (the store sets it from the run: ``add_timer`` ignores this)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Schedule:
-    """A stored schedule of an app (``sagaloop.sagas.schedules``): ``spec`` as stored
-    (``cron:<expr>`` or ``every:<seconds>``), ``input`` as JSON, ``origin`` 'code' or 'cli'."""
-
-    app: str
-    name: str
-    saga: str
-    spec: str
-    input: Any
-    catch_up: str
-    paused: bool
-    origin: str
-    next_tick: datetime
-    last_tick: datetime | None = None
-    last_run_id: str | None = None
-    updated_at: datetime | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class QueuedMessage:
-    """A row of the outbox claimed by a consumer or a relay."""
-
-    id: int
-    queue: str
-    body: bytes
-    deliveries: int
-    claim_token: str
-    trusted: bool = True
-    """Written by sagaloop's store (``enqueue``), not put there raw (``enqueue_raw``)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class HeldSlot:
-    """The rate-limit slot that a step message held while it was given back to its queue."""
-
-    key: str
-    slot: datetime
-    in_doubt: bool
-    """An earlier delivery of the message may have run its attempt."""
-    give_backs: int
-    """How often the message was given back for its rate limit (deliveries that ran nothing)."""
-    fresh: bool
-    """This delivery is the first to take the hold since the give-back: the slot is its own.
-    False: an earlier delivery took it, then went away (it may have run the attempt)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ApprovalRow:
-    """An approval a run asked for, as the approvals index holds it."""
-
-    run_id: str
-    call_id: str
-    app: str
-    saga: str
-    status: str
-    request: dict[str, Any]
-    """The request as the run last published it (``sagas.approvals.ApprovalRequest``)."""
-    request_id: str
-    """Random, made when the request was recorded: the answers name it."""
-    requested_at: datetime
-    answer_id: str | None
-    """The message id of the answer that won, once one did."""
-    answer: dict[str, Any] | None
-    """What the winning answer said (``approved``, ``by``, ``at``)."""
 
 
 class Tx(Protocol):
@@ -472,16 +410,6 @@ class ScheduleStore(Protocol):
         ...
 
     def delete_schedule(self, app: str, name: str) -> bool: ...
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class KeySlots:
-    """The run-concurrency state of one key of one saga (``@app.saga(concurrency=...)``)."""
-
-    held: dict[int, str]
-    """Slot index -> the run id holding it."""
-    waiting: list[str]
-    """The run ids queued for a slot: oldest start first, then in the order they joined."""
 
 
 @runtime_checkable
