@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import time
 import warnings
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -18,6 +17,7 @@ from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.runtime.service import Runtime
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import Harness
+from sagaloop.testing.wait import eventually
 
 
 def test_uuid4_and_random_differ_in_each_history_of_a_continue_as_new_chain() -> None:
@@ -205,10 +205,7 @@ def test_a_stopping_service_unwinds_the_code_of_the_runs_it_kept(tmp_path: Path)
     try:
         client = Client(store, app)
         rid = client.start(waits, None)
-        deadline = time.monotonic() + 60
-        while client.get(rid).status != "waiting":
-            assert time.monotonic() < deadline, client.get(rid)
-            time.sleep(0.02)
+        eventually(lambda: client.get(rid).status == "waiting", 60, "the run to wait")
         assert unwound == []
     finally:
         service.stop()
