@@ -43,6 +43,7 @@ from sagaloop.sagas import (
 )
 from sagaloop.sagas.approvals import Approval
 from sagaloop.sagas.concurrency import Concurrency
+from sagaloop.sagas.published import PublishedEvent
 
 if TYPE_CHECKING:
     from sagaloop.runtime.assembly import Roles, Tuning
@@ -77,6 +78,7 @@ __all__ = [
     "NonDeterminismError",
     "NotAppliedError",
     "OverloadedError",
+    "PublishedEvent",
     "Received",
     "RetryPolicy",
     "Roles",

@@ -25,7 +25,14 @@ from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.event_fit import check_event
 from sagaloop.engine.history import Event, NewEvent
-from sagaloop.engine.messages import Envelope, EventPayload, derived_id, engine_queue, start_queue
+from sagaloop.engine.messages import (
+    Envelope,
+    EventPayload,
+    PublishPayload,
+    derived_id,
+    engine_queue,
+    start_queue,
+)
 from sagaloop.engine.ports import Clock, Outgoing, RunRecord, Store, Streams, SystemClock
 from sagaloop.engine.state import RunState
 from sagaloop.errors import ErrorInfo as _ErrorInfo
@@ -40,6 +47,7 @@ from sagaloop.errors import (
 from sagaloop.sagas.app import App, SagaDef
 from sagaloop.sagas.approvals import PendingApproval, call_id_of
 from sagaloop.sagas.convert import ANY
+from sagaloop.sagas.published import PublishedEvent
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -505,3 +513,27 @@ class Client:
             return Pending(f"run {run_id!r} is {status} and has not published {what} under {key!r}")
 
         return poll_until(read, timeout=timeout, poll=poll)
+
+    def publish_event(
+        self, name: str, data: Any = None, *, key: str | None = None, event_id: str | None = None
+    ) -> PublishedEvent:
+        """Publish the event ``name`` (JSON ``data``, an optional ``key``) to this client's
+        app: its engine delivers it, in one transaction, to every run subscribed to it or
+        waiting on it (``ctx.subscribe``, ``ctx.wait_for_event(name, key=..., match=...)``)
+        and starts a run of each saga declared with ``@app.saga(on_event=name)``. Each such
+        run receives it once. ``event_id`` (default: a new uuid) makes it safe to retry:
+        publishes with the same id are fanned out once. Runs that subscribe after the engine
+        fanned it out never receive it."""
+        if not self.app_name:
+            raise ValidationError("Client(store, app) needs the app to publish events")
+        check_text(name, "event name", PublishPayload, "name")
+        if key is not None:
+            check_text(key, "key", PublishPayload, "key")
+        event_id = check_text(uuid.uuid4().hex if event_id is None else event_id, "event_id")
+        payload: dict[str, Any] = {"name": name, "data": to_json(data, ANY, "event data")}
+        if key is not None:
+            payload["key"] = key
+        env = self._message("publish", event_id, payload, derived_id("publish", event_id))
+        with self.store.transaction() as tx:
+            self.store.enqueue(tx, [Outgoing(engine_queue(self.app_name), env)], self.clock.now())
+        return PublishedEvent(name, payload["data"], key, event_id)

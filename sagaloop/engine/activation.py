@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sagaloop import tracing
@@ -27,12 +27,23 @@ from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import (
     ChildStart,
     Envelope,
+    PublishPayload,
     StartPayload,
+    derived_id,
     engine_queue,
     inbox_key,
     parse_payload,
+    start_queue,
 )
-from sagaloop.engine.ports import Clock, RunRecord, Store, SystemClock, Tx
+from sagaloop.engine.ports import (
+    Clock,
+    Outgoing,
+    RunRecord,
+    Store,
+    SubscriptionStore,
+    SystemClock,
+    Tx,
+)
 from sagaloop.engine.replay import Replayer
 from sagaloop.engine.state import RunState
 from sagaloop.engine.watchdog import Watchdog
@@ -46,6 +57,7 @@ from sagaloop.errors import (
 )
 from sagaloop.sagas.app import App
 from sagaloop.sagas.approvals import call_id_of
+from sagaloop.sagas.published import PublishedEvent
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +118,11 @@ class Plan:
     """The log lines of the events it appends, written once they are committed."""
     slot: concurrency.Gate | None = None
     """A start under a concurrency limit: the slot it claims or the queue it joins."""
+    subscriptions: frozenset[tuple[str, str]] | None = None
+    """The run's subscriptions to published events after the activation, when it changed
+    them (None: unchanged)."""
+    fanout: PublishPayload | None = None
+    """A ``publish``: the event :meth:`Engine.apply` delivers to the runs subscribed to it."""
 
 
 class Engine:
@@ -152,6 +169,10 @@ class Engine:
             return self._on_start(env)
         if env.type == "child_start":
             return self._on_child_start(env)
+        if env.type == "publish":
+            if not isinstance(self.store, SubscriptionStore):
+                raise MessageError("this engine's store keeps no subscriptions: publish refused")
+            return Plan(env, fanout=parse_payload(PublishPayload, env))
         triggers = intake.triggers(env, self.app, self.store, self.clock)
         cached = self._cached_record(env.run_id) if trust_cache and self.trusts_cache else None
         run = cached or self._read_run(env.run_id)
@@ -202,6 +223,9 @@ class Engine:
                 # this transaction may count on it (a start's catch-up): prepare them again
                 raise ActivationConflict(f"duplicate message {plan.env.message_id} moved the run")
             return
+        if plan.fanout is not None:
+            self._fan_out(tx, plan.env, plan.fanout, now)
+            return
         run, effects = plan.run, plan.effects
         if run is None or effects is None:
             if plan.cached:
@@ -231,7 +255,63 @@ class Engine:
         for timer in effects.timers:
             self.store.add_timer(tx, timer)
         self.store.enqueue(tx, effects.messages, now)
+        wanted = frozenset() if effects.restart is not None else plan.subscriptions
+        if wanted is not None and isinstance(self.store, SubscriptionStore):
+            self.store.set_subscriptions(tx, self.app.name, run.run_id, wanted)
         self._logs.extend(plan.logs)
+
+    def _fan_out(self, tx: Tx, env: Envelope, event: PublishPayload, now: datetime) -> None:
+        """Deliver a published event, in the transaction that records it as processed: an
+        ``event`` message to every run subscribed to (or waiting on) its name and key, and a
+        start of each saga declared with ``on_event`` its name. Their ids derive from the
+        event's, so a fan-out done again (a crash before the commit) sends the same messages,
+        which their consumers take once."""
+        assert isinstance(self.store, SubscriptionStore)
+        event_id, name, key = env.run_id, event.name, event.key
+        payload: dict[str, Any] = {"name": name, "data": event.data}
+        if key is not None:
+            payload["key"] = key
+        out: list[Outgoing] = []
+        for run_id in self.store.subscribers(tx, self.app.name, name, key):
+            message_id = derived_id("delivered", event_id, run_id)
+            message = Envelope(
+                type="event",
+                message_id=message_id,
+                run_id=run_id,
+                payload=payload,
+                created_at=now,
+                trace=env.trace,
+            )
+            out.append(Outgoing(self.queue, message))
+        published = PublishedEvent(name, event.data, key, event_id)
+        for saga in self.app.sagas.values():
+            if saga.on_event != name:
+                continue
+            run_id = derived_id("on_event", saga.name, event_id)
+            if saga.run_id_of is not None:
+                try:
+                    run_id = saga.run_id_of(published)
+                except Exception as e:
+                    raise MessageError(
+                        f"the run_id function of saga {saga.name!r} raised for event "
+                        f"{event_id!r}: {e!r:.300}"
+                    ) from e
+                if not isinstance(run_id, str) or not 0 < len(run_id) <= 200:
+                    raise MessageError(
+                        f"the run_id function of saga {saga.name!r} gave {run_id!r:.60} for "
+                        f"event {event_id!r}: a run id is 1 to 200 characters"
+                    )
+            start = Envelope(
+                type="start",
+                message_id=derived_id("on_event", saga.name, event_id),
+                run_id=run_id,
+                saga=saga.name,
+                payload={"input": event.data},
+                created_at=now,
+                trace=env.trace,
+            )
+            out.append(Outgoing(start_queue(self.app.name), start))
+        self.store.enqueue(tx, out, now)
 
     def _index_approvals(
         self, tx: Tx, env: Envelope, run: RunRecord, effects: decide.Effects
@@ -432,6 +512,7 @@ class Engine:
         began = tracing.now_ns()
         try:
             live = self._load(run, run_code=run_code)
+            subscribed = live.state.subscriptions()
             with tracing.activation(env, live.state.trace, run.saga, began) as trace:
                 if not live.state.finished or env.type == "undo_run":
                     effects = decide.Effects(self.clock.now(), live.state.last_seq, trace=trace)
@@ -448,6 +529,8 @@ class Engine:
                     if reacted:
                         plan.run = decide.saved_run(run, live.state, now=self.clock.now())
                         plan.effects = effects
+                        if (now_subscribed := live.state.subscriptions()) != subscribed:
+                            plan.subscriptions = now_subscribed
                         first = run.processed_seq == 0
                         plan.logs = runlog.lines(live.state, effects.events, first=first)
                         if effects.restart is not None:  # the run's state starts again too

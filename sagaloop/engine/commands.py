@@ -68,12 +68,28 @@ class WaitSpec:
     """``wait_for_any``: the result is a ``Received(name, data)``, not the data alone."""
     refuse_early: bool = False
     """``early="refuse"``: events kept from before the wait began are refused, not taken."""
+    key: str | None = None
+    """Only published events of this key (``wait_for_event(name, key=...)``)."""
+    match: Callable[[Any], object] | None = None
+    """Only events whose JSON data this deterministic predicate is true for."""
+
+    @property
+    def routed(self) -> bool:
+        """A wait on published events: the run is subscribed to its names while it waits."""
+        return self.key is not None or self.match is not None
 
 
 def _fits(edit: Any, *, schema: dict[str, Any], what: str) -> None:
     error = schema_error(edit, schema)
     if error is not None:
         raise ValidationError(f"{what}: {error}")
+
+
+def _check_topic(what: str, name: Any, key: Any) -> None:
+    if not isinstance(name, str) or not 0 < len(name) <= 200 or "\x00" in name:
+        raise ValidationError(f"{what} needs an event name of 1 to 200 characters")
+    if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 200 or "\x00" in key):
+        raise ValidationError(f"{what}: a key is 1 to 200 characters, not {key!r:.60}")
 
 
 def _early(early: Any) -> dict[str, Any]:
@@ -187,6 +203,8 @@ class Context(SagaContext):
         model: type[Any] | None = None,
         prompt: Any = None,
         early: Early = "keep",
+        key: str | None = None,
+        match: Callable[[Any], object] | None = None,
     ) -> Any:
         data: dict[str, Any] = _early(early)
         if prompt is not None:
@@ -198,7 +216,8 @@ class Context(SagaContext):
         if (path := model_path(model)) is not None:  # a client checks events with it
             data["model"] = path
         self._r.handlers.refuse_wait((name,))
-        spec = WaitSpec((name,), {name: model}, False, early == "refuse")
+        spec = WaitSpec((name,), {name: model}, False, early == "refuse", key, match)
+        data.update(self._routing(spec, name))
         return await self._r.wait(spec, name, data)
 
     async def wait_for_any(
@@ -209,6 +228,8 @@ class Context(SagaContext):
         models: Mapping[str, type[Any]] | None = None,
         prompt: Any = None,
         early: Early = "keep",
+        key: str | None = None,
+        match: Callable[[Any], object] | None = None,
     ) -> Received:
         names = tuple(dict.fromkeys(names))
         label = "|".join(names)
@@ -227,9 +248,43 @@ class Context(SagaContext):
         found = {n: path for n, m in checked.items() if (path := model_path(m)) is not None}
         if found:
             data["models"] = found
-        spec = WaitSpec(names, checked, True, early == "refuse")
+        spec = WaitSpec(names, checked, True, early == "refuse", key, match)
+        data.update(self._routing(spec, label))
         result: Received = await self._r.wait(spec, label, data)
         return result
+
+    def _routing(self, spec: WaitSpec, label: str) -> dict[str, Any]:
+        """What a wait on published events records (nothing for another wait): the run is
+        subscribed to its names and key while it waits."""
+        if spec.key is not None and (not isinstance(spec.key, str) or not 0 < len(spec.key) <= 200):
+            raise ValidationError(f"the key of a wait for {label!r} is 1 to 200 characters")
+        if spec.match is not None and not callable(spec.match):
+            raise ValidationError(
+                f"match of a wait for {label!r} is a function, not {spec.match!r:.60}"
+            )
+        if not spec.routed:
+            return {}
+        self._r.routes = True
+        return {"subscribe": True, **({"key": spec.key} if spec.key is not None else {})}
+
+    def subscribe(self, name: str, key: str | None = None) -> None:
+        _check_topic("ctx.subscribe", name, key)
+        self._r.routes = True
+        self._r.command(h.SUBSCRIBED, name, {"key": key} if key is not None else {})
+
+    def unsubscribe(self, name: str, key: str | None = None) -> None:
+        _check_topic("ctx.unsubscribe", name, key)
+        self._r.command(h.UNSUBSCRIBED, name, {"key": key} if key is not None else {})
+
+    def publish_event(self, name: str, data: Any = None, *, key: str | None = None) -> str:
+        _check_topic("ctx.publish_event", name, key)
+        value = ANY.to_json(data, what=f"the data of event {name!r}")
+        event_id = derived_id("published", self.run_id, self._r.peek_pos())
+        recorded: dict[str, Any] = {"event_id": event_id, "data": value}
+        if key is not None:
+            recorded["key"] = key
+        self._r.command(h.EVENT_PUBLISHED, name, recorded)
+        return event_id
 
     def on_event(
         self, name: str, handler: Callable[[Any], Any], *, model: type[Any] | None = None

@@ -457,6 +457,13 @@ def effects_of(
         assert ev.pos is not None and ev.name is not None
         spawned = derived_id("spawned", st.run_id, ev.pos)
         effects.start(queue, spawned, str(ev.data["run_id"]), ev.name, ev.data.get("input"))
+    elif kind == h.EVENT_PUBLISHED:  # ctx.publish_event: the engine fans it out
+        event_id = str(ev.data["event_id"])
+        payload = {"name": ev.name, "data": ev.data.get("data")}
+        if (key := ev.data.get("key")) is not None:
+            payload["key"] = key
+        message_id = derived_id("publish", event_id)
+        effects.send(queue, type="publish", message_id=message_id, run_id=event_id, payload=payload)
     elif kind == h.EVENT_REJECTED:  # the wait goes on: so does its timeout
         rejected = st.waits.get(ev.pos) if ev.pos is not None else None
         if rejected is not None and rejected.until is not None and not rejected.resolved:

@@ -75,6 +75,17 @@ class EventKind(StrEnum):
     COMPENSATION_COMPLETED = "compensation_completed"
     COMPENSATION_FAILED = "compensation_failed"
     RUN_FINISHED = "run_finished"
+    SUBSCRIBED = "subscribed"
+    """Saga code subscribed to published events of a name and key (``ctx.subscribe``): those
+    published from now on are delivered to the run and kept until a wait takes them."""
+    UNSUBSCRIBED = "unsubscribed"
+    """Saga code ended a subscription (``ctx.unsubscribe``)."""
+    EVENT_PUBLISHED = "event_published"
+    """Saga code published an event (``ctx.publish_event``), sent through the outbox."""
+    EVENT_TAKEN = "event_taken"
+    """A wait on published events (``wait_for_event(name, key=..., match=...)``) took the
+    event that arrived at ``seq``: which event a key or a predicate chose, for readers without
+    the saga's code. Bookkeeping, never fed."""
 
 
 RUN_STARTED: Final[str] = EventKind.RUN_STARTED
@@ -112,6 +123,10 @@ COMPENSATION_RETRYING: Final[str] = EventKind.COMPENSATION_RETRYING
 COMPENSATION_COMPLETED: Final[str] = EventKind.COMPENSATION_COMPLETED
 COMPENSATION_FAILED: Final[str] = EventKind.COMPENSATION_FAILED
 RUN_FINISHED: Final[str] = EventKind.RUN_FINISHED
+SUBSCRIBED: Final[str] = EventKind.SUBSCRIBED
+UNSUBSCRIBED: Final[str] = EventKind.UNSUBSCRIBED
+EVENT_PUBLISHED: Final[str] = EventKind.EVENT_PUBLISHED
+EVENT_TAKEN: Final[str] = EventKind.EVENT_TAKEN
 
 COMMAND_KINDS: Final = frozenset(
     {
@@ -125,6 +140,9 @@ COMMAND_KINDS: Final = frozenset(
         EVENT_SENT,
         RUN_SPAWNED,
         CHILD_STARTED,
+        SUBSCRIBED,
+        UNSUBSCRIBED,
+        EVENT_PUBLISHED,
     }
 )
 COMMAND_LABEL: Final = {
@@ -138,8 +156,22 @@ COMMAND_LABEL: Final = {
     EVENT_SENT: "send_event",
     RUN_SPAWNED: "start",
     CHILD_STARTED: "call",
+    SUBSCRIBED: "subscribe",
+    UNSUBSCRIBED: "unsubscribe",
+    EVENT_PUBLISHED: "publish_event",
 }
-INSTANT_KINDS: Final = frozenset({MARKER, CONDITION_MET, PUBLISHED, EVENT_SENT, RUN_SPAWNED})
+INSTANT_KINDS: Final = frozenset(
+    {
+        MARKER,
+        CONDITION_MET,
+        PUBLISHED,
+        EVENT_SENT,
+        RUN_SPAWNED,
+        SUBSCRIBED,
+        UNSUBSCRIBED,
+        EVENT_PUBLISHED,
+    }
+)
 """Commands that complete when issued: nothing resolves them later."""
 
 

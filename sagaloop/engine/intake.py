@@ -39,7 +39,8 @@ def triggers(env: Envelope, app: App, store: Store, clock: Clock) -> list[Trigge
         name, data = payload.name, payload.data
         if call_id_of(name) is not None:  # an answer to an approval: judged as recorded
             return [gate.answer_trigger(store, env.run_id, env.message_id, name, data)]
-        event = NewEvent(h.EVENT_ARRIVED, name=name, data={"data": data})
+        arrived = {"data": data, **({"key": payload.key} if payload.key is not None else {})}
+        event = NewEvent(h.EVENT_ARRIVED, name=name, data=arrived)
         return [lambda st: [event]]
     if env.type == "cancel":
         reason = parse_payload(CancelPayload, env).reason

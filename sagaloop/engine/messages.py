@@ -40,8 +40,9 @@ MessageType = Literal[
     "child_start",
     "child_result",
     "undo_run",
+    "publish",
 ]
-PUBLIC_TYPES = frozenset({"start", "event", "cancel", "retry"})
+PUBLIC_TYPES = frozenset({"start", "event", "cancel", "retry", "publish"})
 """What anyone allowed to publish to the public exchange may send."""
 INTERNAL_TYPES = frozenset(
     {"step", "step_result", "timer", "child_start", "child_result", "undo_run"}
@@ -171,11 +172,31 @@ class EventPayload(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=200)
     data: Any = None
+    key: str | None = Field(default=None, min_length=1, max_length=200)
+    """The key of a published event (``Client.publish_event``) delivered to a subscriber: what
+    a wait on ``(name, key)`` compares. None for an event sent to the run by id."""
 
-    @field_validator("name")
+    @field_validator("name", "key")
     @classmethod
-    def _text(cls, value: str) -> str:
-        return _no_nul(value) or ""
+    def _text(cls, value: str | None) -> str | None:
+        return _no_nul(value)
+
+
+class PublishPayload(BaseModel):
+    """The payload of a ``publish``: the event ``name`` with its ``data`` (JSON) and optional
+    ``key``, for every run subscribed to or waiting on it (the envelope's ``run_id`` is the
+    event's id: a publish redelivered, or published again with the same id, is fanned out
+    once)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    data: Any = None
+    key: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @field_validator("name", "key")
+    @classmethod
+    def _text(cls, value: str | None) -> str | None:
+        return _no_nul(value)
 
 
 class CancelPayload(BaseModel):
@@ -196,6 +217,15 @@ class EventMessage(Envelope):
 
     type: Literal["event"]
     payload: EventPayload  # type: ignore[assignment]
+
+
+class PublishMessage(Envelope):
+    """Publish to the engine queue to publish an event: the engine delivers it, in one
+    transaction, to every run subscribed to or waiting on ``(name, key)`` and starts the runs of
+    the sagas declared with ``on_event=name``. ``run_id`` is the event's id."""
+
+    type: Literal["publish"]
+    payload: PublishPayload  # type: ignore[assignment]
 
 
 class Direction(StrEnum):

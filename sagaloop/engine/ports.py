@@ -47,6 +47,7 @@ __all__ = [
     "Store",
     "Streams",
     "Subscription",
+    "SubscriptionStore",
     "SystemClock",
     "Timer",
     "TimerStore",
@@ -410,6 +411,29 @@ class ScheduleStore(Protocol):
         ...
 
     def delete_schedule(self, app: str, name: str) -> bool: ...
+
+
+@runtime_checkable
+class SubscriptionStore(Protocol):
+    """Which runs a published event reaches (see ``store/subscriptions.py``): a row per run
+    and ``(name, key)`` it is subscribed to, ``key`` ``""`` meaning every key of the name. Not a
+    role of every ``Store``: an engine whose store lacks it refuses ``publish`` messages."""
+
+    def set_subscriptions(
+        self, tx: Tx, app: str, run_id: str, wanted: frozenset[tuple[str, str]]
+    ) -> None:
+        """Make ``wanted`` (``(name, key)`` pairs) the subscriptions of ``run_id``: the rows it
+        has beyond them are deleted, the missing ones inserted."""
+        ...
+
+    def subscribers(self, tx: Tx | None, app: str, name: str, key: str | None) -> list[str]:
+        """The runs of ``app`` subscribed to ``name`` with ``key`` or with every key (``""``),
+        each once, in run id order, as ``tx`` (None: committed state) sees them."""
+        ...
+
+    def subscriptions_of(self, tx: Tx | None, run_id: str) -> frozenset[tuple[str, str]]:
+        """The ``(name, key)`` pairs ``run_id`` is subscribed to."""
+        ...
 
 
 @runtime_checkable

@@ -110,6 +110,15 @@ class Replayer:
         self.buffered: dict[str, collections.deque[tuple[int, Any]]] = collections.defaultdict(
             collections.deque
         )
+        self.event_keys: dict[int, str] = {}
+        """The key of each kept event that has one (published events), by its ``seq``."""
+        self.taken: dict[int, Any] = {}
+        """What the history says each wait on published events took (``event_taken``): the
+        seq of the event, None if it took none. A replay that takes another diverged."""
+        self.routes = False
+        """The code subscribed or waited on published events in this history: from then on,
+        which wait takes an arrived event is recorded (``event_taken``), as ``RunState``
+        expects."""
         self.stopped = False  # cancelled or finished: the code is no longer fed
         self.main: asyncio.Task[Any] | None = None
         self.context: contextvars.Context | None = None  # the saga code's, current_saga() set
@@ -165,6 +174,8 @@ class Replayer:
         for ev in events:
             if ev.kind in h.COMMAND_KINDS and ev.pos is not None:
                 self.recorded[ev.pos] = ev
+            elif ev.kind == h.EVENT_TAKEN and ev.pos is not None:
+                self.taken[ev.pos] = ev.data.get("seq")
         for ev in events:
             self.replaying = replaying
             self.last_seq = ev.seq  # what the code sees as the history's length when it runs
@@ -219,16 +230,19 @@ class Replayer:
             return
         if ev.kind == h.EVENT_ARRIVED:
             name = str(ev.name)
-            data = ev.data.get("data")
+            data, key = ev.data.get("data"), ev.data.get("key")
             waiting = self.waiters.get(name)
             while waiting and waiting[0] not in self.pending:
                 waiting.popleft()
-            if waiting:
-                self._resolve_wait(waiting[0], name, data)
+            taker = next((p for p in list(waiting or ()) if self._takes(p, key, data)), None)
+            if taker is not None:
+                self._resolve_wait(taker, name, data, ev.seq)
             elif self.handlers.handle(name, data):
                 pass  # its handler runs now, in history order
             else:  # kept, with its place in the arrival order, for a later wait
                 self.buffered[name].append((ev.seq, data))
+                if isinstance(key, str):
+                    self.event_keys[ev.seq] = key
         else:
             assert ev.pos is not None
             pending = self.pending.pop(ev.pos, None)
@@ -252,12 +266,46 @@ class Replayer:
                 pending.future.set_result(None)
         self._run()
 
-    def _resolve_wait(self, pos: int, name: str, data: Any) -> None:
-        """Give the event ``name`` to the wait at ``pos`` (the first that takes it). Data that
-        does not fit the wait's model is refused (recorded as ``event_rejected``) and consumed:
-        the wait goes on."""
+    def _takes(self, pos: int, key: Any, data: Any) -> bool:
+        """Whether the wait at ``pos`` takes an event of its names with ``key`` and ``data``:
+        any, unless it waits on a key (the event's must be it) or a predicate (``match``,
+        saga code: true for the data). A predicate that raises ends the wait with its
+        exception (raised at the await); the event goes on to the other waits."""
+        pending = self.pending.get(pos)
+        if pending is None or pending.future.done():
+            return False
+        spec: WaitSpec = pending.model
+        if spec.key is not None and key != spec.key:
+            return False
+        if spec.match is None:
+            return True
+        try:
+            with self.guarded():
+                return bool(spec.match(data))
+        except Exception as e:  # the wait ends with it; the event goes on to the others
+            del self.pending[pos]
+            self._forget_wait(pos, spec)
+            if not self.replaying:
+                self.rejections.append(NewEvent(h.EVENT_TAKEN, pos, pending.name, {}))
+            pending.future.set_exception(e)
+            return False
+
+    def _resolve_wait(self, pos: int, name: str, data: Any, seq: int) -> None:
+        """Give the event ``name`` (that arrived at ``seq``) to the wait at ``pos`` (the first
+        that takes it). Data that does not fit the wait's model is refused (recorded as
+        ``event_rejected``) and consumed: the wait goes on."""
         pending = self.pending[pos]
         spec: WaitSpec = pending.model
+        self.event_keys.pop(seq, None)
+        if self.replaying and pos in self.taken and self.taken[pos] != seq:
+            self._diverged(
+                f"non-deterministic saga code: the wait at position {pos} took the event at "
+                f"seq {self.taken[pos]}, the code now takes the one at seq {seq} (its key or "
+                "match= changed?)",
+                pos,
+            )
+        if self.routes and not self.replaying:  # which event this wait took
+            self.rejections.append(NewEvent(h.EVENT_TAKEN, pos, name, {"seq": seq}))
         model = spec.models.get(name)
         if model is not None:
             try:
@@ -291,12 +339,18 @@ class Replayer:
         if pos in self.pending:
             for name in spec.names:
                 self.waiters[name].append(pos)
-            while pos in self.pending:
-                kept = [(self.buffered[n][0][0], n) for n in spec.names if self.buffered.get(n)]
+            while pos in self.pending and not future.done():
+                kept = sorted(
+                    (seq, n, value)
+                    for n in spec.names
+                    for seq, value in self.buffered.get(n, ())
+                    if self._takes(pos, self.event_keys.get(seq), value)
+                )
                 if not kept:
                     break
-                _, name = min(kept)
-                self._resolve_wait(pos, name, self.buffered[name].popleft()[1])
+                seq, name, value = kept[0]
+                self.buffered[name].remove((seq, value))
+                self._resolve_wait(pos, name, value, seq)
         return future
 
     def _on_done(self, pos: int, future: asyncio.Future[Any]) -> None:
@@ -307,6 +361,8 @@ class Replayer:
             pending = self.pending.pop(pos, None)
             if pending is not None and pending.kind == h.EVENT_WAITING:
                 self._forget_wait(pos, pending.model)
+                if pending.model.routed and not self.replaying:  # its subscription ends
+                    self.rejections.append(NewEvent(h.EVENT_TAKEN, pos, pending.name, {}))
             elif pending is not None and pending.kind == h.CHILD_STARTED and not self.replaying:
                 self.rejections.append(NewEvent(h.CHILD_CANCEL_REQUESTED, pos, pending.name, {}))
 

@@ -116,6 +116,11 @@ class Wait:
     """What the wait asks (``wait_for_event(..., prompt=...)``), shown while it waits."""
     rejected: list[str] = dataclasses.field(default_factory=list)
     """Why events that reached this wait were refused (their data did not fit)."""
+    routed: bool = False
+    """A wait on published events (``key=`` or ``match=``): the run is subscribed to its
+    ``(name, key)`` while it waits, and ``event_taken`` says which event it took."""
+    key: str | None = None
+    """The key of a routed wait (None: every key of its names)."""
 
 
 @dataclasses.dataclass
@@ -172,6 +177,14 @@ class RunState:
     """The position of a ``ctx.compensate`` whose compensations are not all done."""
     published: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The latest value saga code published under each key."""
+    subscribed: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    """``(name, key)`` of the run's subscriptions to published events (``ctx.subscribe``;
+    key ``""``: every key)."""
+    routes: bool = False
+    """The history has a subscription or a routed wait: from there on, which wait took an
+    arrived event is recorded (``event_taken``), not inferred from the names."""
+    _taken_early: set[int] = dataclasses.field(default_factory=set)
+    """Positions of waits whose ``event_taken`` (of a kept event) came before the wait."""
     cancel_reason: str | None = None
     saga_output: Any = None
     saga_error: dict[str, Any] | None = None
@@ -253,13 +266,32 @@ class RunState:
             wait.prompt = d.get("prompt")
             wait.rejected = self._refused_early.pop(ev.pos, [])
             self.waits[ev.pos] = wait
+            if d.get("subscribe"):
+                wait.routed, wait.key, self.routes = True, d.get("key"), True
             if d.get("early") == "refuse":  # what came before it was refused, not taken
                 self.buffered = [k for k in self.buffered if k.name not in wait.names]
+            if self.routes:  # what it takes, event_taken says
+                wait.resolved = ev.pos in self._taken_early
+                self._taken_early.discard(ev.pos)
+                return
             for i, kept in enumerate(self.buffered):  # the oldest it takes (misfits are gone)
                 if kept.name in wait.names:
                     del self.buffered[i]
                     wait.resolved = True
                     break
+        elif kind == h.EVENT_ARRIVED and self.routes:  # kept until event_taken names it
+            self.buffered.append(Kept(str(ev.name), d.get("data"), ev.at, ev.seq))
+        elif kind == h.EVENT_TAKEN:
+            self.buffered = [k for k in self.buffered if k.seq != d.get("seq")]
+            if ev.pos is not None and (taken := self.waits.get(ev.pos)) is not None:
+                taken.resolved = True
+            elif ev.pos is not None:
+                self._taken_early.add(ev.pos)
+        elif kind == h.SUBSCRIBED:
+            self.subscribed.add((str(ev.name), d.get("key") or ""))
+            self.routes = True
+        elif kind == h.UNSUBSCRIBED:
+            self.subscribed.discard((str(ev.name), d.get("key") or ""))
         elif kind == h.EVENT_ARRIVED:
             assert ev.name is not None
             for wait in sorted(self.waits.values(), key=lambda w: w.pos):
@@ -356,6 +388,19 @@ class RunState:
             last.worker = ev.data.get("worker")
 
     # --- questions ---------------------------------------------------------------------------
+
+    def subscriptions(self) -> frozenset[tuple[str, str]]:
+        """The ``(name, key)`` pairs (key ``""``: every key) published events reach this run
+        by: its subscriptions and its routed waits still open; none once it finished."""
+        if self.finished or self.saga_done:
+            return frozenset()
+        waits = {
+            (name, w.key or "")
+            for w in self.waits.values()
+            if w.routed and not w.resolved
+            for name in w.names
+        }
+        return frozenset(self.subscribed | waits)
 
     @property
     def failing(self) -> bool:

@@ -127,6 +127,8 @@ class EngineConsumer:
                     self.engine.apply(tx, plan)
                     if plan.rejected is None:
                         delivery.settle(tx)
+                    if plan.fanout is not None:
+                        crash_point("engine.fanout_before_commit")
                 crash_point("engine.before_commit")
         except BaseException:
             self.engine.rolled_back()

@@ -28,6 +28,8 @@ POINTS = {
     "relay.before_publish": "the relay claimed outbox rows and has not published them",
     "relay.after_publish": "the broker confirmed the rows, the relay has not deleted them",
     "timers.before_commit": "due timers were taken and turned into messages, not committed",
+    "engine.fanout_before_commit": "the engine wrote a published event's deliveries and "
+    "starts to the outbox, not yet committed",
 }
 
 _armed: dict[str, int] = {}

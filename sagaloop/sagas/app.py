@@ -14,6 +14,7 @@ from sagaloop.sagas.concurrency import Concurrency
 from sagaloop.sagas.context import SagaContext
 from sagaloop.sagas.convert import ANY, Converter, Signature
 from sagaloop.sagas.policy import RateLimit, RetryPolicy, check_rate_key
+from sagaloop.sagas.published import PublishedEvent
 from sagaloop.sagas.schedules import InvalidSchedule, ScheduleDef, check_catch_up, make_spec
 
 P = ParamSpec("P")
@@ -163,9 +164,25 @@ class SagaDef(Generic[I, O]):
         aliases: Sequence[str],
         events: Mapping[str, Any] | None = None,
         concurrency: Concurrency | None = None,
+        on_event: str | None = None,
+        run_id: Callable[[PublishedEvent], str] | None = None,
     ) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise DeclarationError(f"saga {name!r} must be an `async def` function")
+        if on_event is not None and (
+            not isinstance(on_event, str) or not 0 < len(on_event) <= 200 or "\x00" in on_event
+        ):
+            raise DeclarationError(
+                f"saga {name!r}: on_event is an event name of 1 to 200 characters"
+            )
+        if run_id is not None and (on_event is None or not callable(run_id)):
+            raise DeclarationError(
+                f"saga {name!r}: run_id= is a function of the event, with on_event= only"
+            )
+        self.on_event = on_event
+        """The name of the published events that start a run of this saga (None: none do)."""
+        self.run_id_of = run_id
+        """What names the run a published event starts (None: one derived from its id)."""
         if concurrency is not None and not isinstance(concurrency, Concurrency):
             raise DeclarationError(
                 f"saga {name!r}: concurrency= takes a sagaloop.Concurrency(limit=..., key=..., "
@@ -231,6 +248,8 @@ class App:
         aliases: Sequence[str] = (),
         events: Mapping[str, type[Any] | None] | None = None,
         concurrency: Concurrency | None = None,
+        on_event: str | None = None,
+        run_id: Callable[[PublishedEvent], str] | None = None,
     ) -> Callable[[Callable[[SagaContext, I], Awaitable[O]]], SagaDef[I, O]]: ...
 
     def saga(
@@ -241,6 +260,8 @@ class App:
         aliases: Sequence[str] = (),
         events: Mapping[str, type[Any] | None] | None = None,
         concurrency: Concurrency | None = None,
+        on_event: str | None = None,
+        run_id: Callable[[PublishedEvent], str] | None = None,
     ) -> Any:
         """Declare a saga. ``name`` is what runs store: set it explicitly to keep in-flight runs
         resolvable across renames of the function (or list old names in ``aliases``).
@@ -252,11 +273,22 @@ class App:
         another. Approval answers are not declared: they have their own rules.
 
         ``concurrency``: at most ``limit`` runs at once per key, and what a start does at the
-        limit (see :class:`~sagaloop.sagas.concurrency.Concurrency`)."""
+        limit (see :class:`~sagaloop.sagas.concurrency.Concurrency`).
+
+        ``on_event``: each event of that name published (``Client.publish_event``) starts a
+        run of the saga with the event's data as its input, named ``run_id(event)`` (a
+        :class:`~sagaloop.PublishedEvent`; by default derived from the saga and the event's
+        id): a publish redelivered or repeated starts no second run."""
 
         def register(f: Callable[..., Awaitable[Any]]) -> SagaDef[Any, Any]:
             definition: SagaDef[Any, Any] = SagaDef(
-                f, name=name or f.__name__, aliases=aliases, events=events, concurrency=concurrency
+                f,
+                name=name or f.__name__,
+                aliases=aliases,
+                events=events,
+                concurrency=concurrency,
+                on_event=on_event,
+                run_id=run_id,
             )
             self._register(definition, self.sagas, self._saga_aliases, "saga")
             return definition

@@ -100,6 +100,8 @@ class SagaContext(abc.ABC):
         model: None = None,
         prompt: Any = None,
         early: Early = "keep",
+        key: str | None = None,
+        match: Callable[[Any], object] | None = None,
     ) -> Any: ...
 
     @overload
@@ -111,6 +113,8 @@ class SagaContext(abc.ABC):
         model: type[T],
         prompt: Any = None,
         early: Early = "keep",
+        key: str | None = None,
+        match: Callable[[Any], object] | None = None,
     ) -> T: ...
 
     @abc.abstractmethod
@@ -122,6 +126,8 @@ class SagaContext(abc.ABC):
         model: type[Any] | None = None,
         prompt: Any = None,
         early: Early = "keep",
+        key: str | None = None,
+        match: Callable[[Any], object] | None = None,
     ) -> Any:
         """Wait for an event addressed to this run; raise ``EventTimeoutError`` on timeout.
         Events that arrived before the call are kept and returned at once, oldest first;
@@ -129,7 +135,14 @@ class SagaContext(abc.ABC):
         returned): for an answer that counts only if it was sent to this very wait, such as
         the raise of a budget that was reached. ``prompt`` (JSON: the question asked of a
         person, say) is shown by ``sagaloop status`` while the run waits. Data that does not
-        fit ``model`` is recorded as rejected, and the wait goes on."""
+        fit ``model`` is recorded as rejected, and the wait goes on.
+
+        ``key`` or ``match`` make it a wait on published events (``Client.publish_event``,
+        ``ctx.publish_event``): while it waits, the run is subscribed to ``(name, key)`` (with
+        no key: to every key of the name), and it takes only an event of that key whose JSON
+        data ``match(data)`` (saga code: deterministic) is true for; the others are kept for
+        later waits. A ``match`` that raises ends the wait with its exception. Events
+        published before the wait began (and the run subscribed) never reach it."""
 
     @abc.abstractmethod
     async def wait_for_any(
@@ -140,12 +153,15 @@ class SagaContext(abc.ABC):
         models: Mapping[str, type[Any]] | None = None,
         prompt: Any = None,
         early: Early = "keep",
+        key: str | None = None,
+        match: Callable[[Any], object] | None = None,
     ) -> Received:
         """Wait for the first event, by arrival order, of any of ``names`` (``approve``,
         ``reject``, ``edit``...) and return it as ``Received(name, data)``; raise
         ``EventTimeoutError`` on timeout. Kept events of these names count, oldest first
         (``early="refuse"``: they are refused, as for ``wait_for_event``); events of other
-        names keep their place. ``models`` validates the data per name."""
+        names keep their place. ``models`` validates the data per name. ``key`` and ``match``
+        as for :meth:`wait_for_event`, for every name."""
 
     @overload
     def on_event(
@@ -298,6 +314,26 @@ class SagaContext(abc.ABC):
         that runs for long should then ``continue_as_new`` at its next clean point, so that
         each activation's replay and the history's storage stay bounded."""
         return self.history_length >= SUGGESTED_HISTORY
+
+    @abc.abstractmethod
+    def subscribe(self, name: str, key: str | None = None) -> None:
+        """Subscribe this run to the events ``name`` published with ``key`` (None: with any
+        key) from now on (``Client.publish_event``, ``ctx.publish_event``): each is delivered
+        once, recorded in the history, and kept until a wait takes it or an ``on_event``
+        handler handles it. Recorded, so a replay subscribes nothing again; it lasts until
+        :meth:`unsubscribe`, the run's end or ``continue_as_new``."""
+
+    @abc.abstractmethod
+    def unsubscribe(self, name: str, key: str | None = None) -> None:
+        """End the subscription :meth:`subscribe` made with the same ``name`` and ``key``."""
+
+    @abc.abstractmethod
+    def publish_event(self, name: str, data: Any = None, *, key: str | None = None) -> str:
+        """Publish the event ``name`` (with JSON ``data`` and an optional ``key``) to every
+        run subscribed to or waiting on it, and start the runs of the sagas declared with
+        ``on_event=name``, once: recorded, and sent through the outbox with the transaction
+        that recorded it. Returns the event's id (derived from this run and the call's
+        position: the same on every replay)."""
 
 
 _current: contextvars.ContextVar[SagaContext | None] = contextvars.ContextVar(

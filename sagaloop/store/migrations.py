@@ -234,6 +234,23 @@ Table(
 )
 
 
+def _v8(conn: Connection) -> None:
+    """Event subscriptions (``sagaloop_subscriptions``): the runs a published event reaches."""
+    _V8_TABLES.create_all(conn)
+
+
+_V8_TABLES = MetaData()  # the tables version 8 (published events) added, frozen as it added them
+Table(
+    "sagaloop_subscriptions",
+    _V8_TABLES,
+    Column("app", String(200), primary_key=True),
+    Column("name", String(200), primary_key=True),
+    Column("key", String(200), primary_key=True),
+    Column("run_id", String(200), primary_key=True),
+    Index("sagaloop_subscriptions_run", "run_id"),
+)
+
+
 MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (1, _v1),
     (2, _v2),
@@ -242,6 +259,7 @@ MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (5, _v5),
     (6, _v6),
     (7, _v7),
+    (8, _v8),
 ]
 LATEST = MIGRATIONS[-1][0]
 

@@ -24,6 +24,7 @@ module             mixin            roles (``engine/ports.py``)
 ``processes.py``   ``SqlRegistry``  ``ProcessRegistry`` (and the registry's writes)
 ``schedules.py``   ``SqlSchedules``   ``ScheduleStore`` (not a role of every ``Store``)
 ``concurrency.py``  ``SqlConcurrency``  ``ConcurrencySlots`` (run concurrency keys)
+``subscriptions.py``  ``SqlSubscriptions``  ``SubscriptionStore`` (published events)
 ``read.py``        ``SqlReadModels``  the operators' read models (metrics, health)
 =================  ===============  =====================================================
 """
@@ -46,6 +47,7 @@ from sagaloop.store.queue import DELETE_CHUNK, SqlOutbox
 from sagaloop.store.read import SqlReadModels, StepOutcome
 from sagaloop.store.runs import FINISHED, SqlRuns
 from sagaloop.store.schedules import SqlSchedules
+from sagaloop.store.subscriptions import SqlSubscriptions
 from sagaloop.store.timers import SqlTimers
 
 __all__ = ["DELETE_CHUNK", "FINISHED", "SqlStore", "StepOutcome", "create_sa_engine"]
@@ -65,6 +67,7 @@ class SqlStore(
     SqlReadModels,
     SqlSchedules,
     SqlConcurrency,
+    SqlSubscriptions,
 ):
     """The :class:`~sagaloop.engine.ports.Store` on SQLite or PostgreSQL.
 

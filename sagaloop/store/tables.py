@@ -305,3 +305,18 @@ concurrency_waiters = Table(
 )
 """The runs queued for a slot of their key (``at_limit="queue"``): recorded, their saga code
 not started."""
+
+subscriptions = Table(
+    "sagaloop_subscriptions",
+    metadata,
+    Column("app", ID, primary_key=True),
+    Column("name", ID, primary_key=True),
+    # The event's key, or "" for every key of the name (a key is 1 to 200 characters).
+    Column("key", ID, primary_key=True),
+    Column("run_id", ID, primary_key=True),
+    Index("sagaloop_subscriptions_run", "run_id"),
+)
+"""Which runs a published event reaches (``Client.publish_event``): a row per run and
+``(name, key)`` it subscribed to (``ctx.subscribe``) or waits on (``ctx.wait_for_event(name,
+key=..., match=...)``), written in the transaction that records the subscription or the wait
+and deleted in the one that ends it (the run's end deletes all of its rows)."""

@@ -41,6 +41,7 @@ def test_exported_names_are_pinned() -> None:
             "connect",
             "current_saga",
             "current_step",
+            "PublishedEvent",
         ]
     )
     assert sorted(sagaloop.testing.__all__) == [
@@ -60,3 +61,29 @@ def test_errors_share_one_root() -> None:
         value = getattr(sagaloop, name)
         if isinstance(value, type) and issubclass(value, Exception):
             assert issubclass(value, sagaloop.SagaloopError), name
+
+
+def test_published_events_surface_is_pinned() -> None:
+    import inspect
+
+    params = inspect.signature(sagaloop.Client.publish_event).parameters
+    assert list(params) == ["self", "name", "data", "key", "event_id"]
+    assert [p for p in params.values() if p.kind is p.KEYWORD_ONLY] == [
+        params["key"],
+        params["event_id"],
+    ]
+    assert list(inspect.signature(sagaloop.SagaContext.subscribe).parameters) == [
+        "self",
+        "name",
+        "key",
+    ]
+    assert list(inspect.signature(sagaloop.SagaContext.publish_event).parameters) == [
+        "self",
+        "name",
+        "data",
+        "key",
+    ]
+    wait = inspect.signature(sagaloop.SagaContext.wait_for_event).parameters
+    assert {"key", "match"} <= set(wait)
+    saga = inspect.signature(sagaloop.App.saga).parameters
+    assert {"on_event", "run_id"} <= set(saga)
