@@ -5,6 +5,7 @@ declared with ``on_event`` start one run per event, on both store backends."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -209,3 +210,151 @@ def test_a_run_id_function_that_raises_dead_letters_the_publish_with_why() -> No
         env.run_until_idle()
         [(_q, _b, reason)] = env.store.dead_letters()
         assert "run_id function of saga 'started' raised" in reason
+
+
+def test_the_subscription_store_serves_a_key_and_every_key_and_rolls_back(url: str) -> None:
+    from sagaloop.store.sql import SqlStore
+
+    store = SqlStore(url)
+    store.upgrade()
+    app, other = f"st{uuid.uuid4().hex[:8]}", f"st{uuid.uuid4().hex[:8]}"
+    try:
+        with store.transaction() as tx:
+            store.set_subscriptions(tx, app, "r1", frozenset({("n", "A"), ("m", "")}))
+            store.set_subscriptions(tx, app, "r2", frozenset({("n", "")}))
+            store.set_subscriptions(tx, app, "r3", frozenset({("n", "B")}))
+            store.set_subscriptions(tx, other, "r4", frozenset({("n", "A")}))
+        assert store.subscribers(None, app, "n", "A") == ["r1", "r2"]  # its key, and any key
+        assert store.subscribers(None, app, "n", None) == ["r2"]  # no key: the any-key ones
+        assert store.subscribers(None, app, "m", "Z") == ["r1"]
+        with store.transaction() as tx:  # a diff: one deleted, one added, one kept
+            store.set_subscriptions(tx, app, "r1", frozenset({("n", "A"), ("o", "")}))
+        assert store.subscriptions_of(None, "r1") == {("n", "A"), ("o", "")}
+        with pytest.raises(RuntimeError), store.transaction() as tx:
+            store.set_subscriptions(tx, app, "r1", frozenset())
+            raise RuntimeError("rolled back")
+        assert store.subscriptions_of(None, "r1") == {("n", "A"), ("o", "")}
+    finally:
+        with store.transaction() as tx:
+            for run_id in ("r1", "r2", "r3"):
+                store.set_subscriptions(tx, app, run_id, frozenset())
+            store.set_subscriptions(tx, other, "r4", frozenset())
+        store.close()
+
+
+def test_wait_for_any_on_a_key_and_a_lost_race_ends_the_wait_s_subscription() -> None:
+    app = App(f"pub{uuid.uuid4().hex[:10]}")
+
+    @app.saga(name="either")
+    async def either(ctx: SagaContext, key: str) -> Any:
+        got = await ctx.wait_for_any(["shipped", "cancelled"], key=key)
+        return [got.name, got.data]
+
+    @app.saga(name="race")
+    async def race(ctx: SagaContext) -> str:
+        wait = asyncio.ensure_future(ctx.wait_for_event("tick", key="k"))
+        nap = asyncio.ensure_future(ctx.sleep(timedelta(minutes=1)))
+        await asyncio.wait({wait, nap}, return_when=asyncio.FIRST_COMPLETED)
+        wait.cancel()
+        await ctx.sleep(timedelta(hours=1))
+        return "slept"
+
+    with closing(Harness(app)) as env:
+        env.start("either", "p1", run_id="e")
+        env.start("race", run_id="r")
+        env.run_until_idle(skip_time=False)
+        assert env.store.subscriptions_of(None, "e") == {("shipped", "p1"), ("cancelled", "p1")}
+        assert env.store.subscriptions_of(None, "r") == {("tick", "k")}
+        env.client.publish_event("cancelled", "late", key="p2")
+        env.client.publish_event("cancelled", "sorry", key="p1")
+        env.advance(timedelta(minutes=1))  # the nap wins the race
+        env.run_until_idle(skip_time=False)
+        assert env.result("e") == ["cancelled", "sorry"]
+        assert env.store.subscriptions_of(None, "e") == frozenset()
+        assert env.get("r").status == "waiting"
+        assert env.store.subscriptions_of(None, "r") == frozenset()  # the lost wait's, ended
+        env.client.publish_event("tick", 1, key="k")
+        env.run_until_idle(skip_time=False)
+        assert not [e for e in env.history("r") if e.kind == h.EVENT_ARRIVED]
+
+
+def test_continue_as_new_ends_the_subscriptions_and_a_handler_takes_subscribed_events() -> None:
+    app = App(f"pub{uuid.uuid4().hex[:10]}")
+
+    @app.saga(name="rounds")
+    async def rounds(ctx: SagaContext, n: int) -> list[Any]:
+        seen: list[Any] = []
+        ctx.on_event("note", seen.append)
+        if n == 0:
+            ctx.subscribe("note", key="first")
+            await ctx.wait_condition(lambda: len(seen) == 1)
+            ctx.continue_as_new(1)
+        ctx.subscribe("note", key="second")
+        await ctx.wait_condition(lambda: len(seen) == 1)
+        return seen
+
+    with closing(Harness(app)) as env:
+        env.start("rounds", 0, run_id="c")
+        env.run_until_idle(skip_time=False)
+        assert env.store.subscriptions_of(None, "c") == {("note", "first")}
+        env.client.publish_event("note", "one", key="first")
+        env.run_until_idle(skip_time=False)
+        assert env.store.subscriptions_of(None, "c") == {("note", "second")}  # the new history's
+        env.client.publish_event("note", "stale", key="first")  # nobody subscribes to it now
+        env.client.publish_event("note", "two", key="second")
+        env.run_until_idle(skip_time=False)
+        assert env.result("c") == ["two"]
+        assert env.store.subscriptions_of(None, "c") == frozenset()
+
+
+def test_saga_code_refuses_bad_names_keys_and_predicates() -> None:
+    app = App(f"pub{uuid.uuid4().hex[:10]}")
+
+    @app.saga(name="bad")
+    async def bad(ctx: SagaContext, which: str) -> str:
+        try:
+            if which == "name":
+                ctx.subscribe("")
+            elif which == "key":
+                ctx.publish_event("n", key="")
+            else:
+                await ctx.wait_for_event("n", match="data.userId")  # type: ignore[arg-type]
+        except ValidationError as e:
+            return str(e)
+        return "accepted"
+
+    with closing(Harness(app)) as env:
+        for which in ("name", "key", "match"):
+            env.start("bad", which, run_id=which)
+        env.run_until_idle()
+        assert "event name of 1 to 200" in env.result("name")
+        assert "a key is 1 to 200" in env.result("key")
+        assert "is a function" in env.result("match")
+    with pytest.raises(Exception, match="run_id= is a function of the event"):
+        app.saga(name="x", run_id=lambda e: "r")(bad.fn)
+
+
+def test_a_match_wait_takes_the_oldest_kept_event_it_matches() -> None:
+    app = App(f"pub{uuid.uuid4().hex[:10]}")
+
+    @app.saga(name="late")
+    async def late(ctx: SagaContext) -> list[Any]:
+        ctx.subscribe("score")
+        await ctx.sleep(timedelta(hours=1))
+        high = await ctx.wait_for_event("score", match=lambda d: d > 10)
+        rest = await ctx.wait_for_event("score")
+        return [high, rest]
+
+    with closing(Harness(app)) as env:
+        env.start("late", run_id="l")
+        env.run_until_idle(skip_time=False)
+        for score in (3, 42):
+            env.client.publish_event("score", score)
+            env.run_until_idle(skip_time=False)
+        env.advance(timedelta(hours=1))
+        env.run_until_idle()
+        assert env.result("l") == [42, 3]  # 3 was kept, skipped by the match, taken next
+        seqs = {e.data["data"]: e.seq for e in env.history("l") if e.kind == h.EVENT_ARRIVED}
+        taken = [e.data["seq"] for e in env.history("l") if e.kind == h.EVENT_TAKEN]
+        assert taken == [seqs[42], seqs[3]]
+        assert env.status("l").status == "completed"
