@@ -36,7 +36,15 @@ _OUTCOMES = frozenset(
     {h.STEP_COMPLETED, h.STEP_FAILED, h.CHILD_COMPLETED, h.CHILD_FAILED, h.COMPENSATE_DONE}
 )
 _ABOUT_A_COMMAND = frozenset(
-    {*_OUTCOMES, h.STEP_DISPATCHED, h.STEP_RETRYING, h.STEP_HALTED, h.TIMER_FIRED, h.EVENT_REJECTED}
+    {
+        *_OUTCOMES,
+        h.STEP_DISPATCHED,
+        h.STEP_RETRYING,
+        h.STEP_HALTED,
+        h.TIMER_FIRED,
+        h.EVENT_REJECTED,
+        h.EVENT_TAKEN,
+    }
 )
 """Events about the command at their position: a fork keeps them with it."""
 _UNDOING = frozenset(

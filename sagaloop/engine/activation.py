@@ -172,7 +172,9 @@ class Engine:
         if env.type == "publish":
             if not isinstance(self.store, SubscriptionStore):
                 raise MessageError("this engine's store keeps no subscriptions: publish refused")
-            return Plan(env, fanout=parse_payload(PublishPayload, env))
+            event = parse_payload(PublishPayload, env)  # once per event id, whatever its
+            once = env.model_copy(update={"message_id": derived_id("publish", env.run_id)})
+            return Plan(once, fanout=event)  # message id (a raw publisher's is its bytes' hash)
         triggers = intake.triggers(env, self.app, self.store, self.clock)
         cached = self._cached_record(env.run_id) if trust_cache and self.trusts_cache else None
         run = cached or self._read_run(env.run_id)

@@ -54,7 +54,9 @@ def _app() -> App:
         ctx.unsubscribe("price", key=symbol)
         return [first, second]
 
-    @app.saga(name="on_order", on_event="order.placed", run_id=lambda e: f"order-{e.data['id']}")
+    @app.saga(
+        name="on_order", on_event="order.placed", run_id=lambda e: f"{app.name}-{e.data['id']}"
+    )
     async def on_order(ctx: SagaContext, order: dict[str, Any]) -> str:
         return f"handled {order['id']}"
 
@@ -73,6 +75,11 @@ def _app() -> App:
 def env(url: str) -> Iterator[Harness]:
     with closing(Harness(_app(), url=url)) as harness:
         yield harness
+
+
+def _runs(env: Harness, saga: str) -> list[str]:
+    """The runs of ``saga`` of this test's app (the PostgreSQL database is shared)."""
+    return [r.run_id for r in env.client.list(saga=saga) if r.app == env.app.name]
 
 
 def _waits(env: Harness, run_id: str) -> None:
@@ -165,10 +172,10 @@ def test_on_event_starts_one_run_per_event_even_when_published_again(env: Harnes
     again = env.client.publish_event("order.placed", {"id": 7}, event_id="evt-7")
     assert first == again == PublishedEvent("order.placed", {"id": 7}, None, "evt-7")
     env.run_until_idle()
-    assert env.result("order-7") == "handled 7"
-    audits = [r for r in env.client.list(saga="audit")]
-    assert len(audits) == 1 and env.result(audits[0].run_id) == {"id": 7}
-    assert len(env.client.list(saga="on_order")) == 1
+    assert env.result(f"{env.app.name}-7") == "handled 7"
+    audits = _runs(env, "audit")
+    assert len(audits) == 1 and env.result(audits[0]) == {"id": 7}
+    assert _runs(env, "on_order") == [f"{env.app.name}-7"]
 
 
 def test_saga_code_publishes_through_the_outbox_once(env: Harness) -> None:
@@ -358,3 +365,37 @@ def test_a_match_wait_takes_the_oldest_kept_event_it_matches() -> None:
         taken = [e.data["seq"] for e in env.history("l") if e.kind == h.EVENT_TAKEN]
         assert taken == [seqs[42], seqs[3]]
         assert env.status("l").status == "completed"
+
+
+def test_a_raw_publish_sent_twice_under_one_event_id_is_fanned_out_once(env: Harness) -> None:
+    env.start("paid", "R", run_id="raw")
+    _waits(env, "raw")
+    queue = engine_queue(env.app.name)
+    bodies = [  # different bytes (no message id: each its own hash), one event id
+        {"type": "publish", "run_id": "evt-r", "payload": {"name": "order.paid", "key": "R"}},
+        {
+            "type": "publish",
+            "run_id": "evt-r",
+            "payload": {"name": "order.paid", "key": "R"},
+            "v": 1,
+        },
+        {
+            "type": "publish",
+            "run_id": "evt-p",
+            "payload": {"name": "order.placed", "data": {"id": 3}},
+        },
+        {
+            "type": "publish",
+            "run_id": "evt-p",
+            "payload": {"name": "order.placed", "data": {"id": 3}},
+            "v": 1,
+        },
+    ]
+    env.broker.publish([(queue, json.dumps(b).encode()) for b in bodies])
+    env.run_until_idle(skip_time=False)
+    assert env.get("raw").status == "completed"
+    assert len([e for e in env.history("raw") if e.kind == h.EVENT_ARRIVED]) == 1
+    assert _runs(env, "on_order") == [f"{env.app.name}-3"]
+    assert len(_runs(env, "audit")) == 1
+    inbox = env.store.inbox_get(None, "engine", f"{env.app.name}:publish:evt-r:publish%3Aevt-r")
+    assert inbox[0], "recorded once, under the event id"
