@@ -282,6 +282,30 @@ def send_event(
         click.echo(printable(f"event {name!r} sent to {run_id}"))
 
 
+@cli.command("publish")
+@click.argument("name")
+@click.option("--data", help="The event's data as JSON.")
+@click.option("--key", help="The event's key: it reaches the runs waiting on or subscribed to it.")
+@click.option("--event-id", help="Publishes with the same id are fanned out once (safe to retry).")
+@app_option
+@click.pass_obj
+def publish(
+    obj: Obj,
+    name: str,
+    data: str | None,
+    key: str | None,
+    event_id: str | None,
+    app_spec: str | None,
+) -> None:
+    """Publish the event NAME to the app's runs subscribed to or waiting on it (and start the
+    runs of the sagas declared with ``on_event=NAME``); print its event id."""
+    value = json_arg(data, "--data")
+    with errors():
+        app = obj.app(app_spec)
+        event = _client(obj, app).publish_event(name, value, key=key, event_id=event_id)
+        click.echo(printable(event.event_id))
+
+
 @cli.command()
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import uuid
 from collections.abc import Iterator
 from contextlib import closing
@@ -399,3 +400,46 @@ def test_a_raw_publish_sent_twice_under_one_event_id_is_fanned_out_once(env: Har
     assert len(_runs(env, "audit")) == 1
     inbox = env.store.inbox_get(None, "engine", f"{env.app.name}:publish:evt-r:publish%3Aevt-r")
     assert inbox[0], "recorded once, under the event id"
+
+
+PUBLISH_APP = """
+from sagaloop import App, SagaContext
+
+app = App("cli_publish_app")
+
+
+@app.saga(name="waiter")
+async def waiter(ctx: SagaContext, order: str) -> object:
+    return await ctx.wait_for_event("order.paid", key=order)
+"""
+
+
+def test_the_cli_publishes_once_per_event_id_and_refuses_bad_input(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from sagaloop.cli.main import cli
+
+    (tmp_path / "cli_publish_app.py").write_text(PUBLISH_APP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    monkeypatch.setenv("SAGALOOP_DATABASE_URL", url)
+
+    def run(*args: str) -> Any:
+        return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+    assert run("db", "upgrade").exit_code == 0
+    args = ["publish", "order.paid", "--key", "7", "--data", '{"amount": 3}', "--event-id", "p7"]
+    first = run(*args, "--app", "cli_publish_app")
+    assert first.exit_code == 0 and first.output.strip() == "p7"
+    bad = run("publish", "order.paid", "--data", "[1,", "--app", "cli_publish_app")
+    assert bad.exit_code != 0 and "not valid JSON" in bad.output
+    empty_key = run("publish", "order.paid", "--key", "", "--app", "cli_publish_app")
+    assert empty_key.exit_code != 0 and "key" in empty_key.output
+    with sqlite3.connect(tmp_path / "s.db") as conn:
+        [(queue, raw)] = conn.execute("select queue, body from sagaloop_outbox").fetchall()
+    body = json.loads(raw)
+    assert queue == "cli_publish_app.engine"
+    assert body["type"] == "publish" and body["run_id"] == "p7"
+    assert body["payload"] == {"name": "order.paid", "data": {"amount": 3}, "key": "7"}
