@@ -289,6 +289,8 @@ def _why(st: RunState, run: RunRecord, queues: dict[Any, Any], now: datetime) ->
             until = f" until {w.until:%Y-%m-%d %H:%M:%S} UTC" if w.until else ""
             asks = f", asking {short_json(w.prompt)}" if w.prompt is not None else ""
             names = " or ".join(repr(n) for n in (w.names or (w.name,)))
+            if w.routed:  # a wait on published events: its key, or its predicate
+                names += f" published with key {w.key!r}" if w.key is not None else " (match=)"
             refused = [r for n, r in st.refused if n in (w.names or (w.name,))] + w.rejected
             told = f"; {len(refused)} refused, the last: {refused[-1][:200]}" if refused else ""
             why.append(f"waiting for event {names}{until}{asks}{told}")

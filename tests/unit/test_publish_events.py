@@ -95,6 +95,9 @@ def test_an_event_published_with_a_key_reaches_the_runs_waiting_on_that_key_only
     env.start("paid", "B", run_id="b")
     _waits(env, "a")
     _waits(env, "b")
+    assert "waiting for event 'order.paid' published with key 'A'" in str(
+        env.status("a").waiting_for
+    )
     assert env.store.subscriptions_of(None, "a") == {("order.paid", "A")}  # type: ignore[attr-defined]
 
     env.client.publish_event("order.paid", {"amount": 5}, key="A")
@@ -443,3 +446,21 @@ def test_the_cli_publishes_once_per_event_id_and_refuses_bad_input(
     assert queue == "cli_publish_app.engine"
     assert body["type"] == "publish" and body["run_id"] == "p7"
     assert body["payload"] == {"name": "order.paid", "data": {"amount": 3}, "key": "7"}
+
+
+def test_upgrade_from_version_7_adds_the_subscriptions_table(tmp_path: Any) -> None:
+    import sqlalchemy as sa
+
+    from sagaloop.store import migrations
+    from sagaloop.store.sql import SqlStore
+
+    store = SqlStore(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.upgrade()
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE sagaloop_subscriptions"))
+        conn.execute(sa.text("UPDATE sagaloop_schema SET version = 7"))
+    assert store.upgrade() == (7, migrations.LATEST)  # 8 and whatever came after
+    with store.transaction() as tx:
+        store.set_subscriptions(tx, "app", "r", frozenset({("n", "k")}))
+    assert store.subscribers(None, "app", "n", "k") == ["r"]
+    store.close()
