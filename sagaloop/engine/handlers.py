@@ -77,7 +77,8 @@ class Handlers:
             model = self._r.saga.events.get(name)
         converter = Converter(model) if model is not None else None
         self.by_name[name] = _Handler(name, fn, converter)
-        for _, data in self._r.buffered.pop(name, ()):  # kept: handled now, oldest first
+        for seq, data in self._r.buffered.pop(name, ()):  # kept: handled now, oldest first
+            self._r.taken_by_handler(name, seq)
             self.handle(name, data, now=True)
 
     def refuse_wait(self, names: tuple[str, ...]) -> None:

@@ -237,8 +237,8 @@ class Replayer:
             taker = next((p for p in list(waiting or ()) if self._takes(p, key, data)), None)
             if taker is not None:
                 self._resolve_wait(taker, name, data, ev.seq)
-            elif self.handlers.handle(name, data):
-                pass  # its handler runs now, in history order
+            elif self.handlers.handle(name, data):  # its handler runs now, in history order
+                self.taken_by_handler(name, ev.seq)
             else:  # kept, with its place in the arrival order, for a later wait
                 self.buffered[name].append((ev.seq, data))
                 if isinstance(key, str):
@@ -265,6 +265,13 @@ class Replayer:
             else:
                 pending.future.set_result(None)
         self._run()
+
+    def taken_by_handler(self, name: str, seq: int) -> None:
+        """An ``on_event`` handler took the event at ``seq``: once the run routes events, say
+        so (``event_taken`` without a position), as ``RunState`` keeps it until told."""
+        self.event_keys.pop(seq, None)
+        if self.routes and not self.replaying:
+            self.rejections.append(NewEvent(h.EVENT_TAKEN, None, name, {"seq": seq}))
 
     def _takes(self, pos: int, key: Any, data: Any) -> bool:
         """Whether the wait at ``pos`` takes an event of its names with ``key`` and ``data``:

@@ -315,6 +315,7 @@ def test_continue_as_new_ends_the_subscriptions_and_a_handler_takes_subscribed_e
         env.client.publish_event("note", "two", key="second")
         env.run_until_idle(skip_time=False)
         assert env.result("c") == ["two"]
+
         assert env.store.subscriptions_of(None, "c") == frozenset()
 
 
@@ -464,3 +465,23 @@ def test_upgrade_from_version_7_adds_the_subscriptions_table(tmp_path: Any) -> N
         store.set_subscriptions(tx, "app", "r", frozenset({("n", "k")}))
     assert store.subscribers(None, "app", "n", "k") == ["r"]
     store.close()
+
+
+def test_an_event_a_handler_took_is_not_shown_as_kept() -> None:
+    app = App(f"pub{uuid.uuid4().hex[:10]}")
+
+    @app.saga(name="listener")
+    async def listener(ctx: SagaContext) -> None:
+        ctx.subscribe("note")
+        seen: list[Any] = []
+        ctx.on_event("note", seen.append)
+        await ctx.wait_for_event("never")
+
+    with closing(Harness(app)) as env:
+        env.start("listener", run_id="l")
+        env.run_until_idle(skip_time=False)
+        env.client.publish_event("note", "hello")
+        env.run_until_idle(skip_time=False)
+        assert env.get("l").status == "waiting"
+        assert len([e for e in env.history("l") if e.kind == h.EVENT_ARRIVED]) == 1
+        assert env.status("l").kept == []  # the handler took it
