@@ -83,9 +83,11 @@ class EventKind(StrEnum):
     EVENT_PUBLISHED = "event_published"
     """Saga code published an event (``ctx.publish_event``), sent through the outbox."""
     EVENT_TAKEN = "event_taken"
-    """A wait on published events (``wait_for_event(name, key=..., match=...)``) took the
+    """Once a run subscribed or waited on published events, which wait (``pos``) took the
     event that arrived at ``seq``: which event a key or a predicate chose, for readers without
-    the saga's code. Bookkeeping, never fed."""
+    the saga's code, and checked on replay. Without ``pos``: an ``on_event`` handler took it;
+    without ``seq``: the wait ended without one (its await was cancelled, its ``match``
+    raised). Bookkeeping, never fed."""
 
 
 RUN_STARTED: Final[str] = EventKind.RUN_STARTED
