@@ -43,6 +43,7 @@ from sagaloop.sagas import (
 )
 from sagaloop.sagas.approvals import Approval
 from sagaloop.sagas.concurrency import Concurrency
+from sagaloop.sagas.debounce import Debounce
 
 if TYPE_CHECKING:
     from sagaloop.runtime.assembly import Roles, Tuning
@@ -72,6 +73,7 @@ __all__ = [
     "ApprovalTakenError",
     "Client",
     "Concurrency",
+    "Debounce",
     "DeclarationError",
     "EventTimeoutError",
     "NonDeterminismError",

@@ -28,6 +28,7 @@ POINTS = {
     "relay.before_publish": "the relay claimed outbox rows and has not published them",
     "relay.after_publish": "the broker confirmed the rows, the relay has not deleted them",
     "timers.before_commit": "due timers were taken and turned into messages, not committed",
+    "debounce.before_commit": "a due debounce window was taken and its run created, not committed",
 }
 
 _armed: dict[str, int] = {}

@@ -13,6 +13,7 @@ from sagaloop.sagas.approvals import KEY_PREFIX
 from sagaloop.sagas.concurrency import Concurrency
 from sagaloop.sagas.context import SagaContext
 from sagaloop.sagas.convert import ANY, Converter, Signature
+from sagaloop.sagas.debounce import Debounce
 from sagaloop.sagas.policy import RateLimit, RetryPolicy, check_rate_key
 from sagaloop.sagas.schedules import InvalidSchedule, ScheduleDef, check_catch_up, make_spec
 
@@ -163,6 +164,7 @@ class SagaDef(Generic[I, O]):
         aliases: Sequence[str],
         events: Mapping[str, Any] | None = None,
         concurrency: Concurrency | None = None,
+        debounce: Debounce | None = None,
     ) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise DeclarationError(f"saga {name!r} must be an `async def` function")
@@ -173,6 +175,13 @@ class SagaDef(Generic[I, O]):
             )
         self.concurrency = concurrency
         """At most ``limit`` runs at once per key (None: no limit)."""
+        if debounce is not None and not isinstance(debounce, Debounce):
+            raise DeclarationError(
+                f"saga {name!r}: debounce= takes a sagaloop.Debounce(period, key=..., "
+                f"max_wait=...), not {type(debounce).__name__}"
+            )
+        self.debounce = debounce
+        """Starts of one key within ``period`` make one run (None: every start runs)."""
         self.fn = fn
         self.name = _check_name("saga", name)
         self.aliases = tuple(_check_name("saga", a) for a in aliases)
@@ -231,6 +240,7 @@ class App:
         aliases: Sequence[str] = (),
         events: Mapping[str, type[Any] | None] | None = None,
         concurrency: Concurrency | None = None,
+        debounce: Debounce | None = None,
     ) -> Callable[[Callable[[SagaContext, I], Awaitable[O]]], SagaDef[I, O]]: ...
 
     def saga(
@@ -241,6 +251,7 @@ class App:
         aliases: Sequence[str] = (),
         events: Mapping[str, type[Any] | None] | None = None,
         concurrency: Concurrency | None = None,
+        debounce: Debounce | None = None,
     ) -> Any:
         """Declare a saga. ``name`` is what runs store: set it explicitly to keep in-flight runs
         resolvable across renames of the function (or list old names in ``aliases``).
@@ -252,11 +263,19 @@ class App:
         another. Approval answers are not declared: they have their own rules.
 
         ``concurrency``: at most ``limit`` runs at once per key, and what a start does at the
-        limit (see :class:`~sagaloop.sagas.concurrency.Concurrency`)."""
+        limit (see :class:`~sagaloop.sagas.concurrency.Concurrency`).
+
+        ``debounce``: the starts of a key within ``period`` of each other make one run, with
+        the last start's input (see :class:`~sagaloop.sagas.debounce.Debounce`)."""
 
         def register(f: Callable[..., Awaitable[Any]]) -> SagaDef[Any, Any]:
             definition: SagaDef[Any, Any] = SagaDef(
-                f, name=name or f.__name__, aliases=aliases, events=events, concurrency=concurrency
+                f,
+                name=name or f.__name__,
+                aliases=aliases,
+                events=events,
+                concurrency=concurrency,
+                debounce=debounce,
             )
             self._register(definition, self.sagas, self._saga_aliases, "saga")
             return definition

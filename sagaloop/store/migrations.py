@@ -234,6 +234,29 @@ Table(
 )
 
 
+def _v9(conn: Connection) -> None:
+    """Debounced starts (``sagaloop_debounced``): the open window of each debounced saga's key.
+    Adds its own table only: it needs none of version 8's."""
+    _V9_TABLES.create_all(conn)
+
+
+_V9_TABLES = MetaData()  # the tables version 9 (debounce) added, frozen as it added them
+Table(
+    "sagaloop_debounced",
+    _V9_TABLES,
+    Column("app", String(200), primary_key=True),
+    Column("saga", String(200), primary_key=True),
+    Column("key", String(200), primary_key=True),
+    Column("run_id", String(200), nullable=False, unique=True),
+    Column("input", Text),
+    Column("first_at", t.UTCDateTime, nullable=False),
+    Column("last_at", t.UTCDateTime, nullable=False),
+    Column("due_at", t.UTCDateTime, nullable=False),
+    Column("starts", Integer, nullable=False),
+    Index("sagaloop_debounced_due", "app", "due_at"),
+)
+
+
 MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (1, _v1),
     (2, _v2),
@@ -242,6 +265,7 @@ MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (5, _v5),
     (6, _v6),
     (7, _v7),
+    (9, _v9),  # 8 (subscriptions) is another branch's; the lead renumbers on merge
 ]
 LATEST = MIGRATIONS[-1][0]
 

@@ -24,6 +24,7 @@ module             mixin            roles (``engine/ports.py``)
 ``processes.py``   ``SqlRegistry``  ``ProcessRegistry`` (and the registry's writes)
 ``schedules.py``   ``SqlSchedules``   ``ScheduleStore`` (not a role of every ``Store``)
 ``concurrency.py``  ``SqlConcurrency``  ``ConcurrencySlots`` (run concurrency keys)
+``debounce.py``    ``SqlDebounce``    ``DebounceStore`` (debounced starts)
 ``read.py``        ``SqlReadModels``  the operators' read models (metrics, health)
 =================  ===============  =====================================================
 """
@@ -39,6 +40,7 @@ from sagaloop.store import tables as t
 from sagaloop.store.approvals import SqlApprovals
 from sagaloop.store.concurrency import SqlConcurrency
 from sagaloop.store.connect import create_sa_engine
+from sagaloop.store.debounce import SqlDebounce
 from sagaloop.store.inbox import SqlInbox
 from sagaloop.store.limits import SqlRateLimits
 from sagaloop.store.processes import SqlRegistry
@@ -65,6 +67,7 @@ class SqlStore(
     SqlReadModels,
     SqlSchedules,
     SqlConcurrency,
+    SqlDebounce,
 ):
     """The :class:`~sagaloop.engine.ports.Store` on SQLite or PostgreSQL.
 

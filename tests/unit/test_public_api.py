@@ -41,6 +41,7 @@ def test_exported_names_are_pinned() -> None:
             "connect",
             "current_saga",
             "current_step",
+            "Debounce",
         ]
     )
     assert sorted(sagaloop.testing.__all__) == [
