@@ -412,10 +412,22 @@ class Client:
         return ask(self, run_id, query, args, kwargs)
 
     def get(self, run_id: str) -> RunRecord:
+        """The run; RunNotFoundError if there is none (saying so when it is a debounced start
+        whose window is not due yet: :meth:`pending`)."""
         run = self.store.get_run(check_text(run_id, "run_id"))
         if run is None or (self.own_app_only and run.app != self.app_name):
-            raise RunNotFoundError(run_id)
+            window = self._window(run_id) if run is None else None
+            raise RunNotFoundError(run_id, None if window is None else debounced_text(window))
         return run
+
+    def _window(self, run_id: str) -> Debounced | None:
+        """The debounce window that will start ``run_id`` (of this client's app when scoped)."""
+        if not isinstance(self.store, DebounceStore):
+            return None
+        window = self.store.find_debounced(run_id)
+        if window is not None and self.own_app_only and window.app != self.app_name:
+            return None
+        return window
 
     def scoped(self) -> Client:
         """This client, knowing only the runs of its app: another app's run is not found,
@@ -514,7 +526,12 @@ class Client:
         every ``poll`` seconds at first, then less often (:func:`~.polling.poll_until`)."""
 
         def read() -> Any:
-            run = self.get(run_id)
+            try:
+                run = self.get(run_id)
+            except RunNotFoundError as e:
+                if self.store.get_run(run_id) is None and self._window(run_id) is not None:
+                    return Pending(str(e))  # a debounced start: its run starts when due
+                raise
             if run.status == s.COMPLETED:
                 return self._output(run)
             if run.status in s.FINAL_STATUSES:
@@ -576,3 +593,12 @@ class Client:
             return Pending(f"run {run_id!r} is {status} and has not published {what} under {key!r}")
 
         return poll_until(read, timeout=timeout, poll=poll)
+
+
+def debounced_text(window: Debounced) -> str:
+    """What a debounced start not started yet is, in a line."""
+    starts = "start" if window.starts == 1 else "starts"
+    return (
+        f"a debounced start of saga {window.saga!r} (key {window.key!r}, {window.starts} "
+        f"{starts} gathered), due at {window.due_at:%Y-%m-%d %H:%M:%S} UTC"
+    )

@@ -582,6 +582,10 @@ class DebounceStore(Protocol):
         """The windows of ``app`` due at or before ``now``, by due time."""
         ...
 
+    def find_debounced(self, run_id: str) -> Debounced | None:
+        """The open window whose run will be ``run_id``, if there is one."""
+        ...
+
     def take_debounced(self, tx: Tx, window: Debounced) -> bool:
         """In ``tx``: close ``window`` if it is still as read (same run id and ``starts``);
         False when a start moved it since, or another engine took it."""

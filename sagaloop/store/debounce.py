@@ -88,6 +88,12 @@ class SqlDebounce(SqlCore, DebounceStore):
         with self._read() as conn:
             return [record(Debounced, r) for r in conn.execute(q).mappings()]
 
+    def find_debounced(self, run_id: str) -> Debounced | None:
+        with self._read() as conn:
+            row = conn.execute(sa.select(t.debounced).where(_c.run_id == run_id)).mappings()
+            found = row.first()
+        return None if found is None else record(Debounced, found)
+
     def take_debounced(self, tx: Any, window: Debounced) -> bool:
         where = _key(window.app, window.saga, window.key)
         where = where & (_c.run_id == window.run_id) & (_c.starts == window.starts)

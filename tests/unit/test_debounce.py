@@ -5,6 +5,7 @@ independent; exactly one run per window however many engines look at it."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -12,8 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_env import cli_database, run
 
-from sagaloop import App, Client, Debounce, DeclarationError, SagaContext, ValidationError
+from sagaloop import (
+    App,
+    Client,
+    Debounce,
+    DeclarationError,
+    RunNotFoundError,
+    SagaContext,
+    ValidationError,
+)
 from sagaloop.engine import history as h
 from sagaloop.engine.messages import Envelope, start_queue
 from sagaloop.engine.ports import Outgoing
@@ -304,3 +314,49 @@ def test_migration_9_adds_the_debounce_windows_to_a_version_7_database(tmp_path:
         assert [w.run_id for w in store.pending_debounced()] == [run_id]
     finally:
         store.close()
+
+
+# --- what clients and the CLI say of a start not started yet ---------------------------------
+
+
+def test_a_pending_run_id_is_not_found_yet_and_result_waits_for_it() -> None:
+    env = Harness(debounced_app(Debounce(PERIOD, key=lambda i: i["user"])))
+    run_id = env.start("summarize", {"user": "ann", "n": 1})
+    env.start("summarize", {"user": "ann", "n": 2})
+    with pytest.raises(RunNotFoundError, match="a debounced start of saga 'summarize'") as e:
+        env.client.status(run_id)
+    assert "key 'ann', 2 starts gathered" in str(e.value)
+    with pytest.raises(TimeoutError, match="debounced start"):
+        env.client.result(run_id, timeout=0)  # waits, rather than saying there is no run
+    with pytest.raises(RunNotFoundError, match=r"^no run with id 'other'$"):
+        env.client.result("other", timeout=0)
+    env.run_until_idle()
+    assert env.client.result(run_id, timeout=0) == {"user": "ann", "n": 2}
+
+
+CLI_APP = """
+from typing import Any
+from sagaloop import App, Debounce, SagaContext
+
+app = App("bounce")
+
+@app.saga(name="digest", debounce=Debounce(60, key=lambda i: i["user"]))
+async def digest(ctx: SagaContext, input: dict[str, Any]) -> None: ...
+"""
+
+
+def test_the_cli_starts_a_debounced_saga_and_lists_its_pending_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cli_database(tmp_path, monkeypatch, "bounce", CLI_APP)
+    first = run("start", "digest", "--input", '{"user": "ann"}', "--app", "bounce")
+    again = run("start", "digest", "--input", '{"user": "ann", "n": 2}', "--app", "bounce")
+    assert first.exit_code == 0 and again.output == first.output  # one window: one run id
+    run_id = first.output.strip()
+    listed = run("list")
+    assert "pending debounced starts:" in listed.output and run_id in listed.output
+    assert "digest" in listed.output and "ann" in listed.output
+    data = json.loads(run("list", "--json").output)
+    assert [(p["run_id"], p["key"], p["starts"]) for p in data["pending"]] == [(run_id, "ann", 2)]
+    status = run("status", run_id)
+    assert status.exit_code != 0 and "a debounced start of saga 'digest'" in status.output
