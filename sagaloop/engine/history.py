@@ -75,6 +75,9 @@ class EventKind(StrEnum):
     COMPENSATION_COMPLETED = "compensation_completed"
     COMPENSATION_FAILED = "compensation_failed"
     RUN_FINISHED = "run_finished"
+    SLOT_CLAIMED = "slot_claimed"
+    """A run of a saga with a concurrency limit claimed its key's slot: its code starts here,
+    at this event's time (a queued run's, later than its ``run_started``)."""
 
 
 RUN_STARTED: Final[str] = EventKind.RUN_STARTED
@@ -112,6 +115,7 @@ COMPENSATION_RETRYING: Final[str] = EventKind.COMPENSATION_RETRYING
 COMPENSATION_COMPLETED: Final[str] = EventKind.COMPENSATION_COMPLETED
 COMPENSATION_FAILED: Final[str] = EventKind.COMPENSATION_FAILED
 RUN_FINISHED: Final[str] = EventKind.RUN_FINISHED
+SLOT_CLAIMED: Final[str] = EventKind.SLOT_CLAIMED
 
 COMMAND_KINDS: Final = frozenset(
     {
