@@ -43,6 +43,7 @@ from sagaloop.sagas import (
 )
 from sagaloop.sagas.approvals import Approval
 from sagaloop.sagas.concurrency import Concurrency
+from sagaloop.sagas.debounce import Debounce
 from sagaloop.sagas.published import PublishedEvent
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ __all__ = [
     "ApprovalTakenError",
     "Client",
     "Concurrency",
+    "Debounce",
     "DeclarationError",
     "EventTimeoutError",
     "NonDeterminismError",

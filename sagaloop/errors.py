@@ -58,8 +58,8 @@ class UnknownStepError(SagaloopError):
 
 
 class RunNotFoundError(SagaloopError):
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"no run with id {run_id!r}")
+    def __init__(self, run_id: str, detail: str | None = None) -> None:
+        super().__init__(f"no run with id {run_id!r}" + (f" yet: {detail}" if detail else ""))
         self.run_id = run_id
 
 

@@ -17,7 +17,7 @@ from sagaloop.cli.dead_letters import dead_letters
 from sagaloop.cli.demo import demo
 from sagaloop.cli.deploys import export, fork, replay
 from sagaloop.cli.mcp import mcp
-from sagaloop.cli.render import printable, runs_text, stream_line, timeline_text
+from sagaloop.cli.render import pending_text, printable, runs_text, stream_line, timeline_text
 from sagaloop.cli.schedules import schedule
 from sagaloop.cli.serve import dev, engine, health, schema, worker
 from sagaloop.cli.ui import ui
@@ -346,6 +346,7 @@ def list_runs(obj: Obj, status_: str | None, saga: str | None, limit: int, as_js
         client = _client(obj)
         runs = client.list(status=status_, saga=saga, limit=limit)
         counts = client.store.count_runs(saga=saga)
+        pending = client.pending(saga) if status_ is None else []
     if as_json:
         rows = [
             {
@@ -358,9 +359,25 @@ def list_runs(obj: Obj, status_: str | None, saga: str | None, limit: int, as_js
             }
             for r in runs
         ]
-        click.echo(json.dumps({"runs": rows, "counts": counts}, indent=2))
+        out: dict[str, Any] = {"runs": rows, "counts": counts}
+        if pending:  # debounced starts whose run has not started: not runs yet
+            out["pending"] = [
+                {
+                    "run_id": w.run_id,
+                    "app": w.app,
+                    "saga": w.saga,
+                    "key": w.key,
+                    "starts": w.starts,
+                    "first_at": w.first_at.isoformat(),
+                    "due_at": w.due_at.isoformat(),
+                }
+                for w in pending
+            ]
+        click.echo(json.dumps(out, indent=2))
     else:
         click.echo(runs_text(runs, counts))
+        if pending:
+            click.echo("\n" + pending_text(pending))
 
 
 @cli.command()

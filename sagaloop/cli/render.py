@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from sagaloop.client.timeline import Timeline, short_json
-from sagaloop.engine.ports import RunRecord
+from sagaloop.engine.ports import Debounced, RunRecord
 from sagaloop.sagas.approvals import KEY_PREFIX
 
 STYLES = {
@@ -237,6 +237,16 @@ def runs_text(runs: Sequence[RunRecord], counts: dict[str, int]) -> str:
     summary = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no runs"
     summary = printable(summary)
     return f"{table}\n\n{summary} (total {sum(counts.values())})"
+
+
+def pending_text(windows: Sequence[Debounced]) -> str:
+    """The debounced starts not yet started (``sagaloop list``): one row per window."""
+    rows = [
+        [w.run_id, w.app, w.saga, w.key, str(w.starts), _t(w.first_at), _t(w.due_at)]
+        for w in windows
+    ]
+    head = ["run (not started)", "app", "saga", "key", "starts", "first (UTC)", "due (UTC)"]
+    return f"pending debounced starts:\n{text_table(head, rows)}"
 
 
 def stream_line(item: dict[str, Any]) -> str:

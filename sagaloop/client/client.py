@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar, overload
 
 from sagaloop import tracing
@@ -33,7 +33,16 @@ from sagaloop.engine.messages import (
     engine_queue,
     start_queue,
 )
-from sagaloop.engine.ports import Clock, Outgoing, RunRecord, Store, Streams, SystemClock
+from sagaloop.engine.ports import (
+    Clock,
+    Debounced,
+    DebounceStore,
+    Outgoing,
+    RunRecord,
+    Store,
+    Streams,
+    SystemClock,
+)
 from sagaloop.engine.state import RunState
 from sagaloop.errors import ErrorInfo as _ErrorInfo
 from sagaloop.errors import (
@@ -111,6 +120,8 @@ class Client:
         name = definition.name if definition is not None else str(saga)
         if not self.app_name:
             raise ValidationError("Client(store, app) needs the app to start runs")
+        if definition is not None and definition.debounce is not None:
+            return self._debounce(definition, input, run_id=run_id, event=event)
         run_id = check_text(uuid.uuid4().hex if run_id is None else run_id, "run_id")
         converter = definition.input if definition is not None else ANY
         input_json = to_json(input, converter, f"input of saga {name!r}")
@@ -159,14 +170,74 @@ class Client:
                     queue = engine_queue(self.app_name)  # a run in flight: its engine queue
                     self.store.enqueue(tx, [Outgoing(queue, e) for e in first], now)
                     return run_id
-                data = {"input": input_json, **({"trace": trace} if trace else {})}  # the run's
-                if definition is not None and (events := definition.recorded_events()):
-                    data["events"] = events  # what it accepts, for clients without its code
-                started = NewEvent(h.RUN_STARTED, name=name, data=data)
-                self.store.append_events(tx, run_id, 0, [started], now)
-                queue = start_queue(self.app_name)  # behind the work of the runs in flight
-                self.store.enqueue(tx, [Outgoing(queue, e) for e in [env, *first]], now)
+                self._begin(tx, env, definition, first, now)
             return run_id
+
+    def _begin(
+        self,
+        tx: Any,
+        env: Envelope,
+        definition: SagaDef[Any, Any] | None,
+        first: list[Envelope],
+        now: datetime,
+    ) -> None:
+        """In ``tx``, where the run of the start message ``env`` was just created: its
+        ``run_started`` and the start message (then ``first``) on the app's start queue."""
+        trace = env.trace
+        data = {"input": env.payload["input"], **({"trace": trace} if trace else {})}  # the run's
+        if definition is not None and (events := definition.recorded_events()):
+            data["events"] = events  # what it accepts, for clients without its code
+        started = NewEvent(h.RUN_STARTED, name=env.saga, data=data)
+        self.store.append_events(tx, env.run_id, 0, [started], now)
+        queue = start_queue(str(self.app_name))  # behind the work of the runs in flight
+        self.store.enqueue(tx, [Outgoing(queue, e) for e in [env, *first]], now)
+
+    def _debounce(
+        self,
+        definition: SagaDef[Any, Any],
+        input: Any,
+        *,
+        run_id: str | None,
+        event: tuple[str, Any] | None,
+    ) -> str:
+        """A start of a debounced saga: recorded in its key's window (opened if none is),
+        whose run starts once the window is due (``sagaloop.runtime.debounce``). Returns the
+        window's run id: the run that will have this start's input, unless a later start of
+        the window replaces it."""
+        debounce, name = definition.debounce, definition.name
+        assert debounce is not None
+        if run_id is not None or event is not None:
+            raise ValidationError(
+                f"saga {name!r} is debounced: its run id is its window's and its start takes "
+                "no event (send the event to the run once it started)"
+            )
+        if not isinstance(self.store, DebounceStore):
+            raise ValidationError(f"saga {name!r} is debounced: it needs a SqlStore")
+        input_json = to_json(input, definition.input, f"input of saga {name!r}")
+        new_id = uuid.uuid4().hex  # the run's, if this start opens the window
+        check_message(
+            Envelope(type="start", run_id=new_id, saga=name, payload={"input": input_json})
+        )
+        value = definition.input.from_json(input_json, what=f"input of saga {name!r}")
+        key = debounce.key_of(value)
+        window = self.store.debounce(
+            str(self.app_name),
+            name,
+            key,
+            input_json,
+            self.clock.now(),
+            debounce.wait,
+            debounce.bound,
+            run_id=new_id,
+        )
+        return window.run_id
+
+    def pending(self, saga: str | None = None) -> list[Debounced]:
+        """The debounced starts not yet started as a run (of ``saga``, if given), by due
+        time: one per open window, with the run id it will start and the last start's input."""
+        if not isinstance(self.store, DebounceStore):
+            return []
+        return self.store.pending_debounced(self.app_name or None, saga)
 
     def _backlog(self) -> int | None:
         """The app's start backlog when it is at the limit, else None."""
@@ -349,10 +420,22 @@ class Client:
         return ask(self, run_id, query, args, kwargs)
 
     def get(self, run_id: str) -> RunRecord:
+        """The run; RunNotFoundError if there is none (saying so when it is a debounced start
+        whose window is not due yet: :meth:`pending`)."""
         run = self.store.get_run(check_text(run_id, "run_id"))
         if run is None or (self.own_app_only and run.app != self.app_name):
-            raise RunNotFoundError(run_id)
+            window = self._window(run_id) if run is None else None
+            raise RunNotFoundError(run_id, None if window is None else debounced_text(window))
         return run
+
+    def _window(self, run_id: str) -> Debounced | None:
+        """The debounce window that will start ``run_id`` (of this client's app when scoped)."""
+        if not isinstance(self.store, DebounceStore):
+            return None
+        window = self.store.find_debounced(run_id)
+        if window is not None and self.own_app_only and window.app != self.app_name:
+            return None
+        return window
 
     def scoped(self) -> Client:
         """This client, knowing only the runs of its app: another app's run is not found,
@@ -451,7 +534,12 @@ class Client:
         every ``poll`` seconds at first, then less often (:func:`~.polling.poll_until`)."""
 
         def read() -> Any:
-            run = self.get(run_id)
+            try:
+                run = self.get(run_id)
+            except RunNotFoundError as e:
+                if self.store.get_run(run_id) is None and self._window(run_id) is not None:
+                    return Pending(str(e))  # a debounced start: its run starts when due
+                raise
             if run.status == s.COMPLETED:
                 return self._output(run)
             if run.status in s.FINAL_STATUSES:
@@ -537,3 +625,12 @@ class Client:
         with self.store.transaction() as tx:
             self.store.enqueue(tx, [Outgoing(engine_queue(self.app_name), env)], self.clock.now())
         return PublishedEvent(name, payload["data"], key, event_id)
+
+
+def debounced_text(window: Debounced) -> str:
+    """What a debounced start not started yet is, in a line."""
+    starts = "start" if window.starts == 1 else "starts"
+    return (
+        f"a debounced start of saga {window.saga!r} (key {window.key!r}, {window.starts} "
+        f"{starts} gathered), due at {window.due_at:%Y-%m-%d %H:%M:%S} UTC"
+    )

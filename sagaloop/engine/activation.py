@@ -416,6 +416,10 @@ class Engine:
         if slot is not None and slot.kind == "cancel_new":
             cancel = NewEvent(h.CANCEL_REQUESTED, data={"reason": slot.describe()})
             plan = self._activate(env, record, [lambda st: [*started(), cancel]], run_code=False)
+        elif slot is not None and slot.kind in ("claim", "take"):  # the code starts now
+            claimed = NewEvent(h.SLOT_CLAIMED, data={"key": key, "slot": slot.slot})
+            plan = self._activate(env, record, [lambda st: [*started(), claimed]])
+            plan.slot = slot
         else:
             plan = self._activate(env, record, [lambda st: started()])
             plan.slot = slot if slot is not None and slot.kind != "held" else None

@@ -88,6 +88,9 @@ class EventKind(StrEnum):
     the saga's code, and checked on replay. Without ``pos``: an ``on_event`` handler took it;
     without ``seq``: the wait ended without one (its await was cancelled, its ``match``
     raised). Bookkeeping, never fed."""
+    SLOT_CLAIMED = "slot_claimed"
+    """A run of a saga with a concurrency limit claimed its key's slot: its code starts here,
+    at this event's time (a queued run's, later than its ``run_started``)."""
 
 
 RUN_STARTED: Final[str] = EventKind.RUN_STARTED
@@ -129,6 +132,7 @@ SUBSCRIBED: Final[str] = EventKind.SUBSCRIBED
 UNSUBSCRIBED: Final[str] = EventKind.UNSUBSCRIBED
 EVENT_PUBLISHED: Final[str] = EventKind.EVENT_PUBLISHED
 EVENT_TAKEN: Final[str] = EventKind.EVENT_TAKEN
+SLOT_CLAIMED: Final[str] = EventKind.SLOT_CLAIMED
 
 COMMAND_KINDS: Final = frozenset(
     {

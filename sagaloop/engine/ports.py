@@ -13,6 +13,7 @@ from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import Envelope
 from sagaloop.engine.records import (  # the records the ports take and return: re-exported
     ApprovalRow,
+    Debounced,
     HeldSlot,
     KeySlots,
     Outgoing,
@@ -28,6 +29,8 @@ __all__ = [
     "Broker",
     "Clock",
     "ConcurrencySlots",
+    "DebounceStore",
+    "Debounced",
     "Delivery",
     "Handoff",
     "HeldSlot",
@@ -572,3 +575,42 @@ class Broker(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class DebounceStore(Protocol):
+    """The open windows of debounced sagas (see ``store/debounce.py``), one per (app, saga,
+    key). Not a role of every ``Store``: debounced starts need a store that has it."""
+
+    def debounce(
+        self,
+        app: str,
+        saga: str,
+        key: str,
+        input: Any,
+        now: datetime,
+        period: timedelta,
+        max_wait: timedelta | None,
+        run_id: str,
+    ) -> Debounced:
+        """Record a start: open the key's window (its run id ``run_id``, due ``period`` from
+        now) or, if one is open, give it this input and move its due time to ``period`` from
+        now, bounded by ``max_wait`` from its first start. Return the window as written."""
+        ...
+
+    def pending_debounced(self, app: str | None = None, saga: str | None = None) -> list[Debounced]:
+        """The open windows (of ``app``, of ``saga``), by due time."""
+        ...
+
+    def due_debounced(self, app: str, now: datetime, limit: int = 100) -> list[Debounced]:
+        """The windows of ``app`` due at or before ``now``, by due time."""
+        ...
+
+    def find_debounced(self, run_id: str) -> Debounced | None:
+        """The open window whose run will be ``run_id``, if there is one."""
+        ...
+
+    def take_debounced(self, tx: Tx, window: Debounced) -> bool:
+        """In ``tx``: close ``window`` if it is still as read (same run id and ``starts``);
+        False when a start moved it since, or another engine took it."""
+        ...

@@ -123,3 +123,21 @@ class KeySlots:
     """Slot index -> the run id holding it."""
     waiting: list[str]
     """The run ids queued for a slot: oldest start first, then in the order they joined."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Debounced:
+    """The open window of a debounced saga's key (``sagaloop.sagas.debounce``): the run it
+    will start (``run_id``, chosen by the window's first start) with ``input`` (JSON, the last
+    start's) at ``due_at``; ``starts`` counts the starts it gathered (the compare-and-set
+    version: the engine that starts the run takes the window only as it read it)."""
+
+    app: str
+    saga: str
+    key: str
+    run_id: str
+    input: Any
+    first_at: datetime
+    last_at: datetime
+    due_at: datetime
+    starts: int = 1

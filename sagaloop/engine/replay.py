@@ -106,6 +106,8 @@ class Replayer:
         self.recorded: dict[int, Event] = {}  # command events of the history, by position
         self.new_commands: list[NewEvent] = []
         self.pending: dict[int, _Pending] = {}
+        self.slot_start: Event | None = None
+        """The ``run_started`` of a run whose code waits for its ``slot_claimed``."""
         self.waiters: dict[str, collections.deque[int]] = collections.defaultdict(collections.deque)
         self.buffered: dict[str, collections.deque[tuple[int, Any]]] = collections.defaultdict(
             collections.deque
@@ -179,9 +181,17 @@ class Replayer:
         for ev in events:
             self.replaying = replaying
             self.last_seq = ev.seq  # what the code sees as the history's length when it runs
-            if ev.kind == h.RUN_STARTED:
+            if ev.kind == h.RUN_STARTED and self._waits_for_slot(ev):
+                self.slot_start = ev  # its code starts when it claims its slot
+            elif ev.kind == h.RUN_STARTED:
                 self._start(ev)
+            elif ev.kind == h.SLOT_CLAIMED and self.slot_start is not None:
+                start, self.slot_start = self.slot_start, None
+                self._start(start, at=ev.at)
             elif ev.kind in h.COMMAND_KINDS and not self.is_deprecated(ev):
+                if self.slot_start is not None:  # recorded before slots were: started at once
+                    start, self.slot_start = self.slot_start, None
+                    self._start(start)
                 if (
                     ev.kind == h.CONDITION_MET
                     and ev.pos is not None
@@ -198,8 +208,14 @@ class Replayer:
                 self._deliver(ev)
             self._raise_divergence()
 
-    def _start(self, ev: Event) -> None:
-        self.loop.set_time(ev.at.timestamp())
+    def _waits_for_slot(self, ev: Event) -> bool:
+        """Whether the run's code starts at its ``slot_claimed`` rather than here: a first
+        history (not a continued one, which keeps its slot) of a saga with a concurrency
+        limit."""
+        return self.saga.concurrency is not None and not ev.data.get("epoch")
+
+    def _start(self, ev: Event, *, at: datetime | None = None) -> None:
+        self.loop.set_time((at or ev.at).timestamp())
         declared = self.saga.recorded_events()
         if declared and "events" not in ev.data and not self.replaying:  # the engine's start
             self.rejections.append(NewEvent(h.EVENTS_DECLARED, data={"events": declared}))

@@ -16,9 +16,18 @@ from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.engine.activation import Engine
 from sagaloop.engine.history import Event
 from sagaloop.engine.messages import engine_queue, local_queue, start_queue, step_queue
-from sagaloop.engine.ports import Broker, Clock, Delivery, ScheduleStore, Store, Streams
+from sagaloop.engine.ports import (
+    Broker,
+    Clock,
+    DebounceStore,
+    Delivery,
+    ScheduleStore,
+    Store,
+    Streams,
+)
 from sagaloop.engine.watchdog import DEADLINE, Watchdog
 from sagaloop.runtime.consumers import EngineConsumer
+from sagaloop.runtime.debounce import Debouncer
 from sagaloop.runtime.lane import LOCAL_LEASE, LocalLane
 from sagaloop.runtime.local import LocalWorker
 from sagaloop.runtime.relay import Relay
@@ -81,6 +90,9 @@ class Parts:
     schedules: Scheduler | None = None
     """The scheduler of the app's schedules: in an engine that fires timers, on a store that
     keeps schedules."""
+    debounce: Debouncer | None = None
+    """What starts the runs of the app's debounced sagas: in an engine that fires timers, on a
+    store that keeps debounce windows."""
 
     def route(self, queue: str) -> tuple[str, Callable[[Delivery], None]]:
         """Who takes a delivery of ``queue``: its role (``engine`` for the engine's queues,
@@ -148,6 +160,8 @@ def assemble(
         parts.timers = TimerScheduler(app, store, clock)
         if roles.engine and isinstance(store, ScheduleStore):
             parts.schedules = Scheduler(app, store, clock)
+        if roles.engine and isinstance(store, DebounceStore):
+            parts.debounce = Debouncer(app, store, clock)
     if roles.relay or (roles.relay is None and not broker.uses_outbox):
         parts.relay = Relay(store, broker, clock=clock, lease=tuning.lease)
     return parts

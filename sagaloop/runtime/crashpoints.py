@@ -30,6 +30,7 @@ POINTS = {
     "timers.before_commit": "due timers were taken and turned into messages, not committed",
     "engine.fanout_before_commit": "the engine wrote a published event's deliveries and "
     "starts to the outbox, not yet committed",
+    "debounce.before_commit": "a due debounce window was taken and its run created, not committed",
 }
 
 _armed: dict[str, int] = {}

@@ -132,6 +132,8 @@ class Service:
             fire = parts.timers.fire_due
             if parts.schedules is not None:  # the app's schedules fire on the same thread
                 fire = parts.schedules.beside(fire)
+            if parts.debounce is not None:  # and the due debounce windows
+                fire = parts.debounce.beside(fire)
             self._spawn("timers", self._repeat, fire)
         if roles.retention is not None:
             self._spawn("retention", self._retain)

@@ -13,6 +13,7 @@ from sagaloop.sagas.approvals import KEY_PREFIX
 from sagaloop.sagas.concurrency import Concurrency
 from sagaloop.sagas.context import SagaContext
 from sagaloop.sagas.convert import ANY, Converter, Signature
+from sagaloop.sagas.debounce import Debounce
 from sagaloop.sagas.policy import RateLimit, RetryPolicy, check_rate_key
 from sagaloop.sagas.published import PublishedEvent
 from sagaloop.sagas.schedules import InvalidSchedule, ScheduleDef, check_catch_up, make_spec
@@ -166,6 +167,7 @@ class SagaDef(Generic[I, O]):
         concurrency: Concurrency | None = None,
         on_event: str | None = None,
         run_id: Callable[[PublishedEvent], str] | None = None,
+        debounce: Debounce | None = None,
     ) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise DeclarationError(f"saga {name!r} must be an `async def` function")
@@ -190,6 +192,13 @@ class SagaDef(Generic[I, O]):
             )
         self.concurrency = concurrency
         """At most ``limit`` runs at once per key (None: no limit)."""
+        if debounce is not None and not isinstance(debounce, Debounce):
+            raise DeclarationError(
+                f"saga {name!r}: debounce= takes a sagaloop.Debounce(period, key=..., "
+                f"max_wait=...), not {type(debounce).__name__}"
+            )
+        self.debounce = debounce
+        """Starts of one key within ``period`` make one run (None: every start runs)."""
         self.fn = fn
         self.name = _check_name("saga", name)
         self.aliases = tuple(_check_name("saga", a) for a in aliases)
@@ -250,6 +259,7 @@ class App:
         concurrency: Concurrency | None = None,
         on_event: str | None = None,
         run_id: Callable[[PublishedEvent], str] | None = None,
+        debounce: Debounce | None = None,
     ) -> Callable[[Callable[[SagaContext, I], Awaitable[O]]], SagaDef[I, O]]: ...
 
     def saga(
@@ -262,6 +272,7 @@ class App:
         concurrency: Concurrency | None = None,
         on_event: str | None = None,
         run_id: Callable[[PublishedEvent], str] | None = None,
+        debounce: Debounce | None = None,
     ) -> Any:
         """Declare a saga. ``name`` is what runs store: set it explicitly to keep in-flight runs
         resolvable across renames of the function (or list old names in ``aliases``).
@@ -278,7 +289,10 @@ class App:
         ``on_event``: each event of that name published (``Client.publish_event``) starts a
         run of the saga with the event's data as its input, named ``run_id(event)`` (a
         :class:`~sagaloop.PublishedEvent`; by default derived from the saga and the event's
-        id): a publish redelivered or repeated starts no second run."""
+        id): a publish redelivered or repeated starts no second run.
+
+        ``debounce``: the starts of a key within ``period`` of each other make one run, with
+        the last start's input (see :class:`~sagaloop.sagas.debounce.Debounce`)."""
 
         def register(f: Callable[..., Awaitable[Any]]) -> SagaDef[Any, Any]:
             definition: SagaDef[Any, Any] = SagaDef(
@@ -289,6 +303,7 @@ class App:
                 concurrency=concurrency,
                 on_event=on_event,
                 run_id=run_id,
+                debounce=debounce,
             )
             self._register(definition, self.sagas, self._saga_aliases, "saga")
             return definition

@@ -251,6 +251,28 @@ Table(
 )
 
 
+def _v9(conn: Connection) -> None:
+    """Debounced starts (``sagaloop_debounced``): the open window of each debounced saga's key."""
+    _V9_TABLES.create_all(conn)
+
+
+_V9_TABLES = MetaData()  # the tables version 9 (debounce) added, frozen as it added them
+Table(
+    "sagaloop_debounced",
+    _V9_TABLES,
+    Column("app", String(200), primary_key=True),
+    Column("saga", String(200), primary_key=True),
+    Column("key", String(200), primary_key=True),
+    Column("run_id", String(200), nullable=False, unique=True),
+    Column("input", Text),
+    Column("first_at", t.UTCDateTime, nullable=False),
+    Column("last_at", t.UTCDateTime, nullable=False),
+    Column("due_at", t.UTCDateTime, nullable=False),
+    Column("starts", Integer, nullable=False),
+    Index("sagaloop_debounced_due", "app", "due_at"),
+)
+
+
 MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (1, _v1),
     (2, _v2),
@@ -260,6 +282,7 @@ MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (6, _v6),
     (7, _v7),
     (8, _v8),
+    (9, _v9),
 ]
 LATEST = MIGRATIONS[-1][0]
 

@@ -25,6 +25,7 @@ module             mixin            roles (``engine/ports.py``)
 ``schedules.py``   ``SqlSchedules``   ``ScheduleStore`` (not a role of every ``Store``)
 ``concurrency.py``  ``SqlConcurrency``  ``ConcurrencySlots`` (run concurrency keys)
 ``subscriptions.py``  ``SqlSubscriptions``  ``SubscriptionStore`` (published events)
+``debounce.py``    ``SqlDebounce``    ``DebounceStore`` (debounced starts)
 ``read.py``        ``SqlReadModels``  the operators' read models (metrics, health)
 =================  ===============  =====================================================
 """
@@ -40,6 +41,7 @@ from sagaloop.store import tables as t
 from sagaloop.store.approvals import SqlApprovals
 from sagaloop.store.concurrency import SqlConcurrency
 from sagaloop.store.connect import create_sa_engine
+from sagaloop.store.debounce import SqlDebounce
 from sagaloop.store.inbox import SqlInbox
 from sagaloop.store.limits import SqlRateLimits
 from sagaloop.store.processes import SqlRegistry
@@ -68,6 +70,7 @@ class SqlStore(
     SqlSchedules,
     SqlConcurrency,
     SqlSubscriptions,
+    SqlDebounce,
 ):
     """The :class:`~sagaloop.engine.ports.Store` on SQLite or PostgreSQL.
 

@@ -320,3 +320,21 @@ subscriptions = Table(
 ``(name, key)`` it subscribed to (``ctx.subscribe``) or waits on (``ctx.wait_for_event(name,
 key=..., match=...)``), written in the transaction that records the subscription or the wait
 and deleted in the one that ends it (the run's end deletes all of its rows)."""
+debounced = Table(
+    "sagaloop_debounced",
+    metadata,
+    # The open window of a debounced saga's key: the run it will start (its id chosen by the
+    # window's first start), with the last start's input, at ``due_at``. ``starts`` counts the
+    # starts it gathered: the engine that starts the run deletes the row only as it read it.
+    Column("app", ID, primary_key=True),
+    Column("saga", ID, primary_key=True),
+    Column("key", ID, primary_key=True),
+    Column("run_id", ID, nullable=False, unique=True),
+    Column("input", JSONText),
+    Column("first_at", UTCDateTime, nullable=False),
+    Column("last_at", UTCDateTime, nullable=False),
+    Column("due_at", UTCDateTime, nullable=False),
+    Column("starts", Integer, nullable=False),
+    Index("sagaloop_debounced_due", "app", "due_at"),
+)
+"""The debounced starts not yet started as a run (``@app.saga(debounce=...)``)."""

@@ -287,6 +287,7 @@ class Harness:
             work += self.relay.relay_once()
         work += self.timers.fire_due()
         work += self.parts.schedules.fire_due() if self.parts.schedules is not None else 0
+        work += self.parts.debounce.fire_due() if self.parts.debounce is not None else 0
         deliveries = self.broker.receive(self._consumed(), 1, 0)
         if not deliveries and (self.queues is None or self._lane_queue in self.queues):
             deliveries = self._lane.receive([self._lane_queue], 1, 0)
@@ -320,7 +321,7 @@ class Harness:
                 continue
             if not skip_time:
                 return done
-            next_at = self.store.next_timer_at(app=self.app.name)
+            next_at = self._next_at()
             if self._messages_in_hand():
                 # Claimed by a simulated crash, or delayed by retry_later: skip past the lease.
                 idle_skips += 1
@@ -332,6 +333,16 @@ class Harness:
                 return done
             self.clock.set(next_at)
         raise RuntimeError(f"still busy after {max_steps} steps")
+
+    def _next_at(self) -> datetime | None:
+        """When the next timer or debounce window of the app falls due (None: nothing waits)."""
+        next_at = self.store.next_timer_at(app=self.app.name)
+        if self.parts.debounce is not None and any(s.debounce for s in self.app.sagas.values()):
+            windows = self.store.pending_debounced(self.app.name)
+            due = min((w.due_at for w in windows), default=None)
+            if due is not None and (next_at is None or due < next_at):
+                return due
+        return next_at
 
     def _messages_in_hand(self) -> bool:
         memory = self.broker if isinstance(self.broker, MemoryBroker) else None
@@ -359,7 +370,7 @@ class Harness:
         is done before the clock moves on to the next one."""
         until = self.clock.now() + delta
         self.run_until_idle(skip_time=False)
-        while (next_at := self.store.next_timer_at(app=self.app.name)) is not None:
+        while (next_at := self._next_at()) is not None:
             if next_at > until:
                 break
             self.clock.set(next_at)

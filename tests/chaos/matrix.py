@@ -47,6 +47,7 @@ class Saga:
     fails: bool = False  # itapp's then-fail: the names' effects, then `refuse` fails for good
     step: str = "effect"  # the step each name calls (ledger label: the name)
     refuser: str = "refuse"  # the step that fails for good (ledger label: "refuse")
+    debounced: bool = False  # started by a burst of starts that the debounce makes one run
 
     @property
     def calls(self) -> tuple[str, ...]:
@@ -74,6 +75,7 @@ SAGAS = {
         Saga("sequence", "itapp", ("a", "b", "c"), "completed"),
         Saga("then-fail", "itapp", ("x", "y", "z"), "compensated", fails=True),
         Saga("naps", "matrix_app", ("a", "b", "c"), "completed"),
+        Saga("debounced", "matrix_app", ("a", "b", "c"), "completed", debounced=True),
         # In-process steps (local=True), run by the engine's process (``sagaloop dev``'s on the
         # embedded default): the same sagas as itapp's sequence and then-fail.
         Saga("local-sequence", "matrix_app", ("a", "b", "c"), "completed", step="local_effect"),
@@ -156,6 +158,7 @@ _CRASHES: list[tuple[str, int, str, str, int | None, str | None, str | None]] = 
     ("relay.after_publish", 2, "sequence", "engine", None, None, None),
     ("relay.after_publish", 4, "then-fail", "worker", None, None, None),
     ("timers.before_commit", 2, "naps", "engine", 2, None, None),  # before c
+    ("debounce.before_commit", 1, "debounced", "engine", 0, None, None),  # the run's start
     ("local.before_commit", 2, "local-sequence", "engine", 2, "b", None),
     ("local.before_commit", 3, "local-then-fail", "engine", 3, "z", None),
     ("local.after_commit", 2, "local-sequence", "engine", 2, None, None),
@@ -353,11 +356,15 @@ def drive(cell: Cell, system: System) -> str:
         engine = system.engine(**(crash if cell.role == "engine" else {}))
         worker = start_role(system, "worker", **(crash if cell.role == "worker" else {}))
         doomed = engine if cell.role == "engine" else worker
-    run_id = system.client.start(saga.name, list(saga.names))
+    run_id = _start(system, saga)
     if cell.reached:
         wait_for_crash(system, doomed, run_id, cell.spec)
-        run = system.client.get(run_id)
-        assert run.status not in FINAL, f"{cell.spec} fired after the run ended ({run.status})"
+        if saga.debounced:  # killed before the commit that starts the run: the window stays
+            assert system.store.get_run(run_id) is None, f"{cell.spec}: the run was started"
+            assert [w.run_id for w in system.store.pending_debounced()] == [run_id]
+        else:
+            run = system.client.get(run_id)
+            assert run.status not in FINAL, f"{cell.spec} fired after the run ended ({run.status})"
         done = progression(system)
         assert done == list(saga.progression[: len(done)]), f"out of order: {done}"
         if cell.progress is not None:
@@ -377,6 +384,18 @@ def drive(cell: Cell, system: System) -> str:
     finally:
         if amqp is not None:
             amqp.close()
+    return run_id
+
+
+def _start(system: System, saga: Saga) -> str:
+    """Start the saga's run; a debounced one by a burst of starts whose last has the names
+    (the client needs the saga's declaration: the app itself, not its name)."""
+    if not saga.debounced:
+        return system.client.start(saga.name, list(saga.names))
+    client = Client(system.store, load_app(saga.app))
+    run_id = client.start(saga.name, list(saga.names[:1]))
+    assert client.start(saga.name, list(saga.names[:2])) == run_id
+    assert client.start(saga.name, list(saga.names)) == run_id  # the last input wins
     return run_id
 
 

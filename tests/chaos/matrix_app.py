@@ -14,7 +14,15 @@ from datetime import timedelta
 
 from itapp import FAST, _record, ledger
 
-from sagaloop import App, ApplicationError, RetryPolicy, SagaContext, StepCancelled, StepContext
+from sagaloop import (
+    App,
+    ApplicationError,
+    Debounce,
+    RetryPolicy,
+    SagaContext,
+    StepCancelled,
+    StepContext,
+)
 
 app = App("matrix_app")
 NAP = timedelta(seconds=0.5)
@@ -177,3 +185,12 @@ async def long(ctx: SagaContext, name: str) -> str:
     """A reservation, then a long step that runs until the run is cancelled."""
     await ctx.call(reserve, f"{name}-before")
     return await ctx.call(long_job, name)
+
+
+# --- debounce (issue 25): the crash point debounce.before_commit ------------------------------
+
+
+@app.saga(name="debounced", debounce=Debounce(timedelta(seconds=0.5)))
+async def debounced(ctx: SagaContext, names: list[str]) -> list[str]:
+    """itapp's sequence, its starts debounced: a burst of starts makes one run, the last's."""
+    return [await ctx.call(effect, n) for n in names]

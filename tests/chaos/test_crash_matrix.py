@@ -107,6 +107,7 @@ def test_the_matrix_covers_every_crash_point_on_both_backends() -> None:
         assert {c.point for c in cells if not c.reached} == absent, backend
     assert "worker.undo_before_commit" in {c.point for c in CELLS if c.saga == "then-fail"}
     assert {c.saga for c in CELLS if c.point == "timers.before_commit"} == {"naps"}
+    assert {c.saga for c in CELLS if c.point == "debounce.before_commit"} == {"debounced"}
     for backend, role in ((EMBEDDED, "dev"), (RABBIT, "engine")):  # runs in-process steps
         local = [c for c in CELLS if c.backend == backend and c.point.startswith("local.")]
         assert {c.role for c in local} == {role}, backend

@@ -42,6 +42,7 @@ def test_exported_names_are_pinned() -> None:
             "current_saga",
             "current_step",
             "PublishedEvent",
+            "Debounce",
         ]
     )
     assert sorted(sagaloop.testing.__all__) == [

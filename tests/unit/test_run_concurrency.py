@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import closing
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -317,3 +317,28 @@ def test_a_start_published_without_a_client_queues_creating_its_run(store: SqlSt
     assert (queued.status, queued.processed_seq, queued.last_seq) == ("running", 0, 1)
     assert [e.kind for e in client.history("b")] == [h.RUN_STARTED]
     assert store.key_slots(None, app.name, "job", "") == KeySlots({0: "a"}, ["b"])
+
+
+def test_a_queued_run_s_code_starts_when_it_claims_its_slot_its_clock_too() -> None:
+    """A run queued for a slot starts its code later than its run_started: ``ctx.now()`` is
+    the claim's time, and its durable sleeps last their duration from there (they counted
+    from the start, so a run queued longer than its sleep did not sleep at all)."""
+    app = App("queued-clock")
+    seen: dict[str, Any] = {}
+
+    @app.saga(name="job", concurrency=Concurrency(limit=1))
+    async def job(ctx: SagaContext, n: int) -> None:
+        seen[f"begun-{n}"] = ctx.now()
+        await ctx.sleep(timedelta(seconds=2))
+        seen[f"woke-{n}"] = ctx.now()
+
+    env = Harness(app)
+    t0 = env.clock.now()
+    first, second = env.start(job, 1), env.start(job, 2)
+    env.run_until_idle()
+    assert env.result(first) is None and env.result(second) is None
+    assert seen["begun-2"] - t0 == timedelta(seconds=2)  # when the first ended
+    assert seen["woke-2"] - t0 == timedelta(seconds=4)
+    ends = {r: env.get(r).updated_at - t0 for r in (first, second)}
+    assert ends == {first: timedelta(seconds=2), second: timedelta(seconds=4)}
+    assert [e.kind for e in env.history(second)][:2] == [h.RUN_STARTED, h.SLOT_CLAIMED]
