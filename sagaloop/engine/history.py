@@ -75,6 +75,15 @@ class EventKind(StrEnum):
     COMPENSATION_COMPLETED = "compensation_completed"
     COMPENSATION_FAILED = "compensation_failed"
     RUN_FINISHED = "run_finished"
+    UPDATE_ACCEPTED = "update_accepted"
+    """An update (``Client.update``) its validator let through: fed to its handler
+    (``ctx.on_update``), in history order. ``data``: ``update_id`` and the update's data."""
+    UPDATE_REFUSED = "update_refused"
+    """An update refused before it was recorded as accepted (its validator raised, no
+    handler...): the answer its sender reads; never fed to saga code."""
+    UPDATE_COMPLETED = "update_completed"
+    """An update's handler returned (``result``) or raised (``error``): the answer its sender
+    reads."""
 
 
 RUN_STARTED: Final[str] = EventKind.RUN_STARTED
@@ -112,6 +121,9 @@ COMPENSATION_RETRYING: Final[str] = EventKind.COMPENSATION_RETRYING
 COMPENSATION_COMPLETED: Final[str] = EventKind.COMPENSATION_COMPLETED
 COMPENSATION_FAILED: Final[str] = EventKind.COMPENSATION_FAILED
 RUN_FINISHED: Final[str] = EventKind.RUN_FINISHED
+UPDATE_ACCEPTED: Final[str] = EventKind.UPDATE_ACCEPTED
+UPDATE_REFUSED: Final[str] = EventKind.UPDATE_REFUSED
+UPDATE_COMPLETED: Final[str] = EventKind.UPDATE_COMPLETED
 
 COMMAND_KINDS: Final = frozenset(
     {

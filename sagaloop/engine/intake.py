@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from sagaloop.engine import decide, gate
+from sagaloop.engine import decide, gate, updates
 from sagaloop.engine import history as h
 from sagaloop.engine.history import NewEvent
 from sagaloop.engine.messages import (
@@ -19,6 +19,7 @@ from sagaloop.engine.messages import (
     StepReply,
     TimerPayload,
     UndoRun,
+    UpdatePayload,
     parse_payload,
 )
 from sagaloop.engine.ports import Clock, Store
@@ -41,6 +42,9 @@ def triggers(env: Envelope, app: App, store: Store, clock: Clock) -> list[Trigge
             return [gate.answer_trigger(store, env.run_id, env.message_id, name, data)]
         event = NewEvent(h.EVENT_ARRIVED, name=name, data={"data": data})
         return [lambda st: [event]]
+    if env.type == "update":
+        update: UpdatePayload = parse_payload(UpdatePayload, env)
+        return [updates.Arrival(update.name, update.update_id, update.data)]
     if env.type == "cancel":
         reason = parse_payload(CancelPayload, env).reason
         return [lambda st: decide.cancel_events(st, reason)]

@@ -40,8 +40,9 @@ MessageType = Literal[
     "child_start",
     "child_result",
     "undo_run",
+    "update",
 ]
-PUBLIC_TYPES = frozenset({"start", "event", "cancel", "retry"})
+PUBLIC_TYPES = frozenset({"start", "event", "cancel", "retry", "update"})
 """What anyone allowed to publish to the public exchange may send."""
 INTERNAL_TYPES = frozenset(
     {"step", "step_result", "timer", "child_start", "child_result", "undo_run"}
@@ -178,6 +179,18 @@ class EventPayload(BaseModel):
         return _no_nul(value) or ""
 
 
+class UpdatePayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    data: Any = None
+    update_id: str = Field(min_length=1, max_length=200)
+
+    @field_validator("name", "update_id")
+    @classmethod
+    def _text(cls, value: str) -> str:
+        return _no_nul(value) or ""
+
+
 class CancelPayload(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reason: str | None = None
@@ -196,6 +209,15 @@ class EventMessage(Envelope):
 
     type: Literal["event"]
     payload: EventPayload  # type: ignore[assignment]
+
+
+class UpdateMessage(Envelope):
+    """Publish to the engine queue to update a run (``ctx.on_update``): its answer is recorded
+    in the run's history (``update_completed`` or ``update_refused``, naming ``update_id``).
+    Give it the id ``update:{run_id}:{update_id}`` so a retry is applied once."""
+
+    type: Literal["update"]
+    payload: UpdatePayload  # type: ignore[assignment]
 
 
 class Direction(StrEnum):

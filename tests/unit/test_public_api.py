@@ -41,6 +41,9 @@ def test_exported_names_are_pinned() -> None:
             "connect",
             "current_saga",
             "current_step",
+            # issue 25: updates
+            "UpdateFailedError",
+            "UpdateRefusedError",
         ]
     )
     assert sorted(sagaloop.testing.__all__) == [
