@@ -181,7 +181,9 @@ class Arrival:
         if st.parked is not None:
             why = ErrorInfo("UpdateRefused", "the run needs attention: it takes no update")
         elif st.saga_done or st.failing or self.code is None or self.code.stopped:
-            why = ErrorInfo("UpdateRefused", "the run's code has ended: it takes no update")
+            why = ErrorInfo(
+                "UpdateRefused", "the run's code is not running (it has ended): it takes no update"
+            )
         else:
             why = self.code.updates.judge(self.name, self.data)
         if why is not None:

@@ -16,7 +16,7 @@ from sagaloop import App, SagaContext, StepContext, UpdateFailedError, UpdateRef
 from sagaloop.engine import history as h
 from sagaloop.engine.messages import engine_queue
 from sagaloop.engine.updates import CARRIED
-from sagaloop.errors import ValidationError
+from sagaloop.errors import NonDeterminismError, ValidationError
 from sagaloop.testing import Harness, replay
 
 DAY = timedelta(days=1)
@@ -299,3 +299,48 @@ def test_only_the_latest_answers_are_carried() -> None:
     kept = carried(st)
     assert len(kept) == CARRIED and "0" not in kept and "5" not in kept and "6" in kept
     assert kept["running"]["error"]["type"] == "UpdateAbandoned"
+
+
+slow = App("updates-slow-handler")
+
+
+@slow.saga(name="s")
+async def slow_saga(ctx: SagaContext) -> None:
+    async def wait_a_day(_: Any) -> str:
+        await ctx.sleep(DAY)
+        return "waited"
+
+    ctx.on_update("wait", wait_a_day)
+    await ctx.sleep(7 * DAY)
+
+
+@pytest.mark.parametrize("cache", [False, True], ids=["replay", "cache"])
+def test_an_update_whose_run_ends_before_its_handler_does_fails(cache: bool) -> None:
+    env = Harness(slow, cache=cache)
+    run_id = env.start(slow_saga)
+    env.run_until_idle(skip_time=False)
+    update_id = env.send_update(run_id, "wait")
+    env.run_until_idle(skip_time=False)
+    env.cancel(run_id)
+    env.run_until_idle(skip_time=False)
+    with pytest.raises(UpdateFailedError, match=r"the run ended \(cancelled\)") as e:
+        env.update(run_id, "wait", update_id=update_id)
+    assert not isinstance(e.value, UpdateRefusedError)  # it was accepted: maybe applied
+
+
+def test_a_replay_without_the_handler_of_an_accepted_update_is_refused() -> None:
+    env = Harness(app)
+    run_id = env.start(account)
+    env.run_until_idle()
+    env.update(run_id, "withdraw", 0)
+    history = env.history(run_id)
+    changed = App("updates")  # the same saga, its withdraw handler removed
+
+    @changed.saga(name="account")
+    async def account_changed(ctx: SagaContext) -> None:
+        ctx.on_update("deposit", lambda d: d)
+        await ctx.wait_condition(lambda: False)
+
+    with pytest.raises(NonDeterminismError, match="update 'withdraw' accepted"):
+        replay(changed, history, run_id=run_id)
+    replay(app, history, run_id=run_id)  # the code that recorded it replays
