@@ -7,15 +7,19 @@ the sender and records nothing but the refusal."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from system import System
+from test_hostile_saga_processes import Dev
 
 from sagaloop import UpdateRefusedError
+from sagaloop.client import Client
 from sagaloop.engine import history as h
+from sagaloop.store.sql import SqlStore
 from sagaloop.testing import eventually
 
 pytestmark = pytest.mark.integration
@@ -72,3 +76,48 @@ def test_an_update_accepted_before_the_engine_is_killed_is_answered_once(
     assert system.wait_final([run_id]) == {run_id: "completed"}
     assert client.get(run_id).output == 7
     system.assert_histories_sound([run_id])
+
+
+def test_embedded_an_update_accepted_before_dev_is_killed_is_answered_once(
+    tmp_path: Path,
+) -> None:
+    """The same on the embedded default: one `sagaloop dev` process (engine and worker) on a
+    SQLite file, SIGKILLed while the update's step runs; the next `sagaloop dev` runs the
+    step again (in doubt, with its key) and answers the update once."""
+    gate = tmp_path / "gate"
+    dev = Dev(tmp_path, "updates_app", SAGALOOP_LEASE="3")
+    store = SqlStore(dev.env["SAGALOOP_DATABASE_URL"])
+    ledger = dev.ledger
+    try:
+        eventually(lambda: "dev: app" in dev.log.read_text(), what="dev to start")
+        client = Client(store, "updates_app")
+        run_id = client.start("account", str(gate))
+        with ThreadPoolExecutor(1) as pool:
+            data = {"id": "d1", "amount": 7}
+            sent = pool.submit(client.update, run_id, "deposit", data, update_id="u1", timeout=120)
+            eventually(lambda: "d1 booking" in _marks_at(ledger), 60, "the booking to start")
+            assert [e.kind for e in client.history(run_id) if "update" in e.kind] == [
+                h.UPDATE_ACCEPTED
+            ]
+            System.kill(dev.proc)
+            gate.touch()
+            dev = Dev(tmp_path, "updates_app", SAGALOOP_LEASE="3")
+            assert sent.result(timeout=120) == 7, dev.log.read_text()[-4000:]
+        kinds = [e.kind for e in client.history(run_id) if "update" in e.kind]
+        assert kinds == [h.UPDATE_ACCEPTED, h.UPDATE_COMPLETED]
+        assert dev.effects() == ["d1"]  # one effect: the step's key, whichever attempt
+        assert client.update(run_id, "close", timeout=60) == 7
+        eventually(lambda: client.get(run_id).status == "completed", 60, "the run to end")
+    finally:
+        dev.close()
+        store.close()
+
+
+def _marks_at(ledger: Path) -> list[str]:
+    if not ledger.exists():
+        return []
+    with sqlite3.connect(ledger, timeout=60) as conn:
+        try:
+            return [str(w) for (w,) in conn.execute("select what from marks order by rowid")]
+        except sqlite3.OperationalError:
+            return []
