@@ -126,9 +126,9 @@ class Replayer:
         self.deprecated: set[str] = set()
         """Change ids saga code passed to ``ctx.deprecate_patch``: their markers are skipped."""
         self.handlers = Handlers(self)
+        """``ctx.on_event``: the handlers that take events of their name as they arrive."""
         self.updates = Updates(self)
         """``ctx.on_update``: the handlers of updates, and their validators."""
-        """``ctx.on_event``: the handlers that take events of their name as they arrive."""
         self.conditions = Conditions(self)
         """``ctx.wait_condition``: resolved live in :meth:`take_new_commands`, on replay where
         the history recorded it."""
