@@ -78,6 +78,39 @@ def test_an_update_accepted_before_the_engine_is_killed_is_answered_once(
     system.assert_histories_sound([run_id])
 
 
+@pytest.mark.parametrize("point", ["engine.before_commit", "engine.after_commit"])
+def test_the_engine_killed_at_a_crash_point_as_it_takes_an_update(
+    system: System, tmp_path: Path, point: str
+) -> None:
+    """The engine dies at ``point`` in the activation that takes the update (before its
+    acceptance commits; after it commits, the message not yet acknowledged): the next engine
+    takes the redelivered message and the update is accepted and answered once."""
+    gate = tmp_path / "gate"
+    gate.touch()
+    engine = system.engine()
+    system.worker(queues="work")
+    system.wait_ready("engine")
+    system.wait_ready("worker")
+    client = system.client
+    run_id = client.start("account", str(gate))
+    assert client.update(run_id, "deposit", {"id": "d0", "amount": 1}, timeout=60) == 1
+    System.kill(engine)
+    doomed = system.engine(SAGALOOP_CRASH_AT=point)  # its first commit: the update's
+    eventually(lambda: "engine: app" in system._logs[-1].read_text(), what="the engine")
+    with ThreadPoolExecutor(1) as pool:
+        data = {"id": "d1", "amount": 7}
+        sent = pool.submit(client.update, run_id, "deposit", data, update_id="u1", timeout=120)
+        System.wait_killed_by_crash_point(doomed)
+        system.engine()
+        assert sent.result(timeout=120) == 8, system.logs()
+    updates = [(e.kind, e.data["update_id"]) for e in client.history(run_id) if "update" in e.kind]
+    assert updates[2:] == [(h.UPDATE_ACCEPTED, "u1"), (h.UPDATE_COMPLETED, "u1")]
+    assert system.ledger("select count(*) from effects where step = 'd1'") == [(1,)]
+    assert client.update(run_id, "close", timeout=60) == 8
+    assert system.wait_final([run_id]) == {run_id: "completed"}
+    system.assert_histories_sound([run_id])
+
+
 def test_embedded_an_update_accepted_before_dev_is_killed_is_answered_once(
     tmp_path: Path,
 ) -> None:
