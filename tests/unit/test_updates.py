@@ -177,8 +177,12 @@ def test_a_duplicate_that_reaches_the_engine_as_another_message_is_ignored(
         live=True,
     )
     env.run_until_idle()
+    assert (
+        "answering update 'f': its handler runs (ctx.on_update)" in env.status(run_id).waiting_for
+    )
     env.queues = None
     assert env.update(run_id, "deposit_foreign", update_id="f") == 6
+    assert not any("answering" in line for line in env.status(run_id).waiting_for)
     assert kinds(env, run_id) == ["update_accepted", "update_completed"]
 
 
