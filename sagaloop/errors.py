@@ -366,6 +366,8 @@ class UpdateRefusedError(UpdateFailedError):
     validator raised (``error`` is what it raised), the run has no handler for it, its data did
     not fit the handler's model, or the run ended or needs attention. Nothing was applied."""
 
+    _outcome = "was refused"
+
 
 MAX_ERROR_MESSAGE = 8 * 1024
 """Characters of an error message kept in the history; a longer one is cut."""

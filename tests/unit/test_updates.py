@@ -6,13 +6,16 @@ as new; refused by a run that ended; replayed deterministically."""
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 from pydantic import BaseModel
 
 from sagaloop import App, SagaContext, StepContext, UpdateFailedError, UpdateRefusedError
+from sagaloop.cli.main import cli
 from sagaloop.engine import history as h
 from sagaloop.engine.messages import engine_queue
 from sagaloop.engine.updates import CARRIED
@@ -348,3 +351,32 @@ def test_a_replay_without_the_handler_of_an_accepted_update_is_refused() -> None
     with pytest.raises(NonDeterminismError, match="update 'withdraw' accepted"):
         replay(changed, history, run_id=run_id)
     replay(app, history, run_id=run_id)  # the code that recorded it replays
+
+
+def test_the_cli_sends_an_update_and_prints_its_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    monkeypatch.setenv("SAGALOOP_DATABASE_URL", url)
+    env = Harness(app, url=url)
+    run_id = env.start(account)
+    env.run_until_idle()
+    assert env.update(run_id, "deposit", {"amount": 3}, update_id="d") == 3
+    with pytest.raises(UpdateFailedError):
+        env.update(run_id, "withdraw", 9, update_id="w")
+
+    def cli_update(*args: str) -> Result:
+        return CliRunner().invoke(cli, ["update", run_id, *args], catch_exceptions=False)
+
+    answered = cli_update("deposit", "--data", '{"amount": 3}', "--update-id", "d")
+    assert (answered.exit_code, answered.output) == (0, "3\n")  # read, not applied again
+    failed = cli_update("withdraw", "--data", "9", "--update-id", "w")
+    assert failed.exit_code == 1 and "insufficient funds: 3 < 9" in failed.output
+    waiting = cli_update("deposit", "--data", '{"amount": 1}', "--timeout", "0")
+    assert waiting.exit_code == 1 and "no answer yet" in waiting.output
+    env.clock.set(datetime.now(UTC))  # the CLI queued it at the real time: due now
+    assert env.update(run_id, "close") == "closing"
+    env.run_until_idle()
+    refused = cli_update("deposit", "--data", '{"amount": 1}')
+    assert refused.exit_code == 1 and "was refused" in refused.output
+    assert env.result(run_id) == {"balance": 4}  # the update left waiting was applied
