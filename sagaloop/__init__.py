@@ -27,6 +27,8 @@ from sagaloop.errors import (
     SagaloopError,
     StepCancelled,
     StepFailedError,
+    UpdateFailedError,
+    UpdateRefusedError,
     ValidationError,
 )
 from sagaloop.runtime.connect import connect
@@ -97,6 +99,8 @@ __all__ = [
     "StepDef",
     "StepFailedError",
     "Tuning",
+    "UpdateFailedError",
+    "UpdateRefusedError",
     "ValidationError",
     "__version__",
     "connect",

@@ -348,6 +348,27 @@ class SagaFailedError(SagaloopError):
         self.error = error
 
 
+class UpdateFailedError(SagaloopError):
+    """Raised by ``Client.update`` when the update's handler raised: ``error`` (an
+    ``ErrorInfo``) has the type and message of what it raised. The update was applied up to
+    where its handler raised; the run goes on."""
+
+    _outcome = "failed"
+
+    def __init__(self, run_id: str, name: str, update_id: str, error: ErrorInfo) -> None:
+        what = f"update {name!r} of run {run_id!r} {self._outcome}"
+        super().__init__(f"{what}: {error.type}: {error.message}")
+        self.run_id, self.name, self.update_id, self.error = run_id, name, update_id, error
+
+
+class UpdateRefusedError(UpdateFailedError):
+    """Raised by ``Client.update`` when the update was refused before it was recorded: its
+    validator raised (``error`` is what it raised), the run has no handler for it, its data did
+    not fit the handler's model, or the run ended or needs attention. Nothing was applied."""
+
+    _outcome = "was refused"
+
+
 MAX_ERROR_MESSAGE = 8 * 1024
 """Characters of an error message kept in the history; a longer one is cut."""
 MAX_TRACEBACK = 4 * 1024

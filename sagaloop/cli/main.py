@@ -306,6 +306,34 @@ def publish(
         click.echo(printable(event.event_id))
 
 
+@cli.command("update")
+@click.argument("run_id")
+@click.argument("name")
+@click.option("--data", help="The update's data as JSON.")
+@click.option("--update-id", help="Sends with the same id are applied once and answered the same.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for the answer.",
+)
+@click.pass_obj
+def update(
+    obj: Obj, run_id: str, name: str, data: str | None, update_id: str | None, timeout: float
+) -> None:
+    """Send the update NAME to a run (its ``ctx.on_update`` handler) and print the answer as
+    JSON. Exit 1, saying why, if the run refused the update or its handler raised; on a
+    timeout the update may still be applied: send it again with the same --update-id."""
+    value = json_arg(data, "--data")
+    with errors():
+        try:
+            answer = _client(obj).update(run_id, name, value, update_id=update_id, timeout=timeout)
+        except TimeoutError as e:
+            raise click.ClickException(f"no answer yet: {e}") from e
+    click.echo(json.dumps(answer, ensure_ascii=False))
+
+
 @cli.command()
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")

@@ -21,7 +21,7 @@ from sagaloop._secrets import mask_url
 from sagaloop.cli.common import Obj, app_option, errors
 from sagaloop.cli.render import pairs_text
 from sagaloop.cli.ui import with_ui_port
-from sagaloop.engine.messages import EventMessage, PublishMessage, StartMessage
+from sagaloop.engine.messages import EventMessage, PublishMessage, StartMessage, UpdateMessage
 from sagaloop.engine.ports import Broker
 from sagaloop.errors import (
     AccessRefusedError,
@@ -528,7 +528,7 @@ def _check_processes(store: SqlStore, checks: dict[str, Any], *, local: bool) ->
 
 @click.command()
 def schema() -> None:
-    """Print the JSON Schema of the start, event and publish messages (the public message
+    """Print the JSON Schema of the start, event, publish and update messages (the public message
     contract)."""
     click.echo(
         json.dumps(
@@ -536,6 +536,7 @@ def schema() -> None:
                 "start": StartMessage.model_json_schema(),
                 "event": EventMessage.model_json_schema(),
                 "publish": PublishMessage.model_json_schema(),
+                "update": UpdateMessage.model_json_schema(),
             },
             indent=2,
         )

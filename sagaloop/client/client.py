@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar, overload
 
 from sagaloop import tracing
+from sagaloop.client import updates
 from sagaloop.client.admission import START_BACKLOG, limit_from_env
 from sagaloop.client.approvals import answer_approval
 from sagaloop.client.checks import check_message, check_text, same_json, to_json
@@ -625,6 +626,32 @@ class Client:
         with self.store.transaction() as tx:
             self.store.enqueue(tx, [Outgoing(engine_queue(self.app_name), env)], self.clock.now())
         return PublishedEvent(name, payload["data"], key, event_id)
+
+    def update(
+        self,
+        run_id: str,
+        name: str,
+        data: Any = None,
+        *,
+        update_id: str | None = None,
+        timeout: float | timedelta | None = None,
+        poll: float = 0.05,
+    ) -> Any:
+        """Send the update ``name`` with ``data`` (JSON) to run ``run_id`` and return what its
+        handler (``ctx.on_update``) returned. ``UpdateRefusedError`` if the run refused it
+        before recording it (its validator raised, it has no handler for ``name``, the data
+        does not fit, the run ended or needs attention): nothing was applied.
+        ``UpdateFailedError`` if the handler raised (``.error``: its type and message).
+
+        ``update_id`` (default: a new one) makes a retry safe: the update is applied at most
+        once per ``update_id`` and every send of it gets the same answer, also after the run
+        continued as new (the latest 1,000 answers are carried). TimeoutError after
+        ``timeout`` seconds (``None``: wait for ever): the update may still be applied; send
+        it again with the same ``update_id`` to read its answer. The store is read as
+        :meth:`result` reads it."""
+        return updates.update(
+            self, run_id, name, data, update_id=update_id, timeout=timeout, poll=poll
+        )
 
 
 def debounced_text(window: Debounced) -> str:

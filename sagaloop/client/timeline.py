@@ -301,6 +301,9 @@ def _why(st: RunState, run: RunRecord, queues: dict[Any, Any], now: datetime) ->
         )
     for fire_at in st.sleeps.values():
         why.append(f"sleeping until {fire_at:%Y-%m-%d %H:%M:%S} UTC")
+    if running := [u for u, answer in st.updates.items() if answer is None]:
+        ids = ", ".join(repr(u) for u in running[:5]) + (" and more" if len(running) > 5 else "")
+        why.append(f"answering update {ids}: its handler runs (ctx.on_update)")
     return why
 
 

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sagaloop import tracing
-from sagaloop.engine import concurrency, decide, gate, intake, runlog
+from sagaloop.engine import concurrency, decide, gate, intake, runlog, updates
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.history import Event, NewEvent
@@ -524,6 +524,8 @@ class Engine:
                     effects = decide.Effects(self.clock.now(), live.state.last_seq, trace=trace)
                     reacted = False
                     for trigger in triggers:
+                        if isinstance(trigger, updates.Arrival):  # judged by the code
+                            trigger.code = live.code
                         pending = trigger(live.state)
                         if (
                             pending
@@ -636,7 +638,8 @@ class Engine:
         if code is None:
             return decide.next_events(self.app, st, code=None)
         commands = code.take_new_commands()  # then its outcome, if it returned
-        return decide.next_events(self.app, st, code=(commands, code.outcome))
+        answered = code.take_rejections()  # updates whose handlers ended as it resumed
+        return [*answered, *decide.next_events(self.app, st, code=(commands, code.outcome))]
 
     def _engine_queue_of(self, run_id: str) -> str:
         """The engine queue of the app that ``run_id`` belongs to (this app's if none does

@@ -430,3 +430,13 @@ class Context(SagaContext):
     @property
     def is_replaying(self) -> bool:
         return self._r.replaying
+
+    def on_update(
+        self,
+        name: str,
+        handler: Callable[[Any], Any],
+        *,
+        validator: Callable[[Any], object] | None = None,
+        model: type[Any] | None = None,
+    ) -> None:
+        self._r.updates.register(name, handler, validator, model)

@@ -17,6 +17,7 @@ from typing import Any
 
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
+from sagaloop.engine import updates
 from sagaloop.engine.contract import (
     DO,
     UNDO,
@@ -480,6 +481,8 @@ def effects_of(
         }
         if kept := st.carried_published():  # readable until published again
             data["published"] = kept
+        if answers := updates.carried(st):  # a retried update is answered the same
+            data["updates"] = answers
         effects.restart = NewEvent(h.RUN_STARTED, name=st.saga, data=data)
         continued = derived_id("continued", st.run_id, st.epoch + 1)
         effects.start(queue, continued, st.run_id, st.saga, ev.data.get("input"))

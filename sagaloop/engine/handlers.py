@@ -157,6 +157,14 @@ class Handlers:
     def all_finished(self) -> bool:
         return not self.running
 
+    def start_task(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``coro`` (an update's handler) as a handler: ``all_finished`` waits for it."""
+        self._task(coro, name)
+
+    def fail(self, e: BaseException) -> None:
+        """End the run with ``e``, as an exception of the main code would."""
+        self._fail(e)
+
 
 class Conditions:
     """The ``ctx.wait_condition`` calls pending in one run's saga code, in call order."""

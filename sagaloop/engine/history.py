@@ -91,6 +91,15 @@ class EventKind(StrEnum):
     SLOT_CLAIMED = "slot_claimed"
     """A run of a saga with a concurrency limit claimed its key's slot: its code starts here,
     at this event's time (a queued run's, later than its ``run_started``)."""
+    UPDATE_ACCEPTED = "update_accepted"
+    """An update (``Client.update``) its validator let through: fed to its handler
+    (``ctx.on_update``), in history order. ``data``: ``update_id`` and the update's data."""
+    UPDATE_REFUSED = "update_refused"
+    """An update refused before it was recorded as accepted (its validator raised, no
+    handler...): the answer its sender reads; never fed to saga code."""
+    UPDATE_COMPLETED = "update_completed"
+    """An update's handler returned (``result``) or raised (``error``): the answer its sender
+    reads."""
 
 
 RUN_STARTED: Final[str] = EventKind.RUN_STARTED
@@ -133,6 +142,9 @@ UNSUBSCRIBED: Final[str] = EventKind.UNSUBSCRIBED
 EVENT_PUBLISHED: Final[str] = EventKind.EVENT_PUBLISHED
 EVENT_TAKEN: Final[str] = EventKind.EVENT_TAKEN
 SLOT_CLAIMED: Final[str] = EventKind.SLOT_CLAIMED
+UPDATE_ACCEPTED: Final[str] = EventKind.UPDATE_ACCEPTED
+UPDATE_REFUSED: Final[str] = EventKind.UPDATE_REFUSED
+UPDATE_COMPLETED: Final[str] = EventKind.UPDATE_COMPLETED
 
 COMMAND_KINDS: Final = frozenset(
     {

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from sagaloop.engine import decide, gate
+from sagaloop.engine import decide, gate, updates
 from sagaloop.engine import history as h
 from sagaloop.engine.history import NewEvent
 from sagaloop.engine.messages import (
@@ -19,6 +19,7 @@ from sagaloop.engine.messages import (
     StepReply,
     TimerPayload,
     UndoRun,
+    UpdatePayload,
     parse_payload,
 )
 from sagaloop.engine.ports import Clock, Store
@@ -42,6 +43,9 @@ def triggers(env: Envelope, app: App, store: Store, clock: Clock) -> list[Trigge
         arrived = {"data": data, **({"key": payload.key} if payload.key is not None else {})}
         event = NewEvent(h.EVENT_ARRIVED, name=name, data=arrived)
         return [lambda st: [event]]
+    if env.type == "update":
+        update: UpdatePayload = parse_payload(UpdatePayload, env)
+        return [updates.Arrival(update.name, update.update_id, update.data)]
     if env.type == "cancel":
         reason = parse_payload(CancelPayload, env).reason
         return [lambda st: decide.cancel_events(st, reason)]

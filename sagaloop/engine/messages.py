@@ -41,8 +41,9 @@ MessageType = Literal[
     "child_result",
     "undo_run",
     "publish",
+    "update",
 ]
-PUBLIC_TYPES = frozenset({"start", "event", "cancel", "retry", "publish"})
+PUBLIC_TYPES = frozenset({"start", "event", "cancel", "retry", "publish", "update"})
 """What anyone allowed to publish to the public exchange may send."""
 INTERNAL_TYPES = frozenset(
     {"step", "step_result", "timer", "child_start", "child_result", "undo_run"}
@@ -199,6 +200,18 @@ class PublishPayload(BaseModel):
         return _no_nul(value)
 
 
+class UpdatePayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    data: Any = None
+    update_id: str = Field(min_length=1, max_length=200)
+
+    @field_validator("name", "update_id")
+    @classmethod
+    def _text(cls, value: str) -> str:
+        return _no_nul(value) or ""
+
+
 class CancelPayload(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reason: str | None = None
@@ -226,6 +239,15 @@ class PublishMessage(Envelope):
 
     type: Literal["publish"]
     payload: PublishPayload  # type: ignore[assignment]
+
+
+class UpdateMessage(Envelope):
+    """Publish to the engine queue to update a run (``ctx.on_update``): its answer is recorded
+    in the run's history (``update_completed`` or ``update_refused``, naming ``update_id``).
+    Give it the id ``update:{run_id}:{update_id}`` so a retry is applied once."""
+
+    type: Literal["update"]
+    payload: UpdatePayload  # type: ignore[assignment]
 
 
 class Direction(StrEnum):

@@ -25,6 +25,7 @@ from sagaloop.engine.commands import Context, ContinueAsNew, WaitSpec
 from sagaloop.engine.handlers import Conditions, Handlers
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.loop import DeterministicLoop, refuse_threads_in_saga_code
+from sagaloop.engine.updates import Updates
 from sagaloop.engine.watchdog import Watchdog
 from sagaloop.errors import (
     ActivationDeadlineError,
@@ -51,6 +52,7 @@ FED_KINDS = frozenset(
         h.COMPENSATE_DONE,
         h.CHILD_COMPLETED,
         h.CHILD_FAILED,
+        h.UPDATE_ACCEPTED,
     }
 )
 
@@ -136,6 +138,8 @@ class Replayer:
         """Change ids saga code passed to ``ctx.deprecate_patch``: their markers are skipped."""
         self.handlers = Handlers(self)
         """``ctx.on_event``: the handlers that take events of their name as they arrive."""
+        self.updates = Updates(self)
+        """``ctx.on_update``: the handlers of updates, and their validators."""
         self.conditions = Conditions(self)
         """``ctx.wait_condition``: resolved live in :meth:`take_new_commands`, on replay where
         the history recorded it."""
@@ -259,6 +263,8 @@ class Replayer:
                 self.buffered[name].append((ev.seq, data))
                 if isinstance(key, str):
                     self.event_keys[ev.seq] = key
+        elif ev.kind == h.UPDATE_ACCEPTED:
+            self.updates.deliver(str(ev.name), str(ev.data.get("update_id")), ev.data.get("data"))
         else:
             assert ev.pos is not None
             pending = self.pending.pop(ev.pos, None)

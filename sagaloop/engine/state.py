@@ -192,6 +192,9 @@ class RunState:
     parked: dict[str, Any] | None = None
     finished: str | None = None
     finished_at: datetime | None = None
+    updates: dict[str, dict[str, Any] | None] = dataclasses.field(default_factory=dict)
+    """``Client.update``: by update id, its answer (``{"result"}``, ``{"error"}``, or
+    ``{"error", "refused": True}``), or None while its handler runs; oldest first."""
 
     def carried_published(self) -> dict[str, Any]:
         """What a run that continues as new carries into its next history's ``run_started``:
@@ -211,6 +214,7 @@ class RunState:
             self.epoch = int(d.get("epoch", 0))
             self.trace = d.get("trace")
             self.published = dict(d.get("published") or {})  # carried by continue_as_new
+            self.updates = dict(d.get("updates") or {})  # answers carried too
             self.forked_at = int((d.get("forked_from") or {}).get("position", 0))
             events = d.get("events")
             self.declared = dict(events) if isinstance(events, dict) and events else None
@@ -314,6 +318,11 @@ class RunState:
                         del self.buffered[i]
                         break
                 self._refused_early.setdefault(ev.pos, []).append(reason)
+        elif kind in (h.UPDATE_ACCEPTED, h.UPDATE_REFUSED, h.UPDATE_COMPLETED):
+            update_id = str(d.get("update_id"))
+            self.updates.pop(update_id, None)  # the latest last
+            answer = {k: v for k, v in d.items() if k not in ("update_id", "data")}
+            self.updates[update_id] = None if kind == h.UPDATE_ACCEPTED else answer
         elif kind == h.EVENTS_DECLARED:
             events = d.get("events")
             self.declared = dict(events) if isinstance(events, dict) and events else None

@@ -335,6 +335,48 @@ class SagaContext(abc.ABC):
         that recorded it. Returns the event's id (derived from this run and the call's
         position: the same on every replay)."""
 
+    @overload
+    def on_update(
+        self,
+        name: str,
+        handler: Callable[[Any], object],
+        *,
+        validator: Callable[[Any], object] | None = None,
+        model: None = None,
+    ) -> None: ...
+
+    @overload
+    def on_update(
+        self,
+        name: str,
+        handler: Callable[[T], object],
+        *,
+        validator: Callable[[T], object] | None = None,
+        model: type[T],
+    ) -> None: ...
+
+    def on_update(
+        self,
+        name: str,
+        handler: Callable[[Any], object],
+        *,
+        validator: Callable[[Any], object] | None = None,
+        model: type[Any] | None = None,
+    ) -> None:
+        """Answer every update ``name`` sent to this run (``Client.update``; Temporal's
+        ``@workflow.update``): ``handler(data)`` runs on the saga's loop, in history order,
+        whatever the saga awaits; what it returns (JSON) is answered to the sender, what it
+        raises is answered as an ``UpdateFailedError`` and the run goes on. A sync handler
+        runs to its end at once, an async one may await commands (``ctx.call``...).
+        ``validator(data)``, a plain function, runs first, on the run's state as it is when
+        the update arrives, before anything is recorded: it refuses the update by raising
+        (the sender gets an ``UpdateRefusedError``, nothing else happens). It must only read
+        the saga's state: a command it issues refuses the update. ``model``: the type the
+        data is converted to (data that does not fit refuses the update). One handler per
+        update name; an update that arrives when the run has no handler for it is refused.
+        :meth:`all_handlers_finished` counts update handlers too."""
+        raise NotImplementedError
+
 
 _current: contextvars.ContextVar[SagaContext | None] = contextvars.ContextVar(
     "sagaloop_current_saga", default=None

@@ -12,7 +12,8 @@ from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.brokers.local_streams import LocalStreams
 from sagaloop.brokers.memory import MemoryBroker
 from sagaloop.client import Client
-from sagaloop.client.polling import NOTHING
+from sagaloop.client import updates as client_updates
+from sagaloop.client.polling import NOTHING, Pending
 from sagaloop.client.timeline import Timeline
 from sagaloop.engine.history import Event
 from sagaloop.engine.messages import Envelope, engine_queue, start_queue, step_queue
@@ -271,6 +272,33 @@ class Harness:
         """Compute a query of the run (``Client.query``) over what it recorded so far: the
         harness is not stepped."""
         return self.client.query(run_id, query, *args, **kwargs)
+
+    def send_update(
+        self, run_id: str, name: str, data: Any = None, *, update_id: str | None = None
+    ) -> str:
+        """Send an update (as ``Client.update`` does) without waiting for its answer, and
+        return its update id: read the answer later with :meth:`update` and that id."""
+        return client_updates.send(self.client, run_id, name, data, update_id)
+
+    def update(
+        self, run_id: str, name: str, data: Any = None, *, update_id: str | None = None
+    ) -> Any:
+        """``Client.update`` for a test: send the update, then step the harness, one message
+        at a time, until the run answers it; return the answer (or raise
+        ``UpdateFailedError``/``UpdateRefusedError``). The clock does not move: TimeoutError
+        when nothing is left to do but wait. An ``update_id`` sent already is not sent again:
+        its answer is read."""
+        update_id = client_updates.send(self.client, run_id, name, data, update_id)
+        while True:
+            found = client_updates.answer(self.client, run_id, name, update_id)
+            if not isinstance(found, Pending):
+                return found
+            if not self.step_once():
+                raise TimeoutError(
+                    f"{found.waiting}, and nothing is left to do at "
+                    f"{self.clock.now():%Y-%m-%d %H:%M:%S}: move the clock (Harness.advance) "
+                    "or send what the run waits for"
+                )
 
     def status(self, run_id: str) -> Timeline:
         return self.client.status(run_id)

@@ -13,13 +13,17 @@ What maps to what:
   model=ApproveInput)``: the handler mutates the saga's state as the event arrives;
 - ``workflow.wait_condition(lambda: approved and workflow.all_handlers_finished())`` ->
   ``ctx.wait_condition(lambda: approved and ctx.all_handlers_finished())``;
-- the ``set_language`` update (sync) and ``set_language_using_activity`` update (async, which
-  executes the ``call_greeting_service`` activity under an ``asyncio.Lock``) -> event handlers
-  of those names, the second one async, awaiting the step ``call_greeting_service`` under the
-  same lock. Updates that answer their sender are another primitive (issue 25, item 4): here
-  the previous language is published (``previous_language``) instead of returned, and an
-  unsupported language leaves the language as it was instead of failing the update (the
-  original test's ``WorkflowUpdateFailedError``);
+- the ``set_language`` update (sync) and its validator -> ``ctx.on_update("set_language",
+  set_language, validator=validate_language, model=Language)``; ``execute_update`` ->
+  ``Harness.update`` / ``Client.update``, which return the previous language, and raise
+  ``UpdateRefusedError`` (an ``UpdateFailedError``, as Temporal's ``WorkflowUpdateFailedError``)
+  when the validator refuses an unsupported language;
+- the ``set_language_using_activity`` update (async, which executes the
+  ``call_greeting_service`` activity under an ``asyncio.Lock``, and raises an
+  ``ApplicationError`` when the service does not know the language) -> an async update handler
+  awaiting the step ``call_greeting_service`` under the same lock; ``start_update(...,
+  wait_for_stage=ACCEPTED)`` then ``update_handle.result()`` -> ``Harness.send_update`` then
+  ``Harness.update`` with the update id it returned;
 - the ``get_language`` and ``get_languages`` queries -> values the handlers publish
   (``ctx.publish``), read with ``Harness.get_published``;
 - ``Worker(..., activities=[call_greeting_service])`` -> the step, run by the harness;
@@ -39,7 +43,14 @@ from pathlib import Path
 
 import pytest
 
-from sagaloop import App, Client, SagaContext, StepContext
+from sagaloop import (
+    App,
+    ApplicationError,
+    Client,
+    SagaContext,
+    StepContext,
+    UpdateFailedError,
+)
 from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.engine.messages import engine_queue
 from sagaloop.runtime.service import Runtime
@@ -97,28 +108,28 @@ async def greeting_workflow(ctx: SagaContext) -> str:
     def approve(input: ApproveInput) -> None:
         approved.append(input.name)
 
-    def change(to: Language) -> None:
-        ctx.publish("previous_language", language[0])
-        language[0] = to
+    def set_language(to: Language) -> Language:
+        previous, language[0] = language[0], to
         published()
+        return previous
 
-    def set_language(to: Language) -> None:
-        if to in greetings:  # Temporal's validator refuses the update otherwise
-            change(to)
+    def validate_language(to: Language) -> None:
+        if to not in greetings:
+            raise ValueError(f"{to.name} is not supported")
 
-    async def set_language_using_activity(to: Language) -> None:
+    async def set_language_using_activity(to: Language) -> Language:
         if to not in greetings:
             async with lock:
                 greeting = await ctx.call(call_greeting_service, to)
                 if greeting is None:
-                    return  # Temporal fails the update
+                    raise ApplicationError(f"Greeting service does not support {to.name}")
                 greetings[to] = greeting
-        change(to)
+        return set_language(to)
 
     published()
     ctx.on_event("approve", approve, model=ApproveInput)
-    ctx.on_event("set_language", set_language, model=Language)
-    ctx.on_event("set_language_using_activity", set_language_using_activity, model=Language)
+    ctx.on_update("set_language", set_language, validator=validate_language, model=Language)
+    ctx.on_update("set_language_using_activity", set_language_using_activity, model=Language)
     await ctx.wait_condition(lambda: bool(approved) and ctx.all_handlers_finished())
     return greetings[language[0]]
 
@@ -152,9 +163,8 @@ def test_set_language(env: Harness) -> None:
     run_id = env.start(greeting_workflow)
     env.run_until_idle()
     assert language(env, run_id) == Language.ENGLISH
-    env.send_event(run_id, "set_language", Language.CHINESE)
-    env.run_until_idle()
-    assert env.get_published(run_id, "previous_language") == Language.ENGLISH
+    previous_language = env.update(run_id, "set_language", Language.CHINESE)
+    assert previous_language == Language.ENGLISH
     assert language(env, run_id) == Language.CHINESE
 
 
@@ -162,8 +172,8 @@ def test_set_invalid_language(env: Harness) -> None:
     run_id = env.start(greeting_workflow)
     env.run_until_idle()
     assert language(env, run_id) == Language.ENGLISH
-    env.send_event(run_id, "set_language", Language.ARABIC)  # Temporal: the update fails
-    env.run_until_idle()
+    with pytest.raises(UpdateFailedError):
+        env.update(run_id, "set_language", Language.ARABIC)
     assert language(env, run_id) == Language.ENGLISH
 
 
@@ -171,38 +181,32 @@ def test_set_language_that_is_only_available_via_remote_service(env: Harness) ->
     run_id = env.start(greeting_workflow)
     env.run_until_idle()
     assert language(env, run_id) == Language.ENGLISH
-    env.send_event(run_id, "set_language_using_activity", Language.ARABIC)
-    env.run_until_idle()
-    assert env.get_published(run_id, "previous_language") == Language.ENGLISH
+    previous_language = env.update(run_id, "set_language_using_activity", Language.ARABIC)
+    assert previous_language == Language.ENGLISH
     assert language(env, run_id) == Language.ARABIC
 
 
 def test_the_starters_sequence(env: Harness) -> None:
-    """starter.py: an update, an update that executes an activity, then the ``approve``
-    signal sent while that activity still runs: the workflow waits for the handler to end
-    and returns the greeting in the language it set."""
+    """starter.py: an update, an update that executes an activity (started, then awaited),
+    then the ``approve`` signal sent while that activity still runs: the workflow waits for
+    the handler to end and returns the greeting in the language it set."""
     run_id = env.start(greeting_workflow, run_id="greeting-workflow-1234")
     env.run_until_idle()
     assert env.get_published(run_id, "languages") == [Language.CHINESE, Language.ENGLISH]
-    env.send_event(run_id, "set_language", Language.CHINESE)
-    env.run_until_idle()
-    assert (env.get_published(run_id, "previous_language"), language(env, run_id)) == (
-        Language.ENGLISH,
-        Language.CHINESE,
-    )
+    previous_language = env.update(run_id, "set_language", Language.CHINESE)
+    assert (previous_language, language(env, run_id)) == (Language.ENGLISH, Language.CHINESE)
     env.queues = [engine_queue(app.name)]  # the activity is slow: it runs after the signal
-    env.send_event(run_id, "set_language_using_activity", Language.ARABIC)
+    update_id = env.send_update(run_id, "set_language_using_activity", Language.ARABIC)
     env.run_until_idle()
+    assert [e.kind for e in env.history(run_id)][-2:] == ["update_accepted", "step_scheduled"]
     env.send_event(run_id, "approve", {"name": ""})
     env.run_until_idle()
     assert env.get(run_id).status not in ("completed", "failed")  # the handler still runs
     env.queues = None
+    previous_language = env.update(run_id, "set_language_using_activity", update_id=update_id)
+    assert (previous_language, language(env, run_id)) == (Language.CHINESE, Language.ARABIC)
     env.run_until_idle()
     assert env.result(run_id) == "مرحبا بالعالم"
-    assert (env.get_published(run_id, "previous_language"), language(env, run_id)) == (
-        Language.CHINESE,
-        Language.ARABIC,
-    )
     replay(app, env.history(run_id), run_id=run_id)
 
 
@@ -217,12 +221,16 @@ def test_the_starters_sequence_with_a_running_engine_and_worker(tmp_path: Path) 
     try:
         client = Client(store, app)
         run_id = client.start(greeting_workflow, run_id="greeting-workflow-1234")
-        client.send_event(run_id, "set_language", Language.CHINESE)
-        client.send_event(run_id, "set_language_using_activity", Language.ARABIC)
+        languages = client.wait_published(run_id, "languages", timeout=30)
+        assert languages == [Language.CHINESE, Language.ENGLISH]
+        previous = client.update(run_id, "set_language", Language.CHINESE, timeout=30)
+        assert previous == Language.ENGLISH
+        assert Language(client.get_published(run_id, "language")) == Language.CHINESE
+        previous = client.update(run_id, "set_language_using_activity", Language.ARABIC, timeout=30)
+        assert previous == Language.CHINESE
+        assert Language(client.get_published(run_id, "language")) == Language.ARABIC
         client.send_event(run_id, "approve", {"name": ""})
         assert client.result(run_id, timeout=30) == "مرحبا بالعالم"
-        assert client.get_published(run_id, "previous_language") == Language.CHINESE
-        assert Language(client.get_published(run_id, "language")) == Language.ARABIC
         replay(app, client.history(run_id), run_id=run_id)
     finally:
         runtime.stop()

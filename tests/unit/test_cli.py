@@ -123,12 +123,13 @@ def test_schema_prints_the_message_contract() -> None:
     result = run("schema")
     assert result.exit_code == 0
     schemas = json.loads(result.output)
-    assert set(schemas) == {"start", "event", "publish"}
+    assert set(schemas) == {"start", "event", "publish", "update"}
     start = schemas["start"]
     assert {"run_id", "saga", "payload"} <= set(start["required"])
     assert start["properties"]["type"]["const"] == "start"
     assert schemas["event"]["properties"]["type"]["const"] == "event"
     assert schemas["publish"]["properties"]["type"]["const"] == "publish"
+    assert schemas["update"]["properties"]["type"]["const"] == "update"
 
 
 def test_service_commands_refuse_an_unknown_queue(db: Path) -> None:

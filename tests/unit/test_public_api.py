@@ -43,6 +43,9 @@ def test_exported_names_are_pinned() -> None:
             "current_step",
             "PublishedEvent",
             "Debounce",
+            # issue 25: updates
+            "UpdateFailedError",
+            "UpdateRefusedError",
         ]
     )
     assert sorted(sagaloop.testing.__all__) == [
