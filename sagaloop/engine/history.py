@@ -75,6 +75,13 @@ class EventKind(StrEnum):
     COMPENSATION_COMPLETED = "compensation_completed"
     COMPENSATION_FAILED = "compensation_failed"
     RUN_FINISHED = "run_finished"
+    CANCEL_DELIVERED = "cancel_delivered"
+    """A cancel was delivered into the saga code: ``asyncio.CancelledError`` raised at its
+    pending await, so that its ``finally``/``except`` may clean up (``cancel_grace``). The run
+    is ``cancelling``; ``steps`` are the positions of the steps whose await it cancelled."""
+    CANCEL_GRACE_EXPIRED = "cancel_grace_expired"
+    """The saga code did not end within its ``cancel_grace``: the run is cancelled as a run
+    without it is (``cancel_requested`` follows)."""
 
 
 RUN_STARTED: Final[str] = EventKind.RUN_STARTED
@@ -112,6 +119,8 @@ COMPENSATION_RETRYING: Final[str] = EventKind.COMPENSATION_RETRYING
 COMPENSATION_COMPLETED: Final[str] = EventKind.COMPENSATION_COMPLETED
 COMPENSATION_FAILED: Final[str] = EventKind.COMPENSATION_FAILED
 RUN_FINISHED: Final[str] = EventKind.RUN_FINISHED
+CANCEL_DELIVERED: Final[str] = EventKind.CANCEL_DELIVERED
+CANCEL_GRACE_EXPIRED: Final[str] = EventKind.CANCEL_GRACE_EXPIRED
 
 COMMAND_KINDS: Final = frozenset(
     {

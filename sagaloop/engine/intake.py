@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import timedelta
 
 from sagaloop.engine import decide, gate
 from sagaloop.engine import history as h
@@ -43,7 +44,13 @@ def triggers(env: Envelope, app: App, store: Store, clock: Clock) -> list[Trigge
         return [lambda st: [event]]
     if env.type == "cancel":
         reason = parse_payload(CancelPayload, env).reason
-        return [lambda st: decide.cancel_events(st, reason)]
+
+        def cancel(st: RunState) -> list[NewEvent]:
+            saga = app.get_saga(st.saga)
+            grace = saga.cancel_grace if saga is not None else timedelta(0)
+            return decide.cancel_events(st, reason, grace=grace, now=clock.now())
+
+        return [cancel]
     if env.type == "retry":
         return _retry(env, app, store, clock)
     if env.type == "step_result":

@@ -285,6 +285,8 @@ class TimerKind(StrEnum):
     WAIT = "wait"
     RETRY = "retry"
     UNDO_RETRY = "undo_retry"
+    CANCEL_GRACE = "cancel_grace"
+    """The end of a cancelled run's ``cancel_grace`` (its position is ``-1``: no command)."""
 
 
 class TimerPayload(InternalPayload):
