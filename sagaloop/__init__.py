@@ -41,6 +41,7 @@ from sagaloop.sagas import (
     StepDef,
     current_saga,
 )
+from sagaloop.sagas.app import DEFAULT_CANCEL_GRACE
 from sagaloop.sagas.approvals import Approval
 from sagaloop.sagas.concurrency import Concurrency
 
@@ -65,6 +66,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ALL_STATUSES",
+    "DEFAULT_CANCEL_GRACE",
     "App",
     "ApplicationError",
     "Approval",

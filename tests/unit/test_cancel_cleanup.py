@@ -120,6 +120,15 @@ async def awaits_child(ctx: SagaContext) -> None:
         await ctx.call(cleanup, "in parent")
 
 
+@app.saga(name="asks-approval")
+async def asks_approval(ctx: SagaContext) -> bool:
+    try:
+        return (await ctx.approval("refund", {"cents": 5})).approved
+    except asyncio.CancelledError:
+        await ctx.call(cleanup, "no refund")
+        raise
+
+
 @pytest.fixture(autouse=True)
 def _clear() -> None:
     seen.clear()
@@ -329,3 +338,31 @@ def test_an_engine_restart_during_the_cleanup_replays_it_and_the_cleanup_runs_on
     env.run_until_idle(skip_time=False)
     assert_cancelled(env, run_id)
     assert seen == ["work d", "cleanup too late", "undo d"]
+
+
+def test_cancel_of_a_run_awaiting_an_approval_withdraws_it_and_cleans_up() -> None:
+    env = Harness(app)
+    run_id = env.start(asks_approval)
+    env.run_until_idle()
+    assert [p.run_id for p in env.approvals()] == [run_id]
+    env.cancel(run_id)
+    env.step_once()  # the cancel only: the run is cancelling, its cleanup step queued
+    assert env.get(run_id).status == s.CANCELLING
+    assert env.approvals() == []  # nobody is asked what the code no longer waits for
+    env.run_until_idle()
+    assert_cancelled(env, run_id)
+    assert seen == ["cleanup no refund"]
+
+
+def test_status_says_why_a_run_is_cancelling() -> None:
+    env = Harness(app)
+    run_id = env.start(slow_cleanup)
+    env.run_until_idle()
+    env.cancel(run_id, "user left")
+    env.run_until_idle(skip_time=False)
+    timeline = env.status(run_id)
+    assert timeline.status == s.CANCELLING
+    assert timeline.cancel_reason == "user left"
+    assert any(
+        "cancelling (user left): its saga code cleans up until" in w for w in timeline.waiting_for
+    )

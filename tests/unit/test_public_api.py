@@ -41,6 +41,7 @@ def test_exported_names_are_pinned() -> None:
             "connect",
             "current_saga",
             "current_step",
+            "DEFAULT_CANCEL_GRACE",
         ]
     )
     assert sorted(sagaloop.testing.__all__) == [
@@ -60,3 +61,10 @@ def test_errors_share_one_root() -> None:
         value = getattr(sagaloop, name)
         if isinstance(value, type) and issubclass(value, Exception):
             assert issubclass(value, sagaloop.SagaloopError), name
+
+
+def test_a_cancel_is_delivered_into_saga_code_for_five_minutes_by_default() -> None:
+    from datetime import timedelta
+
+    assert timedelta(minutes=5) == sagaloop.DEFAULT_CANCEL_GRACE
+    assert "cancelling" in sagaloop.ALL_STATUSES
