@@ -177,3 +177,14 @@ async def long(ctx: SagaContext, name: str) -> str:
     """A reservation, then a long step that runs until the run is cancelled."""
     await ctx.call(reserve, f"{name}-before")
     return await ctx.call(long_job, name)
+
+
+@app.saga(name="tidy")
+async def tidy(ctx: SagaContext, name: str) -> str:
+    """``long`` with a ``finally`` that calls a step: the cancel is delivered into the code,
+    which tidies up before the run is compensated (issue 25, item 13)."""
+    await ctx.call(reserve, f"{name}-before")
+    try:
+        return await ctx.call(long_job, name)
+    finally:
+        await ctx.call(reserve, f"{name}-tidied")
