@@ -344,7 +344,8 @@ def list_runs(obj: Obj, status_: str | None, saga: str | None, limit: int, as_js
 @click.option("--reason", help="Recorded in the history.")
 @click.pass_obj
 def cancel(obj: Obj, run_id: str, reason: str | None) -> None:
-    """Cancel a run: it stops at its next suspension point and compensates."""
+    """Cancel a run: its saga code gets CancelledError where it waits and may clean up
+    (within the saga's cancel_grace), then the run compensates and ends cancelled."""
     with errors():
         _client(obj).cancel(run_id, reason)
     click.echo(printable(f"cancellation of {run_id} requested"))

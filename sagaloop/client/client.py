@@ -241,7 +241,11 @@ class Client:
         check_event(state, name, data, saga.events if saga is not None else None)
 
     def cancel(self, run_id: str, reason: str | None = None) -> None:
-        """Stop the run at its next suspension point and compensate its completed steps."""
+        """Cancel the run: ``asyncio.CancelledError`` is raised at the saga code's pending
+        await, so that its ``finally``/``except`` may clean up within the saga's
+        ``cancel_grace`` (the run is ``cancelling``); then its completed steps are compensated
+        and it ends ``cancelled``. With ``cancel_grace=0``, the code is stopped where it waits.
+        A second cancel changes nothing."""
         self._send(self._message("cancel", run_id, {"reason": reason}), live=True)
 
     def retry(self, run_id: str) -> None:
