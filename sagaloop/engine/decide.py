@@ -251,9 +251,16 @@ def cancel_events(
         return []
     why = reason or "cancelled"
     if grace > timedelta(0) and now is not None and st.parked is None:
-        steps = sorted(x.pos for x in st.in_flight() if x.child is None)
+        abandoned = sorted((x for x in st.in_flight() if x.child is None), key=lambda x: x.pos)
+        steps = [x.pos for x in abandoned]
         data = {"reason": why, "until": (now + grace).isoformat(), "steps": steps}
-        return [NewEvent(h.CANCEL_DELIVERED, data=data)]
+        # a step waiting to retry gets no new attempt: it fails now, with its last error
+        ended = [
+            NewEvent(h.STEP_FAILED, x.pos, x.name, {"error": x.error, "in_doubt": x.in_doubt})
+            for x in abandoned
+            if x.status == s.RETRYING
+        ]
+        return [NewEvent(h.CANCEL_DELIVERED, data=data), *ended]
     return [NewEvent(h.CANCEL_REQUESTED, data={"reason": why})]
 
 

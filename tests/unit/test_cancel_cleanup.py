@@ -15,6 +15,7 @@ from sagaloop import (
     Concurrency,
     DeclarationError,
     NonDeterminismError,
+    RetryPolicy,
     SagaContext,
     SagaFailedError,
     StepContext,
@@ -127,6 +128,24 @@ async def asks_approval(ctx: SagaContext) -> bool:
     except asyncio.CancelledError:
         await ctx.call(cleanup, "no refund")
         raise
+
+
+@app.step(
+    retry=RetryPolicy(
+        max_attempts=5, initial_interval=timedelta(hours=1), maximum_interval=timedelta(hours=1)
+    )
+)
+def flaky(ctx: StepContext) -> None:
+    seen.append(f"flaky attempt {ctx.attempt}")
+    raise ConnectionError("the service is down")
+
+
+@app.saga(name="retrying")
+async def retrying(ctx: SagaContext) -> None:
+    try:
+        await ctx.call(flaky)
+    finally:
+        await ctx.call(cleanup, "after flaky")
 
 
 @pytest.fixture(autouse=True)
@@ -366,3 +385,17 @@ def test_status_says_why_a_run_is_cancelling() -> None:
     assert any(
         "cancelling (user left): its saga code cleans up until" in w for w in timeline.waiting_for
     )
+
+
+def test_a_step_waiting_to_retry_when_the_cancel_arrives_gets_no_new_attempt() -> None:
+    env = Harness(app)
+    run_id = env.start(retrying)
+    env.run_until_idle(skip_time=False)
+    assert seen == ["flaky attempt 1"]  # its retry is an hour away
+    env.cancel(run_id)
+    env.run_until_idle()  # skips time: no retry timer starts an attempt
+    assert_cancelled(env, run_id)
+    assert seen == ["flaky attempt 1", "cleanup after flaky"]
+    history = kinds(env, run_id)
+    assert history[history.index(h.CANCEL_DELIVERED) + 1] == h.STEP_FAILED
+    assert h.STEP_DISPATCHED not in history
