@@ -43,11 +43,12 @@ def triggers(env: Envelope, app: App, store: Store, clock: Clock) -> list[Trigge
         event = NewEvent(h.EVENT_ARRIVED, name=name, data={"data": data})
         return [lambda st: [event]]
     if env.type == "cancel":
-        reason = parse_payload(CancelPayload, env).reason
+        cancelled = parse_payload(CancelPayload, env)
+        reason = cancelled.reason
 
         def cancel(st: RunState) -> list[NewEvent]:
             saga = app.get_saga(st.saga)
-            grace = saga.cancel_grace if saga is not None else timedelta(0)
+            grace = timedelta(0) if saga is None or cancelled.now else saga.cancel_grace
             return decide.cancel_events(st, reason, grace=grace, now=clock.now())
 
         return [cancel]

@@ -181,6 +181,9 @@ class EventPayload(BaseModel):
 class CancelPayload(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reason: str | None = None
+    now: bool = False
+    """Cancel without the saga's ``cancel_grace``: its code is stopped where it waits (a run
+    whose concurrency slot another run took must not run its code on)."""
 
 
 class StartMessage(Envelope):

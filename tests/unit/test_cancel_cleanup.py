@@ -399,3 +399,31 @@ def test_a_step_waiting_to_retry_when_the_cancel_arrives_gets_no_new_attempt() -
     history = kinds(env, run_id)
     assert history[history.index(h.CANCEL_DELIVERED) + 1] == h.STEP_FAILED
     assert h.STEP_DISPATCHED not in history
+
+
+def test_a_run_whose_slot_another_run_takes_is_cancelled_without_its_grace() -> None:
+    taken_app = App("cancel-taken")
+    tidied: list[str] = []
+
+    @taken_app.step()
+    def tidy(ctx: StepContext) -> None:
+        tidied.append("tidy")
+
+    @taken_app.saga(
+        name="latest-wins", concurrency=Concurrency(limit=1, at_limit="cancel_in_progress")
+    )
+    async def latest_wins(ctx: SagaContext) -> None:
+        try:
+            await ctx.wait_for_event("go")
+        finally:
+            await ctx.call(tidy)  # would run beside the new run's code: not run
+
+    env = Harness(taken_app)
+    first = env.start(latest_wins)
+    env.run_until_idle()
+    second = env.start(latest_wins)
+    env.run_until_idle()
+    assert env.get(first).status == s.CANCELLED
+    assert env.get(second).status == s.WAITING
+    assert h.CANCEL_DELIVERED not in kinds(env, first)
+    assert tidied == []
