@@ -148,6 +148,33 @@ async def retrying(ctx: SagaContext) -> None:
         await ctx.call(cleanup, "after flaky")
 
 
+@app.step()
+def beating_cleanup(ctx: StepContext) -> None:
+    for _ in range(3):
+        ctx.heartbeat()  # the run is cancelling, but this step is awaited: it goes on
+    seen.append("beating cleanup done")
+
+
+@app.step()
+def beating_work(ctx: StepContext) -> None:
+    seen.append("beating work started")
+    env = harness_of_test[0]
+    env.cancel(ctx.run_id)  # taken at once: the run is cancelling while this step runs
+    ctx.heartbeat()  # the code no longer awaits this step: StepCancelled
+    seen.append("never: beating work went on")
+
+
+harness_of_test: list[Harness] = []
+
+
+@app.saga(name="beats")
+async def beats(ctx: SagaContext) -> None:
+    try:
+        await ctx.call(beating_work)
+    finally:
+        await ctx.call(beating_cleanup)
+
+
 @pytest.fixture(autouse=True)
 def _clear() -> None:
     seen.clear()
@@ -427,3 +454,14 @@ def test_a_run_whose_slot_another_run_takes_is_cancelled_without_its_grace() -> 
     assert env.get(second).status == s.WAITING
     assert h.CANCEL_DELIVERED not in kinds(env, first)
     assert tidied == []
+
+
+def test_the_heartbeat_stops_the_abandoned_step_and_not_the_cleanup_step() -> None:
+    env = Harness(app)
+    harness_of_test[:] = [env]
+    run_id = env.start(beats)
+    env.run_until_idle()
+    assert_cancelled(env, run_id)
+    assert seen == ["beating work started", "beating cleanup done"]
+    failed = [e for e in env.history(run_id) if e.kind == h.STEP_FAILED]
+    assert [e.data["error"]["type"] for e in failed] == ["StepCancelled"]
