@@ -241,12 +241,16 @@ def cancel_events(
     *,
     grace: timedelta = timedelta(0),
     now: datetime | None = None,
+    cut_short: bool = False,
 ) -> list[NewEvent]:
     """A cancel request: recorded once, and only while the saga code has not finished. With a
     ``grace`` (the saga's ``cancel_grace``), it is delivered into the saga code
     (``cancel_delivered``: the run is ``cancelling`` until ``now + grace``); without, or when
     the run needs attention, the run is cancelled at once (``cancel_requested``). A second
-    cancel changes nothing."""
+    cancel changes nothing, but one that ``cut_short`` (``Client.cancel(now=True)``) stops
+    the code of a ``cancelling`` run where its cleanup waits."""
+    if st.cancelling is not None and cut_short and st.cancel_reason is None:
+        return [NewEvent(h.CANCEL_REQUESTED, data={"reason": reason or st.cancelling["reason"]})]
     if st.cancel_reason is not None or st.saga_done or st.cancelling is not None:
         return []
     why = reason or "cancelled"

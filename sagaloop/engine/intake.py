@@ -49,7 +49,8 @@ def triggers(env: Envelope, app: App, store: Store, clock: Clock) -> list[Trigge
         def cancel(st: RunState) -> list[NewEvent]:
             saga = app.get_saga(st.saga)
             grace = timedelta(0) if saga is None or cancelled.now else saga.cancel_grace
-            return decide.cancel_events(st, reason, grace=grace, now=clock.now())
+            now, cut_short = clock.now(), cancelled.now
+            return decide.cancel_events(st, reason, grace=grace, now=now, cut_short=cut_short)
 
         return [cancel]
     if env.type == "retry":

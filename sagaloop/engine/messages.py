@@ -183,7 +183,8 @@ class CancelPayload(BaseModel):
     reason: str | None = None
     now: bool = False
     """Cancel without the saga's ``cancel_grace``: its code is stopped where it waits (a run
-    whose concurrency slot another run took must not run its code on)."""
+    whose concurrency slot another run took must not run its code on), also that of a run
+    already ``cancelling`` (``Client.cancel(now=True)``, ``sagaloop cancel --now``)."""
 
 
 class StartMessage(Envelope):

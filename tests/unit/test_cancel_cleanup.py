@@ -465,3 +465,29 @@ def test_the_heartbeat_stops_the_abandoned_step_and_not_the_cleanup_step() -> No
     assert seen == ["beating work started", "beating cleanup done"]
     failed = [e for e in env.history(run_id) if e.kind == h.STEP_FAILED]
     assert [e.data["error"]["type"] for e in failed] == ["StepCancelled"]
+
+
+def test_a_cancel_now_skips_the_cleanup_and_cuts_a_running_one_short() -> None:
+    env = Harness(app)
+    fresh = env.start(except_reraises)
+    env.run_until_idle()
+    env.cancel(fresh, "at once", now=True)
+    env.run_until_idle()
+    assert_cancelled(env, fresh)
+    assert h.CANCEL_DELIVERED not in kinds(env, fresh)
+    assert "cleanup after wait" not in seen
+
+    seen.clear()
+    slow = env.start(slow_cleanup)
+    env.run_until_idle()
+    env.cancel(slow, "politely")
+    env.run_until_idle(skip_time=False)
+    assert env.get(slow).status == s.CANCELLING  # its cleanup waits for 'cleaned'
+    env.cancel(slow, "enough", now=True)
+    env.run_until_idle(skip_time=False)
+    assert_cancelled(env, slow)
+    assert seen == ["work d", "undo d"]
+    history = kinds(env, slow)
+    assert history.count(h.CANCEL_REQUESTED) == 1 and h.CANCEL_GRACE_EXPIRED not in history
+    cancel = next(e for e in env.history(slow) if e.kind == h.CANCEL_REQUESTED)
+    assert cancel.data["reason"] == "enough"
