@@ -43,6 +43,7 @@ from sagaloop.sagas import (
     StepDef,
     current_saga,
 )
+from sagaloop.sagas.app import DEFAULT_CANCEL_GRACE
 from sagaloop.sagas.approvals import Approval
 from sagaloop.sagas.concurrency import Concurrency
 from sagaloop.sagas.debounce import Debounce
@@ -69,6 +70,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ALL_STATUSES",
+    "DEFAULT_CANCEL_GRACE",
     "App",
     "ApplicationError",
     "Approval",

@@ -21,6 +21,7 @@ STYLES = {
     **dict.fromkeys(("completed", "reconciled", "compensated", "ok", "yes", "approved"), "green"),
     **dict.fromkeys(("running", "waiting", "scheduled", "pending"), "cyan"),
     **dict.fromkeys(("retrying", "compensating", "in doubt", "escalated", "stale"), "yellow"),
+    "cancelling": "yellow",
     **dict.fromkeys(("failed", "needs_attention", "in doubt (halted)", "no", "denied"), "bold red"),
     **dict.fromkeys(("compensation failed", "down"), "bold red"),
     "cancelled": "magenta",

@@ -320,9 +320,15 @@ class Client:
         saga = self.app.get_saga(run.saga) if self.app is not None and mine else None
         check_event(state, name, data, saga.events if saga is not None else None)
 
-    def cancel(self, run_id: str, reason: str | None = None) -> None:
-        """Stop the run at its next suspension point and compensate its completed steps."""
-        self._send(self._message("cancel", run_id, {"reason": reason}), live=True)
+    def cancel(self, run_id: str, reason: str | None = None, *, now: bool = False) -> None:
+        """Cancel the run: ``asyncio.CancelledError`` is raised at the saga code's pending
+        await, so that its ``finally``/``except`` may clean up within the saga's
+        ``cancel_grace`` (the run is ``cancelling``); then its completed steps are compensated
+        and it ends ``cancelled``. With ``cancel_grace=0``, the code is stopped where it waits.
+        A second cancel changes nothing. ``now``: no cleanup, the code is stopped where it
+        waits, also that of a run already ``cancelling`` (its cleanup is cut short)."""
+        payload: dict[str, Any] = {"reason": reason, **({"now": True} if now else {})}
+        self._send(self._message("cancel", run_id, payload), live=True)
 
     def retry(self, run_id: str) -> None:
         """Resume a run in ``needs_attention`` once its cause is fixed."""

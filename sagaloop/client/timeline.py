@@ -192,7 +192,7 @@ def timeline(run: RunRecord, events: list[Event], now: datetime) -> Timeline:
             if not w.resolved and w.prompt is not None and run.status not in s.FINAL_STATUSES
         },
         waits=[] if run.status in s.FINAL_STATUSES else _waits(st),
-        cancel_reason=st.cancel_reason,
+        cancel_reason=st.cancel_reason or (st.cancelling or {}).get("reason"),
         kept=[] if run.status in s.FINAL_STATUSES else _kept(st),
         refused=[
             RefusedLine(str(ev.name), str(ev.data.get("reason", "")), ev.pos)
@@ -254,6 +254,12 @@ def _why(st: RunState, run: RunRecord, queues: dict[Any, Any], now: datetime) ->
     why: list[str] = []
     if run.status == s.NEEDS_ATTENTION:
         why.append(f"needs attention: {run.reason}")
+    if run.status == s.CANCELLING and st.cancelling is not None:
+        grace_end = datetime.fromisoformat(str(st.cancelling.get("until")))
+        why.append(
+            f"cancelling ({st.cancelling.get('reason')}): its saga code cleans up until "
+            f"{_t(grace_end)}, then the run is cancelled and compensated"
+        )
     if run.processed_seq == 0 and run.status == s.RUNNING and run.reason:
         # a concurrency key's queue: "queued behind N runs of key K" (as it last was judged)
         why.append(f"{run.reason}: its code starts once a slot of its concurrency key is free")

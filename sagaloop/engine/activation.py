@@ -624,6 +624,8 @@ class Engine:
                             pending.append(NewEvent(h.RUN_PARKED, data=decide.code_parked(e)))
                         else:
                             pending.extend(live.code.take_rejections())
+                    elif ev.kind == h.CANCEL_DELIVERED:  # no code to clean up (a queued run)
+                        pending.append(decide.cancelled_code_events(st, {"cancelled": True})[0])
                     pending.extend(self._effects_of(ev, live, effects))
             pending.extend(self._decide(live))
             if not pending:

@@ -146,7 +146,9 @@ def enforce(store: Store, tx: Tx, gate: Gate, now: datetime) -> bool:
             f"cancelled by run {run_id!r}: concurrency key {key!r} of saga {saga!r} "
             'has its limit of runs (at_limit="cancel_in_progress")'
         )
-        cancel = Envelope(type="cancel", run_id=holder, payload={"reason": reason}, created_at=now)
+        # now: its code stops where it waits, no cleanup (its slot is the new run's)
+        payload = {"reason": reason, "now": True}
+        cancel = Envelope(type="cancel", run_id=holder, payload=payload, created_at=now)
         store.enqueue(tx, [Outgoing(engine_queue(app), cancel)], now)
     return True
 

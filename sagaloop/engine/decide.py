@@ -129,7 +129,7 @@ def result_events(
                 NewEvent(h.RUN_PARKED, pos, name, {"reason": reason}),
             ]
     error = ErrorInfo.from_json(reply.error or {"type": "Error", "message": "?"})
-    cancelling = st.cancel_reason is not None
+    cancelling = st.cancel_reason is not None or st.abandoned(pos)
     return failure_events(
         app, step_state, direction, attempt, error, worker, now=now, cancelling=cancelling
     )
@@ -231,14 +231,71 @@ def timer_events(st: RunState, pos: int, kind: str, attempt: int) -> list[NewEve
     ):
         data = {"attempt": attempt, "in_doubt": step.comp_in_doubt}
         return [NewEvent(h.COMPENSATION_SCHEDULED, pos, step.name, data)]
+    if kind == TimerKind.CANCEL_GRACE and st.cancelling is not None and st.cancel_reason is None:
+        return grace_expired_events(st)
     return []  # stale: what the timer was for has already happened
 
 
-def cancel_events(st: RunState, reason: str | None) -> list[NewEvent]:
-    """A cancel request: recorded once, and only while the saga code has not finished."""
-    if st.cancel_reason is not None or st.saga_done:
+def cancel_events(
+    st: RunState,
+    reason: str | None,
+    *,
+    grace: timedelta = timedelta(0),
+    now: datetime | None = None,
+    cut_short: bool = False,
+) -> list[NewEvent]:
+    """A cancel request: recorded once, and only while the saga code has not finished. With a
+    ``grace`` (the saga's ``cancel_grace``), it is delivered into the saga code
+    (``cancel_delivered``: the run is ``cancelling`` until ``now + grace``); without, or when
+    the run needs attention, the run is cancelled at once (``cancel_requested``). A second
+    cancel changes nothing, but one that ``cut_short`` (``Client.cancel(now=True)``) stops
+    the code of a ``cancelling`` run where its cleanup waits."""
+    if st.cancelling is not None and cut_short and st.cancel_reason is None:
+        return [NewEvent(h.CANCEL_REQUESTED, data={"reason": reason or st.cancelling["reason"]})]
+    if st.cancel_reason is not None or st.saga_done or st.cancelling is not None:
         return []
-    return [NewEvent(h.CANCEL_REQUESTED, data={"reason": reason or "cancelled"})]
+    why = reason or "cancelled"
+    if grace > timedelta(0) and now is not None and st.parked is None:
+        abandoned = sorted((x for x in st.in_flight() if x.child is None), key=lambda x: x.pos)
+        steps = [x.pos for x in abandoned]
+        data = {"reason": why, "until": (now + grace).isoformat(), "steps": steps}
+        # a step waiting to retry gets no new attempt: it fails now, with its last error
+        ended = [
+            NewEvent(h.STEP_FAILED, x.pos, x.name, {"error": x.error, "in_doubt": x.in_doubt})
+            for x in abandoned
+            if x.status == s.RETRYING
+        ]
+        return [NewEvent(h.CANCEL_DELIVERED, data=data), *ended]
+    return [NewEvent(h.CANCEL_REQUESTED, data={"reason": why})]
+
+
+def grace_expired_events(st: RunState) -> list[NewEvent]:
+    """The saga code did not end within its ``cancel_grace``: the run is cancelled as one
+    without a grace is (its code stopped where it waits, its steps compensated)."""
+    assert st.cancelling is not None
+    reason = str(st.cancelling.get("reason") or "cancelled")
+    return [
+        NewEvent(h.CANCEL_GRACE_EXPIRED, data={"until": st.cancelling.get("until")}),
+        NewEvent(h.CANCEL_REQUESTED, data={"reason": reason}),
+    ]
+
+
+def cancelled_code_events(st: RunState, outcome: dict[str, Any]) -> list[NewEvent]:
+    """The saga code ended while it was ``cancelling``: the cancel wins whatever it did. Code
+    that let ``CancelledError`` out (or continued as new) is cancelled as a run without a
+    grace is; code that raised another error or returned a value (it swallowed the cancel)
+    records its outcome first. Either way the run ends ``cancelled`` and its completed steps
+    are compensated: an operator's cancel is never turned into a completion."""
+    assert st.cancelling is not None
+    cancel = NewEvent(h.CANCEL_REQUESTED, data={"reason": st.cancelling.get("reason")})
+    if outcome.get("cancelled") or "continue_as_new" in outcome or st.saga_done:
+        return [cancel]
+    return [NewEvent(h.SAGA_FINISHED, data=_recorded(outcome)), cancel]
+
+
+def _recorded(outcome: dict[str, Any]) -> dict[str, Any]:
+    """The ``saga_finished`` data of the code's outcome (without the replayer's flags)."""
+    return {k: v for k, v in outcome.items() if k != "cancelled"}
 
 
 def undo_run_events(st: RunState, link: dict[str, Any]) -> list[NewEvent]:
@@ -373,13 +430,15 @@ def next_events(
         commands, outcome = code
         if commands:
             return commands
+        if outcome is not None and st.cancelling is not None and st.cancel_reason is None:
+            return cancelled_code_events(st, outcome)
         if outcome is not None and "continue_as_new" in outcome:
             if st.continued is None:
                 data = {"input": outcome["continue_as_new"]}
                 return [NewEvent(h.RUN_CONTINUED, data={**data, **outcome})]
             return []
-        if outcome is not None and not st.saga_done:
-            return [NewEvent(h.SAGA_FINISHED, data=outcome)]
+        if outcome is not None and not st.saga_done and st.cancel_reason is None:
+            return [NewEvent(h.SAGA_FINISHED, data=_recorded(outcome))]
     elif not st.saga_done and not st.failing and app.get_saga(st.saga) is None:
         reason = f"saga {st.saga!r} is not registered in app {app.name!r}"
         return [NewEvent(h.RUN_PARKED, data={"reason": reason})]
@@ -500,6 +559,9 @@ def effects_of(
         )
     elif kind == h.CANCEL_REQUESTED:
         cancel_children(app, st, effects)
+    elif kind == h.CANCEL_DELIVERED:  # the code cleans up until then
+        until = datetime.fromisoformat(str(ev.data["until"]))
+        effects.timers.append(Timer(st.run_id, GRACE_POS, TimerKind.CANCEL_GRACE, until))
     elif kind == h.CHILD_CANCEL_REQUESTED:
         why = f"its parent run {st.run_id!r} stopped waiting for it"
         cancel_children(app, st, effects, only=ev.pos, why=why)
@@ -522,6 +584,10 @@ def effects_of(
                 payload=outcome.to_payload(),
             )
     return []
+
+
+GRACE_POS = -1
+"""The position of a run's ``cancel_grace`` timer: no command's."""
 
 
 def cancel_children(

@@ -66,7 +66,8 @@ def index(
     """Keep the approvals index in step with the ``events`` an activation (of the message
     ``message_id``) writes for ``run``: the answer it gave the run claims its request (one
     claimed since the index was read wins: AnsweredMeanwhile), published requests are
-    indexed, and a finished run's are forgotten (``asked``: the run ever asked one)."""
+    indexed, and a finished (or cancelling) run's are forgotten (``asked``: the run ever
+    asked one)."""
     for ev in events:
         call_id = call_id_of(ev.name or "")
         if ev.kind == h.EVENT_ARRIVED and call_id is not None and "claim" in ev.data:
@@ -86,8 +87,8 @@ def index(
             value = ev.data.get("value")
             if isinstance(value, dict):  # a refused answer's claim is given back
                 store.publish_approval(tx, run, call_id, value, now=at, release=message_id)
-        elif ev.kind == h.RUN_FINISHED and asked:
-            store.end_approvals(tx, run.run_id)
+        elif ev.kind in (h.RUN_FINISHED, h.CANCEL_DELIVERED) and asked:
+            store.end_approvals(tx, run.run_id)  # cancelling: the code waits for them no more
 
 
 def _request(value: Any) -> ApprovalRequest | None:

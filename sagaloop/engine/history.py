@@ -100,6 +100,13 @@ class EventKind(StrEnum):
     UPDATE_COMPLETED = "update_completed"
     """An update's handler returned (``result``) or raised (``error``): the answer its sender
     reads."""
+    CANCEL_DELIVERED = "cancel_delivered"
+    """A cancel was delivered into the saga code: ``asyncio.CancelledError`` raised at its
+    pending await, so that its ``finally``/``except`` may clean up (``cancel_grace``). The run
+    is ``cancelling``; ``steps`` are the positions of the steps whose await it cancelled."""
+    CANCEL_GRACE_EXPIRED = "cancel_grace_expired"
+    """The saga code did not end within its ``cancel_grace``: the run is cancelled as a run
+    without it is (``cancel_requested`` follows)."""
 
 
 RUN_STARTED: Final[str] = EventKind.RUN_STARTED
@@ -145,6 +152,8 @@ SLOT_CLAIMED: Final[str] = EventKind.SLOT_CLAIMED
 UPDATE_ACCEPTED: Final[str] = EventKind.UPDATE_ACCEPTED
 UPDATE_REFUSED: Final[str] = EventKind.UPDATE_REFUSED
 UPDATE_COMPLETED: Final[str] = EventKind.UPDATE_COMPLETED
+CANCEL_DELIVERED: Final[str] = EventKind.CANCEL_DELIVERED
+CANCEL_GRACE_EXPIRED: Final[str] = EventKind.CANCEL_GRACE_EXPIRED
 
 COMMAND_KINDS: Final = frozenset(
     {

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import timedelta
 
 from sagaloop.engine import decide, gate, updates
 from sagaloop.engine import history as h
@@ -47,8 +48,16 @@ def triggers(env: Envelope, app: App, store: Store, clock: Clock) -> list[Trigge
         update: UpdatePayload = parse_payload(UpdatePayload, env)
         return [updates.Arrival(update.name, update.update_id, update.data)]
     if env.type == "cancel":
-        reason = parse_payload(CancelPayload, env).reason
-        return [lambda st: decide.cancel_events(st, reason)]
+        cancelled = parse_payload(CancelPayload, env)
+        reason = cancelled.reason
+
+        def cancel(st: RunState) -> list[NewEvent]:
+            saga = app.get_saga(st.saga)
+            grace = timedelta(0) if saga is None or cancelled.now else saga.cancel_grace
+            now, cut_short = clock.now(), cancelled.now
+            return decide.cancel_events(st, reason, grace=grace, now=now, cut_short=cut_short)
+
+        return [cancel]
     if env.type == "retry":
         return _retry(env, app, store, clock)
     if env.type == "step_result":

@@ -215,6 +215,10 @@ class UpdatePayload(BaseModel):
 class CancelPayload(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reason: str | None = None
+    now: bool = False
+    """Cancel without the saga's ``cancel_grace``: its code is stopped where it waits (a run
+    whose concurrency slot another run took must not run its code on), also that of a run
+    already ``cancelling`` (``Client.cancel(now=True)``, ``sagaloop cancel --now``)."""
 
 
 class StartMessage(Envelope):
@@ -337,6 +341,8 @@ class TimerKind(StrEnum):
     WAIT = "wait"
     RETRY = "retry"
     UNDO_RETRY = "undo_retry"
+    CANCEL_GRACE = "cancel_grace"
+    """The end of a cancelled run's ``cancel_grace`` (its position is ``-1``: no command)."""
 
 
 class TimerPayload(InternalPayload):

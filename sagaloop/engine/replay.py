@@ -49,6 +49,7 @@ FED_KINDS = frozenset(
         h.TIMER_FIRED,
         h.EVENT_ARRIVED,
         h.CANCEL_REQUESTED,
+        h.CANCEL_DELIVERED,
         h.COMPENSATE_DONE,
         h.CHILD_COMPLETED,
         h.CHILD_FAILED,
@@ -248,6 +249,11 @@ class Replayer:
         if ev.kind == h.CANCEL_REQUESTED:  # the code is fed no more: unwind it now, on its
             self.close()  # own loop, rather than leave it to the garbage collector
             return
+        if ev.kind == h.CANCEL_DELIVERED:  # CancelledError at the code's pending await: its
+            if self.main is not None and not self.main.done():  # finally/except clean up
+                self.main.cancel()
+            self._run()
+            return
         if ev.kind == h.EVENT_ARRIVED:
             name = str(ev.name)
             data, key = ev.data.get("data"), ev.data.get("key")
@@ -422,7 +428,8 @@ class Replayer:
         failure = self.handlers.failure  # an event handler raised: the run ends with it
         if failure is None and task.cancelled():
             self.outcome = {
-                "error": ErrorInfo("CancelledError", "the saga was cancelled").to_json()
+                "error": ErrorInfo("CancelledError", "the saga was cancelled").to_json(),
+                "cancelled": True,  # the code let CancelledError out (see decide)
             }
             return
         exc = failure if failure is not None else task.exception()
@@ -477,6 +484,8 @@ class Replayer:
         pos = self.peek_pos()
         self.next_pos += 1
         future: asyncio.Future[Any] = self.loop.create_future()
+        if self.stopped:  # issued while unwinding (see close): never recorded, never resolved
+            return pos, future
         recorded = self.recorded.get(pos)
         issued = NewEvent(kind, pos, name, data)
         if recorded is not None:

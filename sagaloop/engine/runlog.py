@@ -130,7 +130,16 @@ def _describe(st: RunState, ev: NewEvent) -> Line | None:
         parent = (d.get("parent") or {}).get("run_id")
         return _line(st, _INFO, "run %s compensating: its parent run %s undoes it", parent)
     if kind == h.CANCEL_REQUESTED:
+        if st.cancelling is not None:  # said by the cancel_delivered line
+            return None
         return _line(st, _INFO, "run %s: cancellation requested (%s)", d.get("reason"))
+    if kind == h.CANCEL_DELIVERED:
+        until = _when(d.get("until"))
+        message = "run %s cancelling (%s): its saga code may clean up until %s"
+        return _line(st, _INFO, message, d.get("reason"), until)
+    if kind == h.CANCEL_GRACE_EXPIRED:
+        message = "run %s: its saga code did not end within its cancel_grace (until %s)"
+        return _line(st, _WARNING, message, _when(d.get("until")))
     if kind == h.RUN_PARKED:
         return _line(st, _WARNING, "run %s needs attention: %s", d.get("reason"), ev=ev)
     if kind == h.RUN_RESUMED:

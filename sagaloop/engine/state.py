@@ -29,6 +29,9 @@ class RunStatus(StrEnum):
     COMPENSATED = "compensated"
     CANCELLED = "cancelled"
     NEEDS_ATTENTION = "needs_attention"
+    CANCELLING = "cancelling"
+    """A cancel was delivered into the saga code, which cleans up within its
+    ``cancel_grace``."""
 
 
 RUNNING: Final[str] = RunStatus.RUNNING
@@ -39,6 +42,7 @@ FAILED: Final[str] = RunStatus.FAILED
 COMPENSATED: Final[str] = RunStatus.COMPENSATED
 CANCELLED: Final[str] = RunStatus.CANCELLED
 NEEDS_ATTENTION: Final[str] = RunStatus.NEEDS_ATTENTION
+CANCELLING: Final[str] = RunStatus.CANCELLING
 FINAL_STATUSES: frozenset[str] = frozenset({COMPLETED, FAILED, COMPENSATED, CANCELLED})
 ALL_STATUSES: tuple[str, ...] = tuple(status.value for status in RunStatus)
 """Plain strings, not members: ``click.Choice`` matches an enum member by its name."""
@@ -186,6 +190,9 @@ class RunState:
     _taken_early: set[int] = dataclasses.field(default_factory=set)
     """Positions of waits whose ``event_taken`` (of a kept event) came before the wait."""
     cancel_reason: str | None = None
+    cancelling: dict[str, Any] | None = None
+    """The ``cancel_delivered`` data (``reason``, ``until``, ``steps``) while the saga code
+    cleans up after a cancel; kept once the run is cancelled."""
     saga_output: Any = None
     saga_error: dict[str, Any] | None = None
     saga_done: bool = False
@@ -361,6 +368,8 @@ class RunState:
             self.cancel_reason = d.get("reason") or "cancelled"
             if not any(x.comp_status == GAVE_UP for x in self.steps.values()):
                 self.parked = None  # cancelling is how an operator gives up on a stuck run
+        elif kind == h.CANCEL_DELIVERED:
+            self.cancelling = dict(d)
         elif kind == h.SAGA_FINISHED:
             self.saga_done = True
             self.saga_output, self.saga_error = d.get("output"), d.get("error")
@@ -420,6 +429,11 @@ class RunState:
             or (self.saga_done and self.saga_error is not None)
         )
 
+    def abandoned(self, pos: int) -> bool:
+        """Whether the step at ``pos`` was in flight when a cancel was delivered into the saga
+        code (its await was cancelled): it gets no new attempt, and its heartbeat stops it."""
+        return self.cancelling is not None and pos in self.cancelling.get("steps", ())
+
     def in_flight(self) -> list[StepState]:
         return [s for s in self.steps.values() if s.status in IN_FLIGHT]
 
@@ -445,6 +459,8 @@ class RunState:
             return NEEDS_ATTENTION
         if self.failing:
             return COMPENSATING
+        if self.cancelling is not None:
+            return CANCELLING
         if self.in_flight() or not self.started_at:
             return RUNNING
         return WAITING

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.contract import DO, UNDO, UNENCODABLE_RESULT
 from sagaloop.engine.messages import (
@@ -194,7 +195,8 @@ class WorkerConsumer:
                 with self._keep_alive.hold(delivery):
                     if limit is not None and slot is not None:
                         self._wait_for(env, task, limit, slot)  # the last thing before the body
-                    beat = _Heartbeat(self.store, delivery, env.run_id)
+                    at = env.position if task.direction == DO else None
+                    beat = _Heartbeat(self.store, delivery, env.run_id, at)
                     redelivered = redelivered or earlier
                     reply = self.runner.run(env, redelivered=redelivered, beat=beat, task=task)
             finally:
@@ -413,13 +415,25 @@ def _storable_reply(task: StepTask, reply: StepReply) -> StepReply:
 class _Heartbeat:
     """What ``ctx.heartbeat()`` does on a worker, at most once per ``every`` seconds: renew the
     delivery's lease (False: another worker took the message) and look at the run (being
-    cancelled or undone, or over): either way the attempt is told to stop."""
+    cancelled or undone, or over; or ``cancelling`` and its saga code no longer awaits this
+    step): either way the attempt is told to stop."""
 
     STOPPING = frozenset({s.COMPENSATING, *s.FINAL_STATUSES})
 
-    def __init__(self, store: Store, delivery: Delivery, run_id: str, every: float = 1.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        delivery: Delivery,
+        run_id: str,
+        position: int | None = None,
+        every: float = 1.0,
+    ) -> None:
         self.store, self.delivery, self.run_id, self.every = store, delivery, run_id, every
+        self.position = position
         self._next = 0.0
+        self._abandoned: bool | None = None
+        """Whether the cancel delivered into the saga code cancelled its await of this step
+        (None: not looked yet; the answer never changes once the cancel is recorded)."""
 
     def __call__(self, ctx: Any) -> None:
         now = time.monotonic()
@@ -431,6 +445,19 @@ class _Heartbeat:
         run = self.store.get_run(self.run_id)
         if run is not None and run.status in self.STOPPING:
             raise StepCancelled(f"run {self.run_id!r} is {run.status}: the step should stop")
+        if run is not None and run.status == s.CANCELLING and self.abandoned():
+            raise StepCancelled(
+                f"run {self.run_id!r} is cancelling and its saga code no longer awaits this "
+                "step: the step should stop"
+            )
+
+    def abandoned(self) -> bool:
+        if self._abandoned is None and self.position is not None:
+            for ev in reversed(self.store.load_history(None, self.run_id)):
+                if ev.kind == h.CANCEL_DELIVERED:
+                    self._abandoned = self.position in ev.data.get("steps", ())
+                    break
+        return bool(self._abandoned)
 
 
 class _CopyRunning(Exception):

@@ -26,6 +26,8 @@ O = TypeVar("O")  # noqa: E741
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
 DEFAULT_QUEUE = "default"
+DEFAULT_CANCEL_GRACE = timedelta(minutes=5)
+"""How long saga code may clean up after a cancel by default (``@app.saga(cancel_grace=)``)."""
 
 
 def _check_name(kind: str, name: str) -> str:
@@ -154,6 +156,20 @@ def _check_events(saga: str, events: Mapping[str, Any] | None) -> dict[str, Any]
     return found
 
 
+def _check_grace(name: str, grace: Any) -> timedelta:
+    if isinstance(grace, bool) or not isinstance(grace, (timedelta, int, float)):
+        raise DeclarationError(
+            f"saga {name!r}: cancel_grace= takes a timedelta or seconds, not {type(grace).__name__}"
+        )
+    try:
+        value = grace if isinstance(grace, timedelta) else timedelta(seconds=grace)
+    except (ValueError, OverflowError) as e:  # NaN, infinite
+        raise DeclarationError(f"saga {name!r}: cancel_grace={grace!r}: {e}") from None
+    if value < timedelta(0):
+        raise DeclarationError(f"saga {name!r}: cancel_grace= must not be negative")
+    return value
+
+
 class SagaDef(Generic[I, O]):
     """A declared saga: an ``async def f(ctx, input) -> output``."""
 
@@ -168,6 +184,7 @@ class SagaDef(Generic[I, O]):
         on_event: str | None = None,
         run_id: Callable[[PublishedEvent], str] | None = None,
         debounce: Debounce | None = None,
+        cancel_grace: timedelta | float = DEFAULT_CANCEL_GRACE,
     ) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise DeclarationError(f"saga {name!r} must be an `async def` function")
@@ -199,6 +216,9 @@ class SagaDef(Generic[I, O]):
             )
         self.debounce = debounce
         """Starts of one key within ``period`` make one run (None: every start runs)."""
+        self.cancel_grace = _check_grace(name, cancel_grace)
+        """How long the saga code may clean up after a cancel delivered into it (zero: a
+        cancel stops the code where it waits, as before ``cancel_grace`` existed)."""
         self.fn = fn
         self.name = _check_name("saga", name)
         self.aliases = tuple(_check_name("saga", a) for a in aliases)
@@ -260,6 +280,7 @@ class App:
         on_event: str | None = None,
         run_id: Callable[[PublishedEvent], str] | None = None,
         debounce: Debounce | None = None,
+        cancel_grace: timedelta | float = DEFAULT_CANCEL_GRACE,
     ) -> Callable[[Callable[[SagaContext, I], Awaitable[O]]], SagaDef[I, O]]: ...
 
     def saga(
@@ -273,6 +294,7 @@ class App:
         on_event: str | None = None,
         run_id: Callable[[PublishedEvent], str] | None = None,
         debounce: Debounce | None = None,
+        cancel_grace: timedelta | float = DEFAULT_CANCEL_GRACE,
     ) -> Any:
         """Declare a saga. ``name`` is what runs store: set it explicitly to keep in-flight runs
         resolvable across renames of the function (or list old names in ``aliases``).
@@ -292,7 +314,13 @@ class App:
         id): a publish redelivered or repeated starts no second run.
 
         ``debounce``: the starts of a key within ``period`` of each other make one run, with
-        the last start's input (see :class:`~sagaloop.sagas.debounce.Debounce`)."""
+        the last start's input (see :class:`~sagaloop.sagas.debounce.Debounce`).
+
+        ``cancel_grace`` (a timedelta or seconds; default 5 minutes): a cancel raises
+        ``asyncio.CancelledError`` at the saga code's pending await, and the code has this long
+        to clean up (its ``finally``/``except`` may call steps) before the run is cancelled
+        regardless; either way the run ends ``cancelled`` and its completed steps are
+        compensated. ``0``: the code is stopped where it waits, with no chance to clean up."""
 
         def register(f: Callable[..., Awaitable[Any]]) -> SagaDef[Any, Any]:
             definition: SagaDef[Any, Any] = SagaDef(
@@ -304,6 +332,7 @@ class App:
                 on_event=on_event,
                 run_id=run_id,
                 debounce=debounce,
+                cancel_grace=cancel_grace,
             )
             self._register(definition, self.sagas, self._saga_aliases, "saga")
             return definition

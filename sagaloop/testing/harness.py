@@ -196,14 +196,15 @@ class Harness:
             self.store.enqueue(tx, [Outgoing(engine_queue(run.app), message)], self.clock.now())
         return message.message_id
 
-    def cancel(self, run_id: str, reason: str | None = None) -> None:
+    def cancel(self, run_id: str, reason: str | None = None, *, now: bool = False) -> None:
         """Cancel the run (``Client.cancel``). Called while the harness runs a step (from the
         step's body, an override or a crash hook), the engine takes the cancel at once, as a
-        service's engine thread would while the step runs: the run turns ``compensating`` and
-        the step's next heartbeat that looks at the run (its first, then at most one a second)
-        raises StepCancelled. Outside a step, the cancel waits on the engine's queue for the
-        next ``run_until_idle``."""
-        self.client.cancel(run_id, reason)
+        service's engine thread would while the step runs: the run turns ``cancelling`` (the
+        saga code, which no longer awaits the step, cleans up) or ``compensating``
+        (``cancel_grace=0``), and the step's next heartbeat that looks at the run (its first,
+        then at most one a second) raises StepCancelled. Outside a step, the cancel waits on
+        the engine's queue for the next ``run_until_idle``."""
+        self.client.cancel(run_id, reason, now=now)
         if self._processing:
             self._engine_now()
 

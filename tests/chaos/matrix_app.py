@@ -194,3 +194,14 @@ async def long(ctx: SagaContext, name: str) -> str:
 async def debounced(ctx: SagaContext, names: list[str]) -> list[str]:
     """itapp's sequence, its starts debounced: a burst of starts makes one run, the last's."""
     return [await ctx.call(effect, n) for n in names]
+
+
+@app.saga(name="tidy")
+async def tidy(ctx: SagaContext, name: str) -> str:
+    """``long`` with a ``finally`` that calls a step: the cancel is delivered into the code,
+    which tidies up before the run is compensated (issue 25, item 13)."""
+    await ctx.call(reserve, f"{name}-before")
+    try:
+        return await ctx.call(long_job, name)
+    finally:
+        await ctx.call(reserve, f"{name}-tidied")

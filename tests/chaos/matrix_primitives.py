@@ -1,6 +1,7 @@
 """The crash matrix's cells for the primitives of issue 11: child start (``family``), runs that
-start runs and send them events (``boss``), continue-as-new (``cycle``) and a running step
-cancelled through its heartbeats (``long``), all in matrix_app.py, each killed at the engine's
+start runs and send them events (``boss``), continue-as-new (``cycle``), a running step
+cancelled through its heartbeats (``long``) and a cancel delivered into saga code that tidies up
+in its ``finally`` (``tidy``, issue 25), all in matrix_app.py, each killed at the engine's
 and the worker's commit points on both backends. Driving and checking reuse matrix.py; the
 checks are the matrix's, extended to every run the saga started: terminal statuses, each effect
 once under its key, compensations once and newest first, sound histories, no dead letters."""
@@ -35,6 +36,8 @@ NAMES = ("a", "b", "c")
 LONG = "marathon"  # the name of the long saga's job
 INPUTS = {"family": list(NAMES), "boss": list(NAMES), "cycle": list(NAMES), "long": LONG}
 STATUS = {"family": "completed", "boss": "completed", "cycle": "completed", "long": "cancelled"}
+CANCELLED = ("long", "tidy")  # the sagas the test cancels while their long step runs
+INPUTS["tidy"], STATUS["tidy"] = LONG, "cancelled"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +72,7 @@ class PrimitiveCell:
         worker at its commit, or the one ``sagaloop dev`` process at the engine's points): the
         message comes back in doubt and, with no reconcile, the body runs again (and stops at
         its first heartbeat). Its effect is still recorded once under its key."""
-        if self.saga != "long":
+        if self.saga not in CANCELLED:
             return False
         return self.point == "worker.before_commit" or (
             self.backend == EMBEDDED and self.point.startswith("engine.")
@@ -103,6 +106,9 @@ _CRASHES: list[tuple[str, int, str, str, int | None]] = [
     ("engine.after_commit", 3, "long", "engine", 2),
     ("worker.before_commit", 2, "long", "worker", 2),
     ("worker.after_commit", 2, "long", "worker", 2),
+    # tidy: pass 3 is the cancel delivered into the code, which schedules its tidying step
+    ("engine.before_commit", 3, "tidy", "engine", 2),
+    ("engine.after_commit", 3, "tidy", "engine", 2),
 ]
 
 PRIMITIVE_CELLS = [
@@ -137,7 +143,7 @@ def drive_primitive(cell: PrimitiveCell, system: System) -> str:
         worker = start_role(system, "worker", **(crash if cell.role == "worker" else {}))
         doomed = engine if cell.role == "engine" else worker
     run_id = system.client.start(cell.saga, INPUTS[cell.saga])
-    if cell.saga == "long":
+    if cell.saga in CANCELLED:
         eventually(lambda: f"{LONG} started" in marks(system), 60, "the long step to run")
         assert doomed.poll() is None, f"{cell.spec} fired before the cancellation"
         system.client.cancel(run_id, "the user gave up")
@@ -219,6 +225,19 @@ def check_primitive(cell: PrimitiveCell, system: System, run_id: str) -> None:
         seen = marks(system)
         assert seen[-3:] == [f"{LONG} started", f"{LONG} cancelled", f"{LONG} cleanup"], seen
         assert f"{LONG} never cancelled" not in seen
+    elif cell.saga == "tidy":
+        tidied = f"{LONG}-tidied"
+        assert [s for s, _ in effects] == [LONG, f"{LONG}-before", tidied], effects
+        assert sorted(s for s, _ in undos[:2]) == [LONG, tidied], "undone once, newest first"
+        assert [s for s, _ in undos[2:]] == [f"{LONG}-before"], undos
+        history = system.client.history(run_id)
+        kinds = [e.kind for e in history]
+        assert kinds.count(h.CANCEL_DELIVERED) == 1, kinds
+        assert [e.name for e in history if e.kind == h.STEP_SCHEDULED].count("reserve") == 2
+        failed = [e for e in history if e.kind == h.STEP_FAILED]
+        assert [e.data["error"]["type"] for e in failed] == ["StepCancelled"], failed
+        seen = marks(system)
+        assert seen[-2:] == [f"{LONG} cancelled", f"{LONG} cleanup"], seen
     else:
         assert undos == [], undos
 

@@ -214,3 +214,36 @@ async def long(ctx: SagaContext, name: str) -> str:
 @app.saga(name="silent")
 async def silent_saga(ctx: SagaContext, name: str) -> int:
     return await ctx.call(silent, name)
+
+
+# --- cancellation delivered into saga code (issue 25, item 13) ----------------------------------
+
+
+def released(name: str) -> bool:
+    """Whether the test let the step ``name`` finish (a mark ``<name> release``)."""
+    with ledger() as conn:
+        conn.execute("create table if not exists marks (what text)")
+        row = conn.execute("select 1 from marks where what = ?", (f"{name} release",)).fetchone()
+    return row is not None
+
+
+@app.step(queue="work", retry=FAST)
+def held_cleanup(ctx: StepContext, name: str) -> str:
+    """A cleanup step that runs until the test releases it (LONG_JOB_LIMIT at most)."""
+    _record(ctx, name)
+    mark(f"{name} cleaning")
+    deadline = time.monotonic() + LONG_JOB_LIMIT
+    while not released(name) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return f"{name}:cleaned"
+
+
+@app.saga(name="tidy", cancel_grace=timedelta(minutes=5))
+async def tidy(ctx: SagaContext, name: str) -> None:
+    """Cleans up in its ``finally`` when cancelled: a step the test holds, then another."""
+    await ctx.call(effect, f"{name}-before")
+    try:
+        await ctx.wait_for_event("never", timeout=WAIT)
+    finally:
+        await ctx.call(held_cleanup, name)
+        await ctx.call(effect, f"{name}-after")

@@ -457,7 +457,8 @@ def test_a_cancelled_run_says_what_it_undoes(
     env.cancel(run_id, "the customer changed their mind")
     env.run_until_idle(skip_time=False)
     assert run_lines(caplog, run_id)[2:] == [
-        "run c1: cancellation requested (the customer changed their mind)",
+        "run c1 cancelling (the customer changed their mind): its saga code may clean up "
+        "until 2026-01-01 00:05:00 UTC",
         "run c1 compensating: undoing step 'reserve'",
         "run c1 finished: cancelled (the customer changed their mind)",
     ]

@@ -46,6 +46,7 @@ def test_exported_names_are_pinned() -> None:
             # issue 25: updates
             "UpdateFailedError",
             "UpdateRefusedError",
+            "DEFAULT_CANCEL_GRACE",
         ]
     )
     assert sorted(sagaloop.testing.__all__) == [
@@ -91,3 +92,10 @@ def test_published_events_surface_is_pinned() -> None:
     assert {"key", "match"} <= set(wait)
     saga = inspect.signature(sagaloop.App.saga).parameters
     assert {"on_event", "run_id"} <= set(saga)
+
+
+def test_a_cancel_is_delivered_into_saga_code_for_five_minutes_by_default() -> None:
+    from datetime import timedelta
+
+    assert timedelta(minutes=5) == sagaloop.DEFAULT_CANCEL_GRACE
+    assert "cancelling" in sagaloop.ALL_STATUSES
