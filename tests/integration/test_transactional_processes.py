@@ -5,17 +5,25 @@ way. The app is txapp.py."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from system import System
 from txapp import meta
+
+from sagaloop import App, SagaContext, StepContext
+from sagaloop.engine.messages import Envelope, Outcome, StepReply, inbox_key
+from sagaloop.engine.ports import Delivery
+from sagaloop.runtime.worker import WORKER_CONSUMER
+from sagaloop.testing import Harness
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def txsystem(tmp_path: Path, rabbitmq_url: str) -> System:
+def txsystem(tmp_path: Path, rabbitmq_url: str) -> Iterator[System]:
     s = System(tmp_path, rabbitmq_url, app="txapp")
     meta.create_all(s.store.engine)
     try:
@@ -67,3 +75,52 @@ def test_the_steps_timeout_is_the_transactions_statement_timeout(txsystem: Syste
     assert error is not None and "StepTimeoutError" in str(error), error
     assert bodies(system, "slow_reserve") == ["s"]
     assert orders(system) == []  # its insert was rolled back with the cancelled statement
+
+
+# --- on PostgreSQL, in one process: a copy of the message that commits first ---------------
+
+
+def test_a_copy_that_committed_first_wins_and_this_attempts_writes_roll_back(
+    postgres_url: str,
+) -> None:
+    """Two copies of a step message (a relay that republished it) run at once on two workers;
+    the one that stores its reply second must not keep its writes. Here the step's body
+    commits the other copy's inbox row (on its own connection) while it runs."""
+    app = App("tx-copies")
+    table = sa.Table(
+        "tx_copies",
+        sa.MetaData(),
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("item", sa.String, nullable=False),
+    )
+    envelopes: list[Envelope] = []
+
+    @app.step(transactional=True)
+    def place(ctx: StepContext, item: str) -> int:
+        assert ctx.transaction is not None
+        ctx.transaction.execute(table.insert(), {"item": item})
+        key = inbox_key(app.name, envelopes[-1])
+        copy = StepReply(direction="do", worker="copy", outcome=Outcome.COMPLETED, result=42)
+        with env.store.transaction() as tx:  # the copy's transaction, committed first
+            env.store.inbox_put(tx, WORKER_CONSUMER, key, copy.to_payload(), env.clock.now())
+        return 1
+
+    @app.saga(name="buy")
+    async def buy(ctx: SagaContext, item: str) -> int:
+        return await ctx.call(place, item)
+
+    def keep(role: str, delivery: Delivery) -> None:
+        if role == "worker":
+            envelopes.append(Envelope.from_bytes(delivery.body))
+
+    env = Harness(app, url=postgres_url)
+    try:
+        table.create(env.store.engine)
+        env.crash_hook = keep
+        run_id = env.start(buy, "widget")
+        env.run_until_idle()
+        assert env.result(run_id) == 42  # the copy's reply, stored first
+        with env.store.engine.connect() as conn:
+            assert conn.execute(sa.select(table.c.item)).all() == []
+    finally:
+        env.close()
