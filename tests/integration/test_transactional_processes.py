@@ -1,23 +1,26 @@
-"""Transactional steps on real processes (PostgreSQL + RabbitMQ): a `sagaloop worker` killed
-with SIGKILL at a crash point before or after the commit that records a step's outcome; the
-step's row in the app's own table (in the store's database) is written exactly once either
-way. The app is txapp.py."""
+"""Transactional steps on real processes: a `sagaloop worker` (PostgreSQL + RabbitMQ) or a
+`sagaloop dev` (SQLite file) killed with SIGKILL at a crash point before or after the commit
+that records a step's outcome; the step's row in the app's own table (in the store's database)
+is written exactly once either way. The app is txapp.py."""
 
 from __future__ import annotations
 
+import signal
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from system import System
+from test_hostile_saga_processes import Dev
 from txapp import meta
 
 from sagaloop import App, SagaContext, StepContext
 from sagaloop.engine.messages import Envelope, Outcome, StepReply, inbox_key
 from sagaloop.engine.ports import Delivery
 from sagaloop.runtime.worker import WORKER_CONSUMER
-from sagaloop.testing import Harness
+from sagaloop.testing import Harness, eventually
 
 pytestmark = pytest.mark.integration
 
@@ -124,3 +127,41 @@ def test_a_copy_that_committed_first_wins_and_this_attempts_writes_roll_back(
             assert conn.execute(sa.select(table.c.item)).all() == []
     finally:
         env.close()
+
+
+# --- the embedded default: one `sagaloop dev` process on a SQLite file ------------------------
+
+
+@pytest.mark.parametrize(
+    ("point", "runs_of_b"),
+    [("worker.before_commit", 2), ("worker.after_commit", 1)],
+)
+def test_embedded_a_dev_process_killed_around_the_commit_writes_the_row_once(
+    tmp_path: Path, point: str, runs_of_b: int
+) -> None:
+    url = f"sqlite:///{tmp_path / 'sagaloop.db'}"
+    engine = sa.create_engine(url)
+    meta.create_all(engine)  # the app's table, in the store's database
+    doomed = Dev(tmp_path, app="txapp", SAGALOOP_LEASE="2", SAGALOOP_CRASH_AT=f"{point}:2")
+    dev: Dev | None = None
+    try:
+        eventually(lambda: "dev: app" in doomed.log.read_text(), what="dev to start")
+        run = doomed.cli("start", "reserve-all", "--input", '["a", "b", "c"]', "--app", "txapp")
+        assert doomed.proc.wait(timeout=60) == -signal.SIGKILL, doomed.log.read_text()
+        dev = Dev(tmp_path, app="txapp", SAGALOOP_LEASE="2")
+        eventually(
+            lambda: dev is not None and dev.status(run)["status"] == "completed",
+            60,
+            what="the run to complete",
+        )
+        with engine.connect() as conn:
+            items = [str(r[0]) for r in conn.exec_driver_sql("select item from tx_orders")]
+        assert sorted(items) == ["a", "b", "c"]
+        with sqlite3.connect(tmp_path / "ledger.db") as ledger:
+            runs = ledger.execute("select count(*) from bodies where item = 'b'").fetchone()
+        assert runs[0] == runs_of_b
+    finally:
+        doomed.close()
+        if dev is not None:
+            dev.close()
+        engine.dispose()
