@@ -230,7 +230,11 @@ class WorkerConsumer:
                 )
             attempt = conn.begin_nested()
             reply = self.runner.run(env, redelivered=redelivered, task=task, transaction=conn)
-            self._write(tx, delivery, env, task, key, _storable_reply(task, reply), attempt)
+            storable = _storable_reply(task, reply)
+            if storable is not reply:  # failed instead: its writes go too
+                attempt.rollback()
+                attempt = conn.begin_nested()
+            self._write(tx, delivery, env, task, key, storable, attempt)
         crash_point("worker.after_commit")
         return COMMITTED
 
