@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from sqlalchemy import Connection
+
 from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.engine.activation import Engine
 from sagaloop.engine.history import Event
@@ -118,8 +120,8 @@ def assemble(
     waits for rows handed over, and looks at the database only now and then)."""
     steps = steps or app
 
-    def history(run_id: str) -> list[Event]:
-        return store.load_history(None, run_id)
+    def history(run_id: str, within: Connection | None = None) -> list[Event]:
+        return store.load_history(None if within is None else store.attach(within), run_id)
 
     if stepping:
         runner = StepRunner(steps, worker=name, inline=True, history=history, streams=streams)

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from types import CodeType
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Connection
 from sqlalchemy import exc as sa_exc
@@ -72,9 +72,12 @@ Beat = Callable[["_StepContext"], None]
 the run); raises StepCancelled to stop the step."""
 
 
-History = Callable[[str], list[Event]]
-"""Reads a run's history (``Store.load_history``): how a step finds what earlier steps of its
-run were given, such as the transcript an agent's model step extends."""
+class History(Protocol):
+    """Reads a run's history (``Store.load_history``): how a step finds what earlier steps of
+    its run were given, such as the transcript an agent's model step extends. ``within``: the
+    connection of a transactional step's transaction, to read in it."""
+
+    def __call__(self, run_id: str, within: Connection | None = None) -> list[Event]: ...
 
 
 class _StepContext(StepContext):
@@ -127,6 +130,8 @@ class _StepContext(StepContext):
     def history(self, run_id: str | None = None) -> list[Event]:
         if self._history is None:
             return super().history(run_id)
+        if self.transaction is not None:
+            return self._history(run_id or self.run_id, self.transaction)
         return self._history(run_id or self.run_id)
 
     def heartbeat(self, details: Any = None) -> None:

@@ -227,3 +227,27 @@ def test_what_makes_no_sense_with_transactional_is_refused() -> None:
 
     with pytest.raises(DeclarationError, match="compensation must be a plain `def`"):
         step.compensation(async_undo)
+
+
+def test_a_transactional_step_reads_its_runs_history_in_its_transaction() -> None:
+    """On SQLite in memory (the harness's one connection is the step's), a read outside the
+    step's transaction could not begin: ``ctx.history()`` reads in it."""
+    app = App("tx-history")
+
+    @app.step()
+    def first(ctx: StepContext) -> str:
+        return "one"
+
+    @app.step(transactional=True)
+    def second(ctx: StepContext) -> list[str]:
+        return [e.kind for e in ctx.history() if e.kind == h.STEP_COMPLETED]
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> list[str]:
+        await ctx.call(first)
+        return await ctx.call(second)
+
+    env = harness(app)
+    run_id = env.start(s)
+    env.run_until_idle()
+    assert env.result(run_id) == [h.STEP_COMPLETED]
