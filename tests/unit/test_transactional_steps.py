@@ -5,7 +5,7 @@ step's outcome, or not at all. The app's table lives in the store's own database
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import sqlalchemy as sa
@@ -17,6 +17,7 @@ from sagaloop.runtime import crashpoints
 from sagaloop.runtime.crashpoints import CrashPointRaised
 from sagaloop.testing import Harness
 
+Broker = Literal["database", "memory"]
 FAST = RetryPolicy(max_attempts=3, initial_interval=timedelta(seconds=1))
 meta = sa.MetaData()
 orders = sa.Table(
@@ -56,8 +57,10 @@ def make(fail_first: int = 0, *, retryable: bool = True) -> tuple[App, Any, list
     return app, buy, seen
 
 
-def harness(app: App) -> Harness:
-    env = Harness(app)
+def harness(app: App, broker: Broker = "database") -> Harness:
+    """A harness whose store's database (SQLite in memory) holds the app's table; its broker
+    is the database's outbox, or one in memory (as RabbitMQ: settled apart from the commit)."""
+    env = Harness(app, broker=broker)
     meta.create_all(env.store.engine)
     return env
 
@@ -72,9 +75,10 @@ def test_the_writes_commit_with_the_steps_completion() -> None:
     assert seen == [[]]
 
 
-def test_a_crash_before_the_commit_leaves_no_write_and_the_step_runs_again() -> None:
+@pytest.mark.parametrize("broker", ["database", "memory"])
+def test_a_crash_before_the_commit_leaves_no_write_and_the_step_runs_again(broker: Broker) -> None:
     app, buy, seen = make()
-    env = harness(app)
+    env = harness(app, broker)
     run_id = env.start(buy, "widget")
     crashpoints.arm("worker.before_commit:raise")
     try:
@@ -93,9 +97,10 @@ def test_a_crash_before_the_commit_leaves_no_write_and_the_step_runs_again() -> 
     assert len(completed) == 1
 
 
-def test_a_crash_after_the_commit_never_runs_the_step_again() -> None:
+@pytest.mark.parametrize("broker", ["database", "memory"])
+def test_a_crash_after_the_commit_never_runs_the_step_again(broker: Broker) -> None:
     app, buy, seen = make()
-    env = harness(app)
+    env = harness(app, broker)
     run_id = env.start(buy, "widget")
     crashpoints.arm("worker.after_commit:raise")
     try:
