@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING
 
 from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.engine.activation import Engine
@@ -30,6 +29,9 @@ from sagaloop.runtime.timers import TimerScheduler
 from sagaloop.runtime.worker import WorkerConsumer
 from sagaloop.sagas.app import App
 from sagaloop.store.sql import SqlStore
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 
 @dataclass(frozen=True)

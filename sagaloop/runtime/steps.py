@@ -27,10 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from types import CodeType
-from typing import Any, Protocol
-
-from sqlalchemy import Connection
-from sqlalchemy import exc as sa_exc
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sagaloop import tracing
 from sagaloop.engine.contract import DO, UNENCODABLE_RESULT, halts_in_doubt, idempotency_key
@@ -52,7 +49,9 @@ from sagaloop.runtime.slots import Job, Slots
 from sagaloop.sagas.app import App, StepDef
 from sagaloop.sagas.context import StepContext
 from sagaloop.sagas.convert import ANY
-from sagaloop.store.connect import error_code
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 logger = logging.getLogger("sagaloop.step")
 COMPLETED, FAILED, HALTED = Outcome.COMPLETED, Outcome.FAILED, Outcome.HALTED
@@ -286,7 +285,9 @@ def _savepoint(
                     "SELECT set_config('statement_timeout', %(previous)s, true)",
                     {"previous": previous},
                 )
-    except sa_exc.DBAPIError as e:
+    except Exception as e:
+        from sagaloop.store.connect import error_code  # loaded already: the store's
+
         if error_code(e) == "57014":  # query_canceled: the statement_timeout
             limit = step.timeout or "its schedule_to_close"
             raise StepTimeoutError(

@@ -15,8 +15,6 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection
-
 from sagaloop.engine import state as s
 from sagaloop.engine.contract import DO, UNDO, UNENCODABLE_RESULT
 from sagaloop.engine.messages import (
@@ -220,6 +218,8 @@ class WorkerConsumer:
         inside the runner, rolled back when it raises) within another, rolled back too when a
         copy of the message committed its reply first. A crash before the commit leaves
         nothing: the redelivered message runs it again, not in doubt."""
+        from sqlalchemy import Connection  # loaded already by a SQL store
+
         with self.store.transaction() as tx:
             conn = getattr(tx, "conn", None)
             if not isinstance(conn, Connection):

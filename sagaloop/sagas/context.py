@@ -23,8 +23,6 @@ from typing import (
 from sagaloop.errors import ValidationError
 
 if TYPE_CHECKING:
-    from sqlalchemy import Connection
-
     from sagaloop.sagas.app import SagaDef, StepDef
     from sagaloop.sagas.approvals import Approval
 
@@ -327,9 +325,9 @@ class StepContext(abc.ABC):
     idempotency_key: str
     """Stable across retries, redeliveries and restarts; distinct for the compensation."""
     logger: logging.LoggerAdapter[logging.Logger]
-    transaction: Connection | None = None
+    transaction: Any = None
     """In a step declared ``transactional=True`` (and its compensation), run by a worker: a
-    SQLAlchemy Connection on the store's database, inside the transaction that records the
+    SQLAlchemy ``Connection`` on the store's database, inside the transaction that records the
     attempt's outcome (in a savepoint: rolled back if the step raises). None otherwise."""
 
     @abc.abstractmethod
