@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.engine.activation import Engine
@@ -37,6 +38,9 @@ from sagaloop.runtime.timers import TimerScheduler
 from sagaloop.runtime.worker import WorkerConsumer
 from sagaloop.sagas.app import App
 from sagaloop.store.sql import SqlStore
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 
 @dataclass(frozen=True)
@@ -130,8 +134,8 @@ def assemble(
     waits for rows handed over, and looks at the database only now and then)."""
     steps = steps or app
 
-    def history(run_id: str) -> list[Event]:
-        return store.load_history(None, run_id)
+    def history(run_id: str, within: Connection | None = None) -> list[Event]:
+        return store.load_history(None if within is None else store.attach(within), run_id)
 
     if stepping:
         runner = StepRunner(steps, worker=name, inline=True, history=history, streams=streams)

@@ -18,15 +18,16 @@ that cannot be stored or sent (a lone surrogate, an integer over Python's digit 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import copy
 import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from types import CodeType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sagaloop import tracing
 from sagaloop.engine.contract import DO, UNENCODABLE_RESULT, halts_in_doubt, idempotency_key
@@ -49,6 +50,9 @@ from sagaloop.sagas.app import App, StepDef
 from sagaloop.sagas.context import StepContext
 from sagaloop.sagas.convert import ANY
 
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
 logger = logging.getLogger("sagaloop.step")
 COMPLETED, FAILED, HALTED = Outcome.COMPLETED, Outcome.FAILED, Outcome.HALTED
 
@@ -67,9 +71,12 @@ Beat = Callable[["_StepContext"], None]
 the run); raises StepCancelled to stop the step."""
 
 
-History = Callable[[str], list[Event]]
-"""Reads a run's history (``Store.load_history``): how a step finds what earlier steps of its
-run were given, such as the transcript an agent's model step extends."""
+class History(Protocol):
+    """Reads a run's history (``Store.load_history``): how a step finds what earlier steps of
+    its run were given, such as the transcript an agent's model step extends. ``within``: the
+    connection of a transactional step's transaction, to read in it."""
+
+    def __call__(self, run_id: str, within: Connection | None = None) -> list[Event]: ...
 
 
 class _StepContext(StepContext):
@@ -122,6 +129,8 @@ class _StepContext(StepContext):
     def history(self, run_id: str | None = None) -> list[Event]:
         if self._history is None:
             return super().history(run_id)
+        if self.transaction is not None:
+            return self._history(run_id or self.run_id, self.transaction)
         return self._history(run_id or self.run_id)
 
     def heartbeat(self, details: Any = None) -> None:
@@ -244,6 +253,50 @@ def _run_coroutine(coro: Any) -> Any:
     return aio.run(coro)
 
 
+@contextlib.contextmanager
+def _savepoint(
+    conn: Connection | None, step: StepDef[Any, Any], ctx: _StepContext
+) -> Iterator[None]:
+    """For a transactional attempt (``conn`` given): a savepoint around the step's body and the
+    conversion of its result, rolled back if either raises, so that a failed attempt leaves no
+    write behind while its failure is still recorded. On PostgreSQL the step's ``timeout`` (or
+    what is left of its ``schedule_to_close``) becomes the savepoint's ``statement_timeout``: a
+    statement past it is cancelled and the attempt fails with ``StepTimeoutError``, not applied.
+    (The body runs on the worker's thread: a Python loop that never queries is not bounded.)"""
+    if conn is None:
+        yield
+        return
+    limits = [step.timeout.total_seconds()] if step.timeout is not None else []
+    if ctx.deadline is not None:
+        limits.append(ctx.deadline - time.monotonic())
+    timeout = conn.dialect.name == "postgresql" and bool(limits)
+    try:
+        with conn.begin_nested():
+            if timeout:
+                ms = str(max(1, round(min(limits) * 1000)))
+                previous = conn.exec_driver_sql(
+                    "SELECT current_setting('statement_timeout'), "
+                    "set_config('statement_timeout', %(ms)s, true)",
+                    {"ms": ms},
+                ).scalar()
+            yield
+            if timeout:
+                conn.exec_driver_sql(
+                    "SELECT set_config('statement_timeout', %(previous)s, true)",
+                    {"previous": previous},
+                )
+    except Exception as e:
+        from sagaloop.store.connect import error_code  # loaded already: the store's
+
+        if error_code(e) == "57014":  # query_canceled: the statement_timeout
+            limit = step.timeout or "its schedule_to_close"
+            raise StepTimeoutError(
+                f"step {step.name!r} did not finish within {limit}: its statement was cancelled "
+                "and its writes rolled back"
+            ) from e
+        raise
+
+
 class StepRunner:
     """Runs the attempts of a step with a timeout on a pool of threads (:mod:`slots`), so that
     the timeout can be enforced and a stuck step never blocks its consumer. The timeout starts
@@ -317,16 +370,19 @@ class StepRunner:
         inline: bool = False,
         beat: Beat | None = None,
         task: StepTask | None = None,
+        transaction: Connection | None = None,
     ) -> StepReply:
         """Run one attempt of the step message ``env`` (``task``: its payload, if the caller
         parsed it already; a malformed one raises ``MessageError``) and return its reply, in
-        the attempt's span (``sagaloop.step`` or ``sagaloop.compensation``: see ``tracing``)."""
+        the attempt's span (``sagaloop.step`` or ``sagaloop.compensation``: see ``tracing``).
+        ``transaction``: for a transactional step, the open transaction that will record the
+        reply; the attempt runs on this thread in a savepoint of it (see :func:`_savepoint`)."""
         task = task or StepTask.parse(env)
         step = self.app.get_step(task.step)
         if step is None:
             raise UnknownStepError(task.step)
         with tracing.step_attempt(env) as span:
-            reply = self._attempt(env, task, step, redelivered, inline, beat)
+            reply = self._attempt(env, task, step, redelivered, inline, beat, transaction)
             span.done(reply.to_payload())
         return reply
 
@@ -338,24 +394,30 @@ class StepRunner:
         redelivered: bool,
         inline: bool,
         beat: Beat | None,
+        transaction: Connection | None = None,
     ) -> StepReply:
         direction = task.direction
-        in_doubt = task.in_doubt or redelivered
-        inline = inline or self.inline
+        # a transactional attempt whose outcome was not committed rolled its writes back
+        in_doubt = (task.in_doubt or redelivered) and transaction is None
+        inline = inline or self.inline or transaction is not None
         ctx = _StepContext(
             env, step, in_doubt, beat, self.history, self.streams, task.schedule_deadline
         )
+        ctx.transaction = transaction
         started = time.monotonic()
         try:
             args = step.signature.args_from_json(task.args, what=f"step {step.name!r}")
-            if direction == DO:
-                done = self._do(step, ctx, args, in_doubt, task.force, inline)
-            else:
-                done = self._undo(step, ctx, args, task.result, in_doubt, inline)
+            with _savepoint(transaction, step, ctx):
+                if direction == DO:
+                    done = self._do(step, ctx, args, in_doubt, task.force, inline)
+                else:
+                    done = self._undo(step, ctx, args, task.result, in_doubt, inline)
         except (CrashPointRaised, AttemptNotStarted):
             raise  # a simulated death of the process (tests), or nothing ran: no reply
         except BaseException as e:  # step code's, whatever it raises: see the module's doc
             info = _error_of(step, e)
+            if transaction is not None:
+                info.not_applied = True  # its writes were rolled back with the savepoint
             _log_failure(ctx, step, direction, info, e)
             return StepReply(
                 direction=direction, worker=self.worker, outcome=FAILED, error=info.to_json()

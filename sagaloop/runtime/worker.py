@@ -32,6 +32,7 @@ from sagaloop.errors import (
     BrokerError,
     ErrorInfo,
     MessageError,
+    SagaloopError,
     StepCancelled,
     StoreError,
     TransientStoreError,
@@ -140,7 +141,8 @@ class WorkerConsumer:
             reply: StepReply | None = None
             if not self.store.inbox_get(None, WORKER_CONSUMER, key)[0]:
                 reply = self._troubles.reply(key) or self._attempt(delivery, env, task, key)
-            self._commit(delivery, env, task, key, reply)
+            if reply is not COMMITTED:
+                self._commit(delivery, env, task, key, reply)
         except UnknownStepError as e:
             delivery.dead_letter(str(e))
         except _CopyRunning as e:
@@ -167,7 +169,8 @@ class WorkerConsumer:
 
     def _attempt(self, delivery: Delivery, env: Envelope, task: StepTask, key: str) -> StepReply:
         """Run the attempt (or answer ``halted`` to a message in a crash loop) and keep the
-        reply until it is stored."""
+        reply until it is stored. A transactional step's attempt stores its reply in its own
+        transaction: then :data:`COMMITTED`."""
         step = self.app.get_step(task.step)
         limit = step.rate_limit if step is not None else None
         deliveries, held = delivery.deliveries, None
@@ -195,6 +198,8 @@ class WorkerConsumer:
                 with self._keep_alive.hold(delivery):
                     if limit is not None and slot is not None:
                         self._wait_for(env, task, limit, slot)  # the last thing before the body
+                    if step is not None and step.transactional:
+                        return self._transactional(delivery, env, task, key, redelivered)
                     at = env.position if task.direction == DO else None
                     beat = _Heartbeat(self.store, delivery, env.run_id, at)
                     redelivered = redelivered or earlier
@@ -205,6 +210,35 @@ class WorkerConsumer:
             reply = _storable_reply(task, reply)
         self._troubles.keep(key, reply)
         return reply
+
+    def _transactional(
+        self, delivery: Delivery, env: Envelope, task: StepTask, key: str, redelivered: bool
+    ) -> StepReply:
+        """Run a transactional step in the transaction that stores its reply (the inbox row,
+        the outbox row, the settled message): its writes through ``ctx.transaction`` commit
+        with its completion or not at all. The attempt runs in a savepoint (the step's own,
+        inside the runner, rolled back when it raises) within another, rolled back too when a
+        copy of the message committed its reply first. A crash before the commit leaves
+        nothing: the redelivered message runs it again, not in doubt."""
+        from sqlalchemy import Connection  # loaded already by a SQL store
+
+        with self.store.transaction() as tx:
+            conn = getattr(tx, "conn", None)
+            if not isinstance(conn, Connection):
+                raise TransactionalStepError(
+                    f"step {task.step!r} is transactional, but this worker's store "
+                    f"({type(self.store).__name__}) is not a SQL database: run it on a worker "
+                    "of a PostgreSQL or SQLite store"
+                )
+            attempt = conn.begin_nested()
+            reply = self.runner.run(env, redelivered=redelivered, task=task, transaction=conn)
+            storable = _storable_reply(task, reply)
+            if storable is not reply:  # failed instead: its writes go too
+                attempt.rollback()
+                attempt = conn.begin_nested()
+            self._write(tx, delivery, env, task, key, storable, attempt)
+        crash_point("worker.after_commit")
+        return COMMITTED
 
     def _wait_for(self, env: Envelope, task: StepTask, limit: RateLimit, slot: datetime) -> None:
         """Wait for ``slot``. A thread that wakes up too late to start within it (the machine
@@ -334,20 +368,37 @@ class WorkerConsumer:
         self, delivery: Delivery, env: Envelope, task: StepTask, key: str, reply: StepReply | None
     ) -> None:
         with self.store.transaction() as tx:
-            ran = reply is not None and self.store.inbox_put(
-                tx, WORKER_CONSUMER, key, reply.to_payload(), self.clock.now()
-            )
-            if reply is None or not ran:
-                _, stored = self.store.inbox_get(tx, WORKER_CONSUMER, key)
-                reply = StepReply.model_validate(stored)  # as this worker (or a copy) built it
-            now = self.clock.now()
-            result = step_result(env, reply, now)
-            self.store.enqueue(tx, [Outgoing(self.reply_queue, result)], now)
-            delivery.settle(tx)
-            if ran:  # a copy whose reply was stored already ran nothing: no effect cut off
-                undo = task.direction == UNDO
-                crash_point("worker.undo_before_commit" if undo else "worker.before_commit")
+            self._write(tx, delivery, env, task, key, reply)
         crash_point("worker.after_commit")
+
+    def _write(
+        self,
+        tx: Any,
+        delivery: Delivery,
+        env: Envelope,
+        task: StepTask,
+        key: str,
+        reply: StepReply | None,
+        attempt: Any = None,
+    ) -> None:
+        """In ``tx``: store ``reply`` in the inbox, queue it and settle the message. When a
+        copy stored its reply first, that one is sent, and the savepoint ``attempt`` (a
+        transactional step's writes) is rolled back."""
+        ran = reply is not None and self.store.inbox_put(
+            tx, WORKER_CONSUMER, key, reply.to_payload(), self.clock.now()
+        )
+        if attempt is not None:
+            (attempt.commit if ran else attempt.rollback)()
+        if reply is None or not ran:
+            _, stored = self.store.inbox_get(tx, WORKER_CONSUMER, key)
+            reply = StepReply.model_validate(stored)  # as this worker (or a copy) built it
+        now = self.clock.now()
+        result = step_result(env, reply, now)
+        self.store.enqueue(tx, [Outgoing(self.reply_queue, result)], now)
+        delivery.settle(tx)
+        if ran:  # a copy whose reply was stored already ran nothing: no effect cut off
+            undo = task.direction == UNDO
+            crash_point("worker.undo_before_commit" if undo else "worker.before_commit")
 
     def _failed(
         self, delivery: Delivery, env: Envelope, task: StepTask, key: str, exc: Exception
@@ -458,6 +509,15 @@ class _Heartbeat:
                     self._abandoned = self.position in ev.data.get("steps", ())
                     break
         return bool(self._abandoned)
+
+
+COMMITTED = StepReply(direction=DO, worker="", outcome=Outcome.COMPLETED)
+"""What :meth:`WorkerConsumer._attempt` returns when the attempt stored its reply itself (a
+transactional step): nothing is left to commit."""
+
+
+class TransactionalStepError(SagaloopError):
+    """A transactional step met a worker whose store is not a SQL database."""
 
 
 class _CopyRunning(Exception):

@@ -58,6 +58,7 @@ class StepDef(Generic[P, R_co]):
         approval: bool = False,
         approval_timeout: timedelta | None = None,
         rate_limit: RateLimit | None = None,
+        transactional: bool = False,
     ) -> None:
         self.fn = fn
         self.approval = approval
@@ -84,6 +85,9 @@ class StepDef(Generic[P, R_co]):
         self.signature = Signature(fn, what=f"step {name!r}")
         self.compensation_fn: Callable[..., Any] | None = None
         self.reconcile_fn: Callable[..., Any] | None = None
+        self.transactional = transactional
+        if transactional:
+            _check_transactional(self, fn, "step")
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -103,6 +107,8 @@ class StepDef(Generic[P, R_co]):
         if self.compensation_fn is not None:
             raise DeclarationError(f"step {self.name!r} already has a compensation")
         self._check_arity(fn, extra=1, what="compensation")
+        if self.transactional:
+            _check_transactional(self, fn, "compensation")
         self.compensation_fn = fn
         return fn
 
@@ -111,6 +117,11 @@ class StepDef(Generic[P, R_co]):
         in-doubt attempt took effect. A found result is recorded without running the step."""
         if self.reconcile_fn is not None:
             raise DeclarationError(f"step {self.name!r} already has a reconcile function")
+        if self.transactional:
+            raise DeclarationError(
+                f"step {self.name!r} is transactional: it needs no reconcile, as an attempt "
+                "whose outcome was not committed rolled its writes back (it is never in doubt)"
+            )
         self._check_arity(fn, extra=0, what="reconcile")
         self.reconcile_fn = fn
         return fn
@@ -125,6 +136,37 @@ class StepDef(Generic[P, R_co]):
                 f"{what} of step {self.name!r} must take {expected} parameters "
                 f"(ctx, the step's arguments{', result' if extra else ''}), not {len(params)}"
             )
+
+
+def _check_transactional(step: StepDef[Any, Any], fn: Callable[..., Any], what: str) -> None:
+    """Refuse what a transactional step cannot be: its body runs on the worker's thread inside
+    a synchronous database transaction, and is never in doubt (its writes commit with its
+    outcome)."""
+    name = f"step {step.name!r} is transactional"
+    if inspect.iscoroutinefunction(fn):
+        raise DeclarationError(
+            f"{name}: its {what} must be a plain `def`, not `async def` (ctx.transaction is a "
+            "synchronous SQLAlchemy Connection, used on the worker's thread)"
+        )
+    refused = {
+        "local=True": (
+            step.local,
+            "in-process steps run on the engine outside any transaction; drop local=True",
+        ),
+        "idempotent=False": (
+            not step.idempotent,
+            "an attempt whose outcome was not committed rolled its writes back, so it is never "
+            "in doubt and runs again safely",
+        ),
+        "heartbeat_timeout": (
+            step.heartbeat_timeout is not None,
+            "it runs inside the transaction on the worker's thread and cannot be abandoned; "
+            "use timeout (on PostgreSQL, the transaction's statement_timeout)",
+        ),
+    }
+    for option, (given, why) in refused.items():
+        if given:
+            raise DeclarationError(f"{name}: {option} makes no sense: {why}")
 
 
 def model_path(model: Any) -> str | None:
@@ -359,6 +401,7 @@ class App:
         approval_timeout: timedelta | None = None,
         rate_limit: str | None = None,
         rate_key: str | None = None,
+        transactional: bool = False,
     ) -> Callable[[Callable[P, R]], StepDef[P, R]]: ...
 
     def step(
@@ -378,6 +421,7 @@ class App:
         approval_timeout: timedelta | None = None,
         rate_limit: str | None = None,
         rate_key: str | None = None,
+        transactional: bool = False,
     ) -> Any:
         """Declare a step ``fn(ctx: StepContext, ...) -> result`` (sync or async).
 
@@ -404,6 +448,12 @@ class App:
           of the database. Steps with the same ``rate_key`` share one quota (an LLM
           provider's, say; a key is shared by every app of the database); by default the
           step has its own. A wrong value raises :class:`InvalidRateLimit` (a ``ValueError``).
+        - ``transactional=True``: the step (a ``def``) writes to the app's own tables in the
+          store's database through ``ctx.transaction``, a SQLAlchemy Connection in the
+          transaction that records its outcome: its writes commit with its completion or not
+          at all, and are rolled back when it raises. Not with ``local``, ``idempotent=False``,
+          ``heartbeat_timeout`` or a reconcile; see docs/concepts/steps.md, "Transactional
+          steps".
         """
 
         def register(f: Callable[..., Any]) -> StepDef[Any, Any]:
@@ -423,6 +473,7 @@ class App:
                 approval=approval,
                 approval_timeout=approval_timeout,
                 rate_limit=limit,
+                transactional=transactional,
             )
             self._register(definition, self.steps, self._step_aliases, "step")
             if limit is not None:

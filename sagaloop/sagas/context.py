@@ -403,6 +403,10 @@ class StepContext(abc.ABC):
     idempotency_key: str
     """Stable across retries, redeliveries and restarts; distinct for the compensation."""
     logger: logging.LoggerAdapter[logging.Logger]
+    transaction: Any = None
+    """In a step declared ``transactional=True`` (and its compensation), run by a worker: a
+    SQLAlchemy ``Connection`` on the store's database, inside the transaction that records the
+    attempt's outcome (in a savepoint: rolled back if the step raises). None otherwise."""
 
     @abc.abstractmethod
     def stream(self, data: Any) -> None:

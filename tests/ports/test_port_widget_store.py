@@ -6,10 +6,12 @@ Original: github.com/dbos-inc/dbos-demo-apps, commit 90064b85b5838e403c006c077af
 
 What maps to what:
 
-- each database transaction run by ``ds.run_tx_step`` (``create_order``,
-  ``reserve_inventory``, ``undo_reserve_inventory``, ``update_order_status``,
-  ``update_order_progress``) -> a step; the database itself -> the ``Shop`` object below, in
-  memory (the original's test replaces every transaction with a mock anyway);
+- each ``@DBOS.transaction()`` (``create_order``, ``reserve_inventory``,
+  ``undo_reserve_inventory``, ``update_order_status``, ``update_order_progress``) -> a step
+  declared ``transactional=True``, whose ``ctx.transaction`` stands for ``DBOS.sql_session``:
+  its writes commit with the step's checkpoint, as a DBOS transaction's do; the app's tables
+  (the original's ``schema.py``, with its ``progress_remaining`` migration) live in the
+  store's database;
 - ``DBOS.set_event(key, value)`` -> ``ctx.publish(key, value)``; ``DBOS.get_event`` (what the
   checkout and payment endpoints wait for) -> ``Client.get_published``;
 - ``DBOS.recv("payment_status")`` and ``DBOS.send(payment_id, status, "payment_status")`` ->
@@ -19,24 +21,31 @@ What maps to what:
   order_id)`` (fire-and-forget), ``DBOS.sleep(1)`` -> ``ctx.sleep``;
 - ``SetWorkflowID(idempotency_key)`` -> ``Client.start(..., run_id=idempotency_key)``;
 - the test's ``MagicMock`` per transaction -> the same mocks, put in place with
-  ``Harness.override``; the patched ``DBOS.recv`` returning ``"paid"`` -> the event sent by the
-  test; the patched ``DBOS.start_workflow`` -> the run the saga started, read from the store.
+  ``Harness.override`` (which keeps each step transactional); the patched ``DBOS.recv``
+  returning ``"paid"`` -> the event sent by the test; the patched ``DBOS.start_workflow`` ->
+  the run the saga started, read from the store.
 """
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 from enum import IntEnum
 from typing import Any
 from unittest.mock import MagicMock
 
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import Column, Connection, Integer, MetaData, String, Table, Text
+
 from sagaloop import App, SagaContext, StepContext
 from sagaloop.engine import history as h
+from sagaloop.runtime import crashpoints
+from sagaloop.runtime.crashpoints import CrashPointRaised
 from sagaloop.testing import Harness
 
 app = App("port-widget-store")
 
+WIDGET_ID = 1
 PAYMENT_STATUS = "payment_status"
 PAYMENT_ID = "payment_id"
 ORDER_ID = "order_id"
@@ -49,57 +58,90 @@ class OrderStatus(IntEnum):
     PAID = 2
 
 
-class Shop:
-    """The widget store's two tables, in memory: one product's inventory, and the orders."""
+metadata = MetaData()
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.inventory = 100
-        self.orders: dict[int, dict[str, int]] = {}
+products = Table(
+    "products",
+    metadata,
+    Column("product_id", Integer, primary_key=True, autoincrement=True),
+    Column("product", String(255), unique=True, nullable=False),
+    Column("description", Text, nullable=False),
+    Column("inventory", Integer, nullable=False),
+)
 
-
-shop = Shop()
-
-
-@app.step()
-def create_order(ctx: StepContext) -> int:
-    with shop.lock:
-        order_id = len(shop.orders) + 1
-        shop.orders[order_id] = {
-            "order_status": OrderStatus.PENDING.value,
-            "progress_remaining": 10,
-        }
-        return order_id
+orders = Table(
+    "orders",
+    metadata,
+    Column("order_id", Integer, primary_key=True, autoincrement=True),
+    Column("order_status", Integer, nullable=False),
+    Column("progress_remaining", Integer, nullable=False, server_default="10"),
+)
 
 
-@app.step()
+def session(ctx: StepContext) -> Connection:
+    """``DBOS.sql_session``: the connection of the step's transaction."""
+    assert ctx.transaction is not None, "a transactional step run by a worker"
+    return ctx.transaction
+
+
+@app.step(transactional=True)
 def reserve_inventory(ctx: StepContext) -> bool:
-    with shop.lock:
-        if shop.inventory <= 0:
-            return False
-        shop.inventory -= 1
-        return True
+    rows_affected = (
+        session(ctx)
+        .execute(
+            products.update()
+            .where(products.c.product_id == WIDGET_ID)
+            .where(products.c.inventory > 0)
+            .values(inventory=products.c.inventory - 1)
+        )
+        .rowcount
+    )
+    return rows_affected > 0
 
 
-@app.step()
+@app.step(transactional=True)
 def undo_reserve_inventory(ctx: StepContext) -> None:
-    with shop.lock:
-        shop.inventory += 1
+    session(ctx).execute(
+        products.update()
+        .where(products.c.product_id == WIDGET_ID)
+        .values(inventory=products.c.inventory + 1)
+    )
 
 
-@app.step()
+@app.step(transactional=True)
+def create_order(ctx: StepContext) -> int:
+    result = session(ctx).execute(orders.insert().values(order_status=OrderStatus.PENDING.value))
+    return int(result.inserted_primary_key[0])
+
+
+@app.step(transactional=True)
 def update_order_status(ctx: StepContext, order_id: int, status: int) -> None:
-    with shop.lock:
-        shop.orders[order_id]["order_status"] = status
+    session(ctx).execute(
+        orders.update().where(orders.c.order_id == order_id).values(order_status=status)
+    )
 
 
-@app.step()
+@app.step(transactional=True)
 def update_order_progress(ctx: StepContext, order_id: int) -> None:
-    with shop.lock:
-        order = shop.orders[order_id]
-        order["progress_remaining"] -= 1
-        if order["progress_remaining"] == 0:  # dispatch the fully-progressed order
-            order["order_status"] = OrderStatus.DISPATCHED.value
+    # Update the progress of paid orders.
+    progress_remaining = (
+        session(ctx)
+        .execute(
+            orders.update()
+            .where(orders.c.order_id == order_id)
+            .values(progress_remaining=orders.c.progress_remaining - 1)
+            .returning(orders.c.progress_remaining)
+        )
+        .scalar_one()
+    )
+
+    # Dispatch if the order is fully-progressed.
+    if progress_remaining == 0:
+        session(ctx).execute(
+            orders.update()
+            .where(orders.c.order_id == order_id)
+            .values(order_status=OrderStatus.DISPATCHED.value)
+        )
 
 
 @app.saga(name="dispatch-order")
@@ -189,3 +231,88 @@ def test_checkout_workflow() -> None:
 
     # Verify that because payment succeeded, inventory was never returned
     mock_undo_reserve_inventory.assert_not_called()
+
+
+# --- beyond the original's test: the same sagas against the real tables --------------------
+
+
+def store(inventory: int = 100) -> Harness:
+    """A harness whose database holds the widget store's tables, its one product stocked."""
+    env = Harness(app)
+    metadata.create_all(env.store.engine)
+    with env.store.engine.begin() as conn:
+        conn.execute(
+            products.insert().values(
+                product_id=WIDGET_ID, product="widget", description="a widget", inventory=inventory
+            )
+        )
+    return env
+
+
+def inventory(env: Harness) -> int:
+    with env.store.engine.connect() as conn:
+        return int(conn.execute(sa.select(products.c.inventory)).scalar_one())
+
+
+def order_rows(env: Harness) -> list[tuple[int, int, int]]:
+    with env.store.engine.connect() as conn:
+        rows = conn.execute(sa.select(orders).order_by(orders.c.order_id))
+        return [(int(a), int(b), int(c)) for a, b, c in rows]
+
+
+def test_a_paid_checkout_is_dispatched_in_the_tables() -> None:
+    env = store()
+    run_id = env.start(checkout, run_id="idempotency-key-1")
+    env.run_until_idle(skip_time=False)
+    assert inventory(env) == 99
+    assert order_rows(env) == [(1, OrderStatus.PENDING.value, 10)]
+    env.send_event(env.client.get_published(run_id, PAYMENT_ID), PAYMENT_STATUS, "paid")
+    env.run_until_idle(skip_time=False)
+    assert env.client.get_published(run_id, ORDER_ID) == "1"
+    assert order_rows(env) == [(1, OrderStatus.PAID.value, 10)]
+    env.run_until_idle()  # the dispatch saga's ten seconds
+    assert order_rows(env) == [(1, OrderStatus.DISPATCHED.value, 0)]
+    assert inventory(env) == 99
+
+
+def test_a_failed_payment_returns_the_inventory_and_cancels_the_order() -> None:
+    env = store()
+    run_id = env.start(checkout, run_id="idempotency-key-2")
+    env.run_until_idle(skip_time=False)
+    env.send_event(run_id, PAYMENT_STATUS, "failed")
+    env.run_until_idle()
+    assert env.client.get_published(run_id, ORDER_ID) == "1"
+    assert order_rows(env) == [(1, OrderStatus.CANCELLED.value, 10)]
+    assert inventory(env) == 100
+    assert env.client.list(saga="dispatch-order") == []
+
+
+def test_no_inventory_cancels_the_order() -> None:
+    env = store(inventory=0)
+    run_id = env.start(checkout, run_id="idempotency-key-3")
+    env.run_until_idle()
+    assert env.result(run_id) is None
+    assert env.client.get_published(run_id, PAYMENT_ID, "unset") is None
+    assert order_rows(env) == [(1, OrderStatus.CANCELLED.value, 10)]
+    assert inventory(env) == 0
+
+
+def test_a_crash_before_a_checkpoint_reserves_the_inventory_once() -> None:
+    """The original's promise ("each of its steps executes exactly-once"): the worker dies
+    after ``reserve_inventory`` ran and before its checkpoint committed (the second step of
+    the run); its decrement went with the checkpoint, and the step runs again."""
+    env = store()
+    run_id = env.start(checkout, run_id="idempotency-key-4")
+    crashpoints.arm("worker.before_commit:2:raise")
+    try:
+        with pytest.raises(CrashPointRaised):
+            env.run_until_idle(skip_time=False)
+    finally:
+        crashpoints.disarm()
+    assert inventory(env) == 100
+    assert order_rows(env) == [(1, OrderStatus.PENDING.value, 10)]
+    env.run_until_idle()  # the message comes back once its lease expired
+    env.send_event(run_id, PAYMENT_STATUS, "paid")
+    env.run_until_idle()
+    assert inventory(env) == 99
+    assert order_rows(env) == [(1, OrderStatus.DISPATCHED.value, 0)]
