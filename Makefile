@@ -24,8 +24,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Two pytest-xdist workers (each test file on one worker: its processes and servers are its own),
+# then the tests marked `alone` on an otherwise idle machine.
 test: lint typecheck
-	$(BIN)/pytest -q -m "not soak and not long"
+	$(BIN)/pytest -q -n 2 --dist loadfile -m "not soak and not long and not alone"
+	$(BIN)/pytest -q -m "alone and not soak and not long"
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
