@@ -107,6 +107,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'sagaloop' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})  # the lazy names too (a REPL completes them)
+
+
 __version__ = "0.1.0"
 
 __all__ = [
