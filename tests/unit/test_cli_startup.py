@@ -55,15 +55,17 @@ print("\\n" + json.dumps({"code": code, "modules": sorted(sys.modules)}))
 """
 
 
-def _started(*args: str) -> tuple[int, set[str], str]:
+def _started(*args: str, cwd: Path = ROOT) -> tuple[int, set[str], str]:
     """Run ``sagaloop ARGS`` in a fresh interpreter: its exit code, the modules it had loaded
     when it exited, and what it printed."""
     env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(ROOT)}
+    env.pop("SAGALOOP_DATABASE_URL", None)
+    env.pop("SAGALOOP_BROKER_URL", None)
     done = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(args)],
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         timeout=60,
         check=False,
@@ -141,3 +143,16 @@ def test_a_lazy_command_runs_as_before() -> None:
     assert code in (0, None)
     assert "sagaloop.cli.serve" in modules
     assert {"start", "event", "publish", "update"} <= set(json.loads(output))
+
+
+def test_the_commands_run_on_the_embedded_store(tmp_path: Path) -> None:
+    """Real processes on SQLite: a command of cli/main.py and one imported when named read the
+    store they open where they need it, as before."""
+    assert _started("db", "upgrade", cwd=tmp_path)[0] in (0, None)
+    code, modules, output = _started("list", "--json", cwd=tmp_path)
+    assert code in (0, None)
+    assert json.loads(output) == {"runs": [], "counts": {}}
+    assert "sqlalchemy" in modules  # the store was opened, where the command needed it
+    code, modules, output = _started("approvals", cwd=tmp_path)
+    assert (code in (0, None), output.strip()) == (True, "no approval is pending")
+    assert "sagaloop.cli.approvals" in modules
