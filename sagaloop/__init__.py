@@ -3,8 +3,8 @@
 Declare sagas and steps on an :class:`App`; the engine replays saga code deterministically from
 its history, so a run survives any process dying, and every step's effect is recorded exactly
 once. :func:`connect` opens a :class:`Client` from a database URL; :class:`Service` runs the
-engine, workers, timers and relay of an app on threads in the caller's process (its drivers are
-imported when first used: ``import sagaloop`` loads none).
+engine, workers, timers and relay of an app on threads in the caller's process. Each public name
+is imported when first used: ``import sagaloop`` loads neither pydantic, SQLAlchemy nor a driver.
 """
 
 from typing import TYPE_CHECKING, Any
