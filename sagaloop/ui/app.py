@@ -19,6 +19,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from sagaloop.brokers.dead_letters import DeadLetter
 from sagaloop.client import Client
 from sagaloop.engine import state as s
 from sagaloop.errors import RunNotFoundError, SagaloopError
@@ -73,10 +74,13 @@ def create_app(
     token: str | None = None,
     *,
     refresh: float = REFRESH,
+    dead_letters: Callable[[int], list[DeadLetter]] | None = None,
 ) -> Starlette:
     """The console of the runs ``client`` reads (``app``: the App whose sagas name the saga
     filter's choices; ``token``: required of every request, see :mod:`sagaloop.ui.security`;
-    ``refresh``: how often, in seconds, open pages ask whether what they show moved). Serve it
+    ``refresh``: how often, in seconds, open pages ask whether what they show moved;
+    ``dead_letters``: reads up to N dead letters of the broker in use, oldest first, as
+    ``sagaloop dead-letters list`` does - None: the database broker's table). Serve it
     with any ASGI server (``sagaloop ui`` uses uvicorn); bind it to 127.0.0.1 unless it has a
     token (:func:`~sagaloop.ui.security.check_bind`)."""
     if client.app_name:  # another app's runs are not found (apps may share a database)
@@ -235,9 +239,9 @@ def create_app(
         "approvals.html", "_approvals_live.html", approvals_context, lambda c: c["stamp"]
     )
 
-    def dead_letters(request: Request) -> Response:
+    def dead_letters_page(request: Request) -> Response:
         try:
-            letters = views.dead_letters(client)
+            letters = views.dead_letters(client, dead_letters)
         except SagaloopError as e:
             return failed(request, e)
         return page(request, "dead_letters.html", letters=letters)
@@ -345,7 +349,7 @@ def create_app(
         Route("/run/transcript/live", transcript_live),
         Route("/approvals", approvals),
         Route("/approvals/live", approvals_live),
-        Route("/dead-letters", dead_letters),
+        Route("/dead-letters", dead_letters_page),
         Route(
             "/run/cancel",
             action(

@@ -7,10 +7,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from sagaloop.agents.budgets import USAGE_KEY
+from sagaloop.brokers.dead_letters import DeadLetter as BrokerDeadLetter
 from sagaloop.client import Client
 from sagaloop.client.serving import served
 from sagaloop.client.timeline import Timeline, timeline
@@ -238,36 +240,65 @@ def transcript_view(client: Client, run_id: str) -> TranscriptView:
 # --- dead letters ----------------------------------------------------------------------------
 
 
+DEAD_LETTERS_PAGE = 500
+"""How many dead letters the console shows (``sagaloop dead-letters list --limit`` shows more)."""
+
+
 @dataclasses.dataclass
 class DeadLetter:
+    id: str | None
+    """Its id for ``sagaloop dead-letters show/resend ID`` (None: the database's table)."""
     queue: str
     reason: str
+    at: datetime | None
     body: str
     run_id: str | None
     type: str | None
 
 
-def dead_letters(client: Client) -> list[DeadLetter]:
-    """The database broker's dead letters (its table), oldest first, bodies shown as JSON."""
+def dead_letters(
+    client: Client, read: Callable[[int], list[BrokerDeadLetter]] | None = None
+) -> list[DeadLetter]:
+    """The dead letters of the broker in use, oldest first, bodies shown as JSON: those
+    ``read`` returns (RabbitMQ's queue ``<namespace>.dead``, say), else the database broker's
+    table."""
+    if read is not None:
+        return [
+            DeadLetter(
+                d.id,
+                d.queue,
+                d.reason,
+                d.at,
+                _body(d.body, d.document),
+                d.run_id,
+                d.message_type,
+            )
+            for d in read(DEAD_LETTERS_PAGE)
+        ]
     out = []
-    for queue, body, reason in client.store.dead_letters():
+    for queue, body, reason in client.store.dead_letters()[:DEAD_LETTERS_PAGE]:
         try:
             parsed: Any = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             parsed = None
-        if isinstance(parsed, dict):
-            shown = pretty(parsed)
-            run_id, kind = parsed.get("run_id"), parsed.get("type")
-        else:
-            shown = body[:2000].decode("utf-8", errors="replace")
-            run_id = kind = None
+        run_id, kind = (
+            (parsed.get("run_id"), parsed.get("type")) if isinstance(parsed, dict) else (None, None)
+        )
         out.append(
             DeadLetter(
+                None,
                 queue,
                 reason,
-                shown,
+                None,
+                _body(body, parsed),
                 run_id if isinstance(run_id, str) else None,
                 kind if isinstance(kind, str) else None,
             )
         )
     return out
+
+
+def _body(body: bytes, parsed: Any) -> str:
+    if isinstance(parsed, dict):
+        return pretty(parsed)
+    return body[:2000].decode("utf-8", errors="replace")

@@ -135,3 +135,30 @@ def test_dead_letters_on_rabbitmq_through_the_cli(rabbit: Rabbit) -> None:
     assert json.loads(run("health", "--json").output)["dead_letters"] == 1
     assert run("dead-letters", "purge", "--all", "--yes").output == "purged 1 dead letter\n"
     assert broker.count_dead_letters() == 0
+
+
+def test_the_console_lists_the_dead_letters_of_rabbitmq(rabbit: Rabbit) -> None:
+    """The console run as ``sagaloop ui`` is (settings naming RabbitMQ) lists the dead letter
+    that ``health`` counts, not the database's empty table (issue 26)."""
+    from starlette.testclient import TestClient
+
+    from sagaloop.cli.common import Obj
+    from sagaloop.cli.ui import console
+    from sagaloop.client import Client
+
+    rabbit.broker.publish([(QUEUE, STEP)])
+    (unknown,) = rabbit.receive(1)
+    unknown.dead_letter("worker does not know step 'pay'")
+    eventually(lambda: rabbit.broker.count_dead_letters() == 1, 10, "RabbitMQ dead-letters it")
+    assert json.loads(run("health", "--json").output)["dead_letters"] == 1
+
+    obj = Obj()
+    store = obj.store()
+    try:
+        page = TestClient(console(obj, Client(store), None, None), base_url="http://127.0.0.1")
+        html = page.get("/dead-letters").text
+    finally:
+        store.close()
+    assert "No dead letter." not in html
+    assert "worker does not know step &#39;pay&#39;" in html and f"<code>{QUEUE}</code>" in html
+    assert "<code>r1</code>" in html and "step:r1:0:1" in html
