@@ -21,6 +21,7 @@ from starlette.staticfiles import StaticFiles
 
 from sagaloop.brokers.dead_letters import DeadLetter
 from sagaloop.client import Client
+from sagaloop.engine import answers
 from sagaloop.engine import state as s
 from sagaloop.errors import RunNotFoundError, SagaloopError
 from sagaloop.sagas.app import App
@@ -207,7 +208,8 @@ def create_app(
         def region(request: Request) -> Response:
             try:
                 run_id = run_id_of(request)
-                if request.query_params.get("v") == views.run_version(client.get(run_id)):
+                seen = request.query_params.get("v")
+                if seen == views.run_version(client, client.get(run_id)):
                     return Response(status_code=204)
                 view = view_of(client, run_id)
             except (SagaloopError, Refused) as e:
@@ -226,14 +228,22 @@ def create_app(
     # --- approvals and dead letters ------------------------------------------------------------
 
     def approvals_context(request: Request) -> dict[str, Any]:
-        """A page of the pending approvals (``?after=CURSOR``: the page after that one)."""
+        """A page of the open approvals (``?after=CURSOR``: the page after that one), each
+        with the answer that won it, while the engine has not recorded it."""
         after = request.query_params.get("after") or None
-        pending = client.approvals(after=after, limit=views.APPROVALS_PAGE)
-        stamp = views.version([(p.run_id, p.call_id, p.status, p.args_hash) for p in pending])
-        more = pending[-1].cursor if len(pending) == views.APPROVALS_PAGE else None
+        rows = client.store.open_approvals(
+            app=client.app_name,
+            after=None if after is None else answers.read_cursor(after),
+            limit=views.APPROVALS_PAGE,
+        )
+        cards = [c for c in map(views.approval_card, rows) if c is not None]
+        stamp = views.version(
+            [(r.run_id, r.call_id, r.status, r.request, r.answer_id) for r in rows]
+        )
+        more = cards[-1].cursor if len(rows) == views.APPROVALS_PAGE and cards else None
         page_query = urlencode({"after": after}) if after else ""
         next_query = urlencode({"after": more}) if more else ""
-        return {"pending": pending, "stamp": stamp, "page": page_query, "next": next_query}
+        return {"pending": cards, "stamp": stamp, "page": page_query, "next": next_query}
 
     approvals, approvals_live = listing(
         "approvals.html", "_approvals_live.html", approvals_context, lambda c: c["stamp"]
