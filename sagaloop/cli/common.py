@@ -8,18 +8,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import pydantic
 
 from sagaloop._secrets import passwords_of, scrub
-from sagaloop.cli.settings import Settings, load_app
-from sagaloop.engine.ports import Broker, Streams
 from sagaloop.errors import SagaloopError, ValidationError
-from sagaloop.runtime.connect import URLError, open_broker, open_store, open_streams
-from sagaloop.sagas.app import App
-from sagaloop.store.sql import SqlStore
+
+if TYPE_CHECKING:  # imported where used (issue 26): SQLAlchemy, pydantic and the drivers load
+    # when a command opens the store or the broker, not for ``sagaloop --help`` or a usage error
+    from sagaloop.cli.settings import Settings
+    from sagaloop.engine.ports import Broker, Streams
+    from sagaloop.sagas.app import App
+    from sagaloop.store.sql import SqlStore
 
 OPTIONS = {
     "database_url": "--database-url",
@@ -57,6 +58,8 @@ class Obj:
         return scrub(text, *passwords_of(settings.database_url), *passwords_of(settings.broker_url))
 
     def store(self, *, upgrade: bool = False, verify: bool = True) -> SqlStore:
+        from sagaloop.runtime.connect import URLError, open_store  # SQLAlchemy: see the module
+
         try:
             return open_store(self.settings.database_url, upgrade=upgrade, verify=verify)
         except URLError as e:
@@ -66,9 +69,13 @@ class Obj:
         spec = spec or self.settings.app
         if not spec:
             raise click.ClickException("name the app with --app MODULE (or SAGALOOP_APP)")
+        from sagaloop.cli.settings import load_app  # it imports the app's module: saga code
+
         return load_app(spec)
 
     def broker(self, store: SqlStore, *, connect_timeout: float | None = None) -> Broker:
+        from sagaloop.runtime.connect import URLError, open_broker
+
         settings = self.settings
         try:
             return open_broker(
@@ -89,6 +96,8 @@ class Obj:
 
     def streams(self) -> Streams:
         """The per-run live channel: RabbitMQ's with an amqp:// broker, else this process's."""
+        from sagaloop.runtime.connect import open_streams
+
         try:
             return open_streams(self.settings.broker_url, namespace=self.settings.namespace)
         except ValidationError as e:  # a usage error (one line), not retried like an outage
@@ -98,6 +107,10 @@ class Obj:
 def load_settings(given: dict[str, Any]) -> Settings:
     """The settings: ``given`` (the command line's) over the environment. A value that does not
     fit is a usage error naming the variable (or option) to fix, not a traceback."""
+    import pydantic
+
+    from sagaloop.cli.settings import Settings
+
     try:
         return Settings(**given)
     except pydantic.ValidationError as e:

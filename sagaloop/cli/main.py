@@ -2,29 +2,23 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from pythonjsonlogger.json import JsonFormatter
 
-from sagaloop.cli.approvals import approvals, approve, deny
 from sagaloop.cli.common import Obj, app_option, errors, json_arg
-from sagaloop.cli.dead_letters import dead_letters
-from sagaloop.cli.demo import demo
-from sagaloop.cli.deploys import export, fork, replay
-from sagaloop.cli.mcp import mcp
 from sagaloop.cli.render import pending_text, printable, runs_text, stream_line, timeline_text
-from sagaloop.cli.schedules import schedule
-from sagaloop.cli.serve import dev, engine, health, schema, worker
-from sagaloop.cli.ui import ui
-from sagaloop.client import Client
 from sagaloop.engine.state import ALL_STATUSES
-from sagaloop.sagas.app import App
-from sagaloop.store.sql import SqlStore
+
+if TYPE_CHECKING:  # imported where used: the client loads the store (SQLAlchemy)
+    from sagaloop.client import Client
+    from sagaloop.sagas.app import App
 
 F = TypeVar("F", bound=Callable[..., Any])
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
@@ -36,11 +30,113 @@ without passwords: silent by default, its warnings and errors with ``-v``, every
 ``-v -v``."""
 
 
+LAZY_COMMANDS: dict[str, tuple[str, str]] = {
+    "approvals": (
+        "sagaloop.cli.approvals",
+        "List the approvals that runs wait for (pending or escalated), oldest first, a page at "
+        "a time.",
+    ),
+    "approve": (
+        "sagaloop.cli.approvals",
+        "Approve the approval CALL_ID that the run RUN_ID waits for.",
+    ),
+    "dead-letters": (
+        "sagaloop.cli.dead_letters",
+        "List, show, resend and purge the dead letters of the configured broker: RabbitMQ's "
+        "queue <namespace>.dead, or the database broker's table.",
+    ),
+    "demo": (
+        "sagaloop.cli.demo",
+        "Run the refund agent in real processes, kill one with SIGKILL at the worst moment, and "
+        "check from the payment provider's books that the refund happened exactly once; then a "
+        "refund reversed, and one approved by a person (about 10 s; leaves nothing behind).",
+    ),
+    "deny": ("sagaloop.cli.approvals", "Deny the approval CALL_ID that the run RUN_ID waits for."),
+    "dev": (
+        "sagaloop.cli.serve",
+        "Run the engine, the timers and workers for every queue in one process (the embedded "
+        "default).",
+    ),
+    "engine": (
+        "sagaloop.cli.serve",
+        "Run the engine: activations, in-process steps, timers, the outbox relay and retention.",
+    ),
+    "export": (
+        "sagaloop.cli.deploys",
+        "Write the history of the run RUN_ID as a JSON document (format, version, app, saga, "
+        "run id, status, its commands by position, its events): what `sagaloop replay` and "
+        "`sagaloop.testing.replay` read.",
+    ),
+    "fork": (
+        "sagaloop.cli.deploys",
+        "Start a new run whose history is that of RUN_ID up to the command at position --at "
+        "(recorded results reused, nothing before it run again) and print its id: the app's "
+        "code as it is now goes on from there.",
+    ),
+    "health": (
+        "sagaloop.cli.serve",
+        "Exit 1 when something is wrong; print a table, or JSON with --json.",
+    ),
+    "mcp": (
+        "sagaloop.cli.mcp",
+        "Serve the app's sagas to MCP clients: a tool per saga that starts a run and returns its "
+        "id at once, and run_status, send_event, list_approvals, approve and deny.",
+    ),
+    "replay": (
+        "sagaloop.cli.deploys",
+        "Replay histories (files `sagaloop export` wrote, or bare lists of events; a folder: its "
+        "*.json files) against the app's code as it is now, the deploy gate.",
+    ),
+    "schedule": (
+        "sagaloop.cli.schedules",
+        "The schedules that start sagas on a cron or an interval (stored in the database).",
+    ),
+    "schema": (
+        "sagaloop.cli.serve",
+        "Print the JSON Schema of the start, event, publish and update messages (the public "
+        "message contract).",
+    ),
+    "ui": (
+        "sagaloop.cli.ui",
+        "Serve the web console: runs with filters and counts, each run's timeline, agent "
+        "transcripts, approvals to approve or deny, send event, cancel and retry, dead letters.",
+    ),
+    "worker": ("sagaloop.cli.serve", "Run steps from the given queues."),
+}
+"""The commands defined outside this module: by name, the module that defines it (as an
+attribute named like the command, ``-`` read ``_``) and its short help, for ``sagaloop --help``.
+A module is imported when its command runs (or shows its own help), so that ``sagaloop --help``
+and the commands that do not need them load neither SQLAlchemy, pydantic, the drivers, the
+console nor the agents (issue 26; tests/unit/test_cli_startup.py checks the short helps)."""
+
+
 class _Cli(click.Group):
     """The ``sagaloop`` group: its global options are taken after the command too, and every
     error a command reports leaves through ``Obj.scrub``, so it holds no configured password nor
     any piece of one, whichever driver phrased it, and through ``printable``, so no control
-    character of the run data it may quote reaches the terminal."""
+    character of the run data it may quote reaches the terminal. The commands of
+    :data:`LAZY_COMMANDS` are imported when first asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in LAZY_COMMANDS:
+            module = importlib.import_module(LAZY_COMMANDS[cmd_name][0])
+            self.add_command(getattr(module, cmd_name.replace("-", "_")), cmd_name)
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """As click's, with the stored short help of a command not imported yet."""
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        shown = [
+            self.commands.get(name) or click.Command(name, help=LAZY_COMMANDS[name][1])
+            for name in names
+        ]
+        rows = [(c.name or "", c.get_short_help_str(limit)) for c in shown if not c.hidden]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, self._global_first(ctx, args))
@@ -219,6 +315,8 @@ def cli(
 
 
 def _client(obj: Obj, app: App | None = None) -> Client:
+    from sagaloop.client import Client  # the store's SQLAlchemy, not for ``--help``
+
     return Client(obj.store(), app)
 
 
@@ -355,6 +453,8 @@ def tail(obj: Obj, run_id: str, no_follow: bool, as_json: bool) -> None:
     model tokens), until it finishes. On the embedded default, live items reach only readers in
     the process that runs the steps; the history is followed everywhere."""
     with errors():
+        from sagaloop.client import Client
+
         client = Client(obj.store(), streams=obj.streams())
         for item in client.stream(run_id, follow=not no_follow):
             click.echo(json.dumps(item, default=str) if as_json else stream_line(item))
@@ -452,6 +552,8 @@ def db() -> None:
 @click.pass_obj
 def upgrade(obj: Obj) -> None:
     """Apply pending schema migrations."""
+    from sagaloop.store.sql import SqlStore
+
     with errors():
         store = SqlStore(obj.settings.database_url)
         before, after = store.upgrade()
@@ -459,27 +561,6 @@ def upgrade(obj: Obj) -> None:
         click.echo(f"schema is up to date (version {after})")
     else:
         click.echo(f"schema upgraded from version {before} to {after}")
-
-
-for command in (
-    demo,
-    dev,
-    engine,
-    worker,
-    health,
-    schema,
-    approvals,
-    approve,
-    deny,
-    mcp,
-    dead_letters,
-    ui,
-    export,
-    replay,
-    fork,
-    schedule,
-):
-    cli.add_command(command)
 
 
 def main() -> None:

@@ -11,11 +11,11 @@ import shutil
 import sys
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sagaloop.client.timeline import Timeline, short_json
-from sagaloop.engine.ports import Debounced, RunRecord
-from sagaloop.sagas.approvals import KEY_PREFIX
+if TYPE_CHECKING:  # imported where used: ``sagaloop --help`` loads none of the client nor store
+    from sagaloop.client.timeline import Timeline
+    from sagaloop.engine.ports import Debounced, RunRecord
 
 STYLES = {
     **dict.fromkeys(("completed", "reconciled", "compensated", "ok", "yes", "approved"), "green"),
@@ -125,6 +125,14 @@ def pairs_text(rows: Sequence[tuple[str, str | None]]) -> str:
     return "\n".join(name if value is None else f"{name:<{width}}{value}" for name, value in rows)
 
 
+def short_json(value: Any, limit: int = 200) -> str:
+    """:func:`sagaloop.client.timeline.short_json`, imported when first used: the client's
+    package loads the store (SQLAlchemy), which ``sagaloop --help`` does without."""
+    from sagaloop.client.timeline import short_json
+
+    return short_json(value, limit)
+
+
 def _t(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
@@ -210,6 +218,8 @@ def timeline_text(tl: Timeline) -> str:
 
 def _why(line: str) -> str:
     """A line of "why it waits"; an approval's without the request, shown below it."""
+    from sagaloop.sagas.approvals import KEY_PREFIX
+
     if line.startswith(f"waiting for event '{KEY_PREFIX}"):
         return line.split(", asking ", 1)[0] + " (the approval below)"
     return line
@@ -217,6 +227,8 @@ def _why(line: str) -> str:
 
 def _approval(event: str, request: dict[str, Any]) -> str:
     """What an approval asks, and how to answer it."""
+    from sagaloop.sagas.approvals import KEY_PREFIX
+
     call_id = printable(event.removeprefix(KEY_PREFIX))
     args = printable(short_json(request.get("args"), 100))
     why = f": {printable(str(request['reason']))}" if request.get("reason") else ""

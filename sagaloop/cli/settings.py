@@ -8,13 +8,15 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sagaloop.errors import DeclarationError, SagaloopError
-from sagaloop.sagas.app import App
+
+if TYPE_CHECKING:
+    from sagaloop.sagas.app import App
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +58,8 @@ def load_app(spec: str) -> App:
     """Import ``module`` or ``module:attribute`` (or ``path/to/file.py[:attribute]``) and return
     the App it names. A file is imported as the module named after it, with its folder first on
     ``sys.path`` (so the engine and the workers, given the same path, import the same module)."""
+    from sagaloop.sagas.app import App  # pydantic's models: loaded with the app, not for --help
+
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     module_name, _, attr = spec.partition(":")

@@ -9,11 +9,47 @@ from typing import Any, TypeVar
 
 import click
 
+from sagaloop.brokers.dead_letters import DeadLetter, DeadLetters
 from sagaloop.cli.common import Obj, app_option, errors
 from sagaloop.client import Client
-from sagaloop.errors import ValidationError
+from sagaloop.errors import BrokerError, ValidationError
+from sagaloop.sagas.app import App
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def dead_letters_of(obj: Obj) -> Callable[[int], list[DeadLetter]] | None:
+    """What reads the dead letters of the configured broker for the console, as
+    ``sagaloop dead-letters list`` does (a connection per read: the console serves pages on
+    threads); None for the database and memory brokers (the console reads the table)."""
+    if obj.settings.broker_url in ("database", "memory"):
+        return None
+
+    def read(limit: int) -> list[DeadLetter]:
+        store = obj.store()
+        try:
+            broker = obj.broker(store, connect_timeout=5)
+            try:
+                if not isinstance(broker, DeadLetters):
+                    raise BrokerError(
+                        f"the broker {type(broker).__name__} cannot list its dead letters"
+                    )
+                return broker.list_dead_letters(limit)
+            finally:
+                broker.close()
+        except click.ClickException as e:
+            raise BrokerError(e.message) from e
+        finally:
+            store.close()
+
+    return read
+
+
+def console(obj: Obj, client: Client, app: App | None, token: str | None, **options: Any) -> Any:
+    """The console's ASGI app as ``sagaloop ui`` serves it, over the configured broker."""
+    from sagaloop.ui import create_app
+
+    return create_app(client, app, token, dead_letters=dead_letters_of(obj), **options)
 
 
 def _console() -> Any:
@@ -61,7 +97,15 @@ def ui(
     shown = f"[{host}]" if ":" in host else host
     login = "?token=<your token>" if token else ""
     click.echo(f"sagaloop ui: http://{shown}:{port}/{login} (Ctrl-C stops it)", err=True)
-    server.serve(client, app, host=host, port=port, token=token, refresh=refresh)
+    server.serve(
+        client,
+        app,
+        host=host,
+        port=port,
+        token=token,
+        refresh=refresh,
+        dead_letters=dead_letters_of(obj),
+    )
 
 
 def with_ui_port(command: F) -> F:
@@ -87,7 +131,12 @@ def with_ui_port(command: F) -> F:
             client = Client(obj.store(upgrade=True), app)
             try:
                 stop = server.serve_in_thread(
-                    client, app, host="127.0.0.1", port=ui_port, token=ui_token
+                    client,
+                    app,
+                    host="127.0.0.1",
+                    port=ui_port,
+                    token=ui_token,
+                    dead_letters=dead_letters_of(obj),
                 )
             except OSError as e:
                 raise ValidationError(f"{e}: is port {ui_port} taken?") from e

@@ -13,7 +13,6 @@ from typing import Any, Final
 
 from sagaloop.engine import history as h
 from sagaloop.engine.history import Event
-from sagaloop.sagas.approvals import call_id_of
 
 
 class RunStatus(StrEnum):
@@ -206,6 +205,8 @@ class RunState:
     def carried_published(self) -> dict[str, Any]:
         """What a run that continues as new carries into its next history's ``run_started``:
         the latest value of each key it published, but an approval's (its wait ended)."""
+        from sagaloop.sagas.approvals import call_id_of  # pydantic: not for ``sagaloop --help``
+
         return {k: v for k, v in self.published.items() if call_id_of(k) is None}
 
     # --- folding -----------------------------------------------------------------------------

@@ -54,23 +54,27 @@ class Concurrency:
     def key_of(self, value: Any) -> str:
         """The key of a run whose input is ``value``: ``""`` without a key function.
         Raises ValidationError when the key function fails or returns no str or int."""
-        if self.key is None:
-            return ""
-        try:
-            key = self.key(value)
-        except Exception as e:
-            raise ValidationError(
-                f"the concurrency key function raised {type(e).__name__}: {e}"
-            ) from e
-        if isinstance(key, bool) or not isinstance(key, str | int):
-            raise ValidationError(
-                f"the concurrency key function returned {type(key).__name__}: return a str "
-                "or an int"
-            )
-        text = str(key)
-        if len(text) > MAX_KEY or "\x00" in text:
-            raise ValidationError(
-                f"the concurrency key {text[:40]!r}... is longer than {MAX_KEY} characters or "
-                "holds NUL: return a shorter key (a hash, say)"
-            )
-        return text
+        return key_of(self.key, value, "concurrency")
+
+
+def key_of(fn: Callable[[Any], Any] | None, value: Any, what: str) -> str:
+    """The key ``fn`` (a saga's ``what`` key function: concurrency, debounce) gives the input
+    ``value`` as text, ``""`` when ``fn`` is None. Raises ValidationError when ``fn`` fails,
+    returns no str or int, or a key longer than ``MAX_KEY`` characters or holding NUL."""
+    if fn is None:
+        return ""
+    try:
+        key = fn(value)
+    except Exception as e:
+        raise ValidationError(f"the {what} key function raised {type(e).__name__}: {e}") from e
+    if isinstance(key, bool) or not isinstance(key, str | int):
+        raise ValidationError(
+            f"the {what} key function returned {type(key).__name__}: return a str or an int"
+        )
+    text = str(key)
+    if len(text) > MAX_KEY or "\x00" in text:
+        raise ValidationError(
+            f"the {what} key {text[:40]!r}... is longer than {MAX_KEY} characters or holds "
+            "NUL: return a shorter key (a hash, say)"
+        )
+    return text

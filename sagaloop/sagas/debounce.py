@@ -11,8 +11,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from sagaloop.errors import DeclarationError, ValidationError
-from sagaloop.sagas.concurrency import MAX_KEY
+from sagaloop.errors import DeclarationError
+from sagaloop.sagas.concurrency import key_of
 
 
 def _duration(value: Any, what: str) -> timedelta:
@@ -66,22 +66,4 @@ class Debounce:
     def key_of(self, value: Any) -> str:
         """The key of a start whose input is ``value``: ``""`` without a key function.
         Raises ValidationError when the key function fails or returns no str or int."""
-        if self.key is None:
-            return ""
-        try:
-            key = self.key(value)
-        except Exception as e:
-            raise ValidationError(
-                f"the debounce key function raised {type(e).__name__}: {e}"
-            ) from e
-        if isinstance(key, bool) or not isinstance(key, str | int):
-            raise ValidationError(
-                f"the debounce key function returned {type(key).__name__}: return a str or an int"
-            )
-        text = str(key)
-        if len(text) > MAX_KEY or "\x00" in text:
-            raise ValidationError(
-                f"the debounce key {text[:40]!r}... is longer than {MAX_KEY} characters or "
-                "holds NUL: return a shorter key (a hash, say)"
-            )
-        return text
+        return key_of(self.key, value, "debounce")

@@ -19,7 +19,9 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from sagaloop.brokers.dead_letters import DeadLetter
 from sagaloop.client import Client
+from sagaloop.engine import answers
 from sagaloop.engine import state as s
 from sagaloop.errors import RunNotFoundError, SagaloopError
 from sagaloop.sagas.app import App
@@ -73,10 +75,13 @@ def create_app(
     token: str | None = None,
     *,
     refresh: float = REFRESH,
+    dead_letters: Callable[[int], list[DeadLetter]] | None = None,
 ) -> Starlette:
     """The console of the runs ``client`` reads (``app``: the App whose sagas name the saga
     filter's choices; ``token``: required of every request, see :mod:`sagaloop.ui.security`;
-    ``refresh``: how often, in seconds, open pages ask whether what they show moved). Serve it
+    ``refresh``: how often, in seconds, open pages ask whether what they show moved;
+    ``dead_letters``: reads up to N dead letters of the broker in use, oldest first, as
+    ``sagaloop dead-letters list`` does - None: the database broker's table). Serve it
     with any ASGI server (``sagaloop ui`` uses uvicorn); bind it to 127.0.0.1 unless it has a
     token (:func:`~sagaloop.ui.security.check_bind`)."""
     if client.app_name:  # another app's runs are not found (apps may share a database)
@@ -203,7 +208,8 @@ def create_app(
         def region(request: Request) -> Response:
             try:
                 run_id = run_id_of(request)
-                if request.query_params.get("v") == views.run_version(client.get(run_id)):
+                seen = request.query_params.get("v")
+                if seen == views.run_version(client, client.get(run_id)):
                     return Response(status_code=204)
                 view = view_of(client, run_id)
             except (SagaloopError, Refused) as e:
@@ -222,22 +228,30 @@ def create_app(
     # --- approvals and dead letters ------------------------------------------------------------
 
     def approvals_context(request: Request) -> dict[str, Any]:
-        """A page of the pending approvals (``?after=CURSOR``: the page after that one)."""
+        """A page of the open approvals (``?after=CURSOR``: the page after that one), each
+        with the answer that won it, while the engine has not recorded it."""
         after = request.query_params.get("after") or None
-        pending = client.approvals(after=after, limit=views.APPROVALS_PAGE)
-        stamp = views.version([(p.run_id, p.call_id, p.status, p.args_hash) for p in pending])
-        more = pending[-1].cursor if len(pending) == views.APPROVALS_PAGE else None
+        rows = client.store.open_approvals(
+            app=client.app_name,
+            after=None if after is None else answers.read_cursor(after),
+            limit=views.APPROVALS_PAGE,
+        )
+        cards = [c for c in map(views.approval_card, rows) if c is not None]
+        stamp = views.version(
+            [(r.run_id, r.call_id, r.status, r.request, r.answer_id) for r in rows]
+        )
+        more = cards[-1].cursor if len(rows) == views.APPROVALS_PAGE and cards else None
         page_query = urlencode({"after": after}) if after else ""
         next_query = urlencode({"after": more}) if more else ""
-        return {"pending": pending, "stamp": stamp, "page": page_query, "next": next_query}
+        return {"pending": cards, "stamp": stamp, "page": page_query, "next": next_query}
 
     approvals, approvals_live = listing(
         "approvals.html", "_approvals_live.html", approvals_context, lambda c: c["stamp"]
     )
 
-    def dead_letters(request: Request) -> Response:
+    def dead_letters_page(request: Request) -> Response:
         try:
-            letters = views.dead_letters(client)
+            letters = views.dead_letters(client, dead_letters)
         except SagaloopError as e:
             return failed(request, e)
         return page(request, "dead_letters.html", letters=letters)
@@ -345,7 +359,7 @@ def create_app(
         Route("/run/transcript/live", transcript_live),
         Route("/approvals", approvals),
         Route("/approvals/live", approvals_live),
-        Route("/dead-letters", dead_letters),
+        Route("/dead-letters", dead_letters_page),
         Route(
             "/run/cancel",
             action(

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from sagaloop.brokers.dead_letters import DeadLetter
 from sagaloop.client import Client
 from sagaloop.sagas.app import App
 from sagaloop.ui.app import REFRESH, create_app
@@ -25,10 +26,11 @@ def _server(
     port: int,
     token: str | None,
     refresh: float = REFRESH,
+    dead_letters: Callable[[int], list[DeadLetter]] | None = None,
 ) -> uvicorn.Server:
     check_bind(host, token)
     config = uvicorn.Config(
-        create_app(client, app, token, refresh=refresh),
+        create_app(client, app, token, refresh=refresh, dead_letters=dead_letters),
         host=host,
         port=port,
         log_level="warning",
@@ -46,17 +48,25 @@ def serve(
     port: int,
     token: str | None,
     refresh: float = REFRESH,
+    dead_letters: Callable[[int], list[DeadLetter]] | None = None,
 ) -> None:
-    """Serve the console until SIGTERM or Ctrl-C."""
-    _server(client, app, host, port, token, refresh).run()
+    """Serve the console until SIGTERM or Ctrl-C (``dead_letters``: see
+    :func:`~sagaloop.ui.create_app`)."""
+    _server(client, app, host, port, token, refresh, dead_letters).run()
 
 
 def serve_in_thread(
-    client: Client, app: App | None = None, *, host: str, port: int, token: str | None
+    client: Client,
+    app: App | None = None,
+    *,
+    host: str,
+    port: int,
+    token: str | None,
+    dead_letters: Callable[[int], list[DeadLetter]] | None = None,
 ) -> Callable[[], None]:
     """Serve the console on a daemon thread, once it listens; returns what stops it. Raises
     OSError when it cannot listen (the port is taken, say)."""
-    server = _server(client, app, host, port, token)
+    server = _server(client, app, host, port, token, dead_letters=dead_letters)
     thread = threading.Thread(target=server.run, name="sagaloop-ui", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

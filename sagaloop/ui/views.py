@@ -7,18 +7,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from sagaloop.agents.budgets import USAGE_KEY
+from sagaloop.brokers.dead_letters import DeadLetter as BrokerDeadLetter
 from sagaloop.client import Client
 from sagaloop.client.serving import served
 from sagaloop.client.timeline import Timeline, timeline
+from sagaloop.engine import answers
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.history import Event
-from sagaloop.engine.ports import RunRecord
-from sagaloop.sagas.approvals import KEY_PREFIX, PendingApproval, call_id_of
+from sagaloop.engine.ports import ApprovalRow, RunRecord
+from sagaloop.sagas.approvals import KEY_PREFIX, OPEN_STATUSES, ApprovalRequest, call_id_of
 from sagaloop.ui.transcript import Request, requests_of
 
 AGES = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
@@ -112,7 +115,8 @@ class RunView:
     """Why it waits (the timeline's), an approval's line without what the page shows below."""
     failures: dict[int, list[Failure]]
     """The failed attempts of each step (and of its compensation), by position."""
-    approvals: list[PendingApproval]
+    approvals: list[ApprovalCard]
+    """Every approval the run asked, in the order it asked them."""
     published: dict[str, Any]
     """What the run published, less its approvals (shown as approvals) and its agent usage."""
     usage: list[UsageLine]
@@ -123,9 +127,14 @@ class RunView:
     version: str
 
 
-def run_version(run: RunRecord) -> str:
-    """What changes whenever the run moves: its page is sent again only then."""
-    return version(run.run_id, run.status, run.last_seq, run.processed_seq, run.updated_at)
+def run_version(client: Client, run: RunRecord) -> str:
+    """What changes whenever the run moves, or an answer wins one of its approvals (before
+    the engine records it): its page is sent again only then."""
+    claims = []
+    if run.status not in s.FINAL_STATUSES:
+        rows = client.store.open_approvals(app=None, run_id=run.run_id, limit=1000)
+        claims = [(r.call_id, r.answer_id) for r in rows if r.answer_id is not None]
+    return version(run.run_id, run.status, run.last_seq, run.processed_seq, run.updated_at, claims)
 
 
 def run_view(client: Client, run_id: str) -> RunView:
@@ -134,7 +143,7 @@ def run_view(client: Client, run_id: str) -> RunView:
     now = client.clock.now()
     tl = served(timeline(run, events, now), run.app, client.store, now)  # nothing waits unseen
     final = run.status in s.FINAL_STATUSES
-    approvals = [] if final else client.approvals(run_id)
+    approvals = _run_approvals(client, run, tl)
     usage_value = tl.published.get(USAGE_KEY)
     usage, budget = _usage(usage_value)
     published = {
@@ -156,8 +165,90 @@ def run_view(client: Client, run_id: str) -> RunView:
         history=[
             HistoryLine(ev.seq, ev.at, ev.kind, ev.name, ev.pos, _short(ev.data)) for ev in events
         ],
-        version=run_version(run),
+        version=run_version(client, run),
     )
+
+
+@dataclasses.dataclass
+class ApprovalCard:
+    """An approval as the console shows it: open (with buttons), answered (an answer won it,
+    which the engine has not recorded yet: no buttons), or settled (its outcome)."""
+
+    run_id: str
+    saga: str
+    call_id: str
+    request: ApprovalRequest
+    answer: dict[str, Any] | None
+    """What the answer that won an open approval said (``approved``, ``by``, ``at``), while
+    the engine has not recorded it yet (the approvals index's claim)."""
+    refused: str | None
+    """Why the last answer was refused, if one was."""
+    answerable: bool
+    """The run still runs: an open, unanswered approval gets buttons."""
+    cursor: str = ""
+
+    @property
+    def open(self) -> bool:
+        return self.request.status in OPEN_STATUSES
+
+    @property
+    def state(self) -> str:
+        """``answered`` (awaiting the engine), else the request's status."""
+        return "answered" if self.open and self.answer is not None else self.request.status
+
+    @property
+    def buttons(self) -> bool:
+        return self.answerable and self.state in OPEN_STATUSES
+
+
+def approval_card(row: ApprovalRow) -> ApprovalCard | None:
+    """The card of an approval of the approvals index, or None if its request is unreadable."""
+    p = answers.pending(row)
+    if p is None:
+        return None
+    return ApprovalCard(
+        run_id=row.run_id,
+        saga=row.saga,
+        call_id=row.call_id,
+        request=ApprovalRequest.model_validate(row.request),
+        answer=row.answer if row.answer_id is not None else None,
+        refused=p.last_refused,
+        answerable=True,
+        cursor=p.cursor,
+    )
+
+
+def _run_approvals(client: Client, run: RunRecord, tl: Timeline) -> list[ApprovalCard]:
+    """The approvals the run published, each with the answer that won it meanwhile (read from
+    the index) while it is open, and why its last answer was refused."""
+    cards = []
+    final = run.status in s.FINAL_STATUSES
+    for key, value in tl.published.items():
+        call_id = call_id_of(key)
+        if call_id is None:
+            continue
+        try:
+            request = ApprovalRequest.model_validate(value)
+        except ValueError:
+            continue
+        answer = None
+        if request.status in OPEN_STATUSES and not final:
+            row = client.store.approval(None, run.run_id, call_id)
+            if row is not None and row.answer_id is not None and row.status in OPEN_STATUSES:
+                answer = row.answer or {}
+        refused = [r.reason for r in tl.refused if r.name == key]
+        cards.append(
+            ApprovalCard(
+                run_id=run.run_id,
+                saga=run.saga,
+                call_id=call_id,
+                request=request,
+                answer=answer,
+                refused=request.last_refused or (refused[-1] if refused else None),
+                answerable=not final,
+            )
+        )
+    return sorted(cards, key=lambda c: c.request.requested_at)
 
 
 def _why_line(line: str) -> str:
@@ -232,42 +323,71 @@ def transcript_view(client: Client, run_id: str) -> TranscriptView:
     run = client.get(run_id)
     events = client.history(run_id)
     usage, budget = _usage(client.get_published(run_id, USAGE_KEY))
-    return TranscriptView(run, requests_of(events), usage, budget, run_version(run))
+    return TranscriptView(run, requests_of(events), usage, budget, run_version(client, run))
 
 
 # --- dead letters ----------------------------------------------------------------------------
 
 
+DEAD_LETTERS_PAGE = 500
+"""How many dead letters the console shows (``sagaloop dead-letters list --limit`` shows more)."""
+
+
 @dataclasses.dataclass
 class DeadLetter:
+    id: str | None
+    """Its id for ``sagaloop dead-letters show/resend ID`` (None: the database's table)."""
     queue: str
     reason: str
+    at: datetime | None
     body: str
     run_id: str | None
     type: str | None
 
 
-def dead_letters(client: Client) -> list[DeadLetter]:
-    """The database broker's dead letters (its table), oldest first, bodies shown as JSON."""
+def dead_letters(
+    client: Client, read: Callable[[int], list[BrokerDeadLetter]] | None = None
+) -> list[DeadLetter]:
+    """The dead letters of the broker in use, oldest first, bodies shown as JSON: those
+    ``read`` returns (RabbitMQ's queue ``<namespace>.dead``, say), else the database broker's
+    table."""
+    if read is not None:
+        return [
+            DeadLetter(
+                d.id,
+                d.queue,
+                d.reason,
+                d.at,
+                _body(d.body, d.document),
+                d.run_id,
+                d.message_type,
+            )
+            for d in read(DEAD_LETTERS_PAGE)
+        ]
     out = []
-    for queue, body, reason in client.store.dead_letters():
+    for queue, body, reason in client.store.dead_letters()[:DEAD_LETTERS_PAGE]:
         try:
             parsed: Any = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             parsed = None
-        if isinstance(parsed, dict):
-            shown = pretty(parsed)
-            run_id, kind = parsed.get("run_id"), parsed.get("type")
-        else:
-            shown = body[:2000].decode("utf-8", errors="replace")
-            run_id = kind = None
+        run_id, kind = (
+            (parsed.get("run_id"), parsed.get("type")) if isinstance(parsed, dict) else (None, None)
+        )
         out.append(
             DeadLetter(
+                None,
                 queue,
                 reason,
-                shown,
+                None,
+                _body(body, parsed),
                 run_id if isinstance(run_id, str) else None,
                 kind if isinstance(kind, str) else None,
             )
         )
     return out
+
+
+def _body(body: bytes, parsed: Any) -> str:
+    if isinstance(parsed, dict):
+        return pretty(parsed)
+    return body[:2000].decode("utf-8", errors="replace")

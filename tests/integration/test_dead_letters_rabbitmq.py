@@ -135,3 +135,67 @@ def test_dead_letters_on_rabbitmq_through_the_cli(rabbit: Rabbit) -> None:
     assert json.loads(run("health", "--json").output)["dead_letters"] == 1
     assert run("dead-letters", "purge", "--all", "--yes").output == "purged 1 dead letter\n"
     assert broker.count_dead_letters() == 0
+
+
+def test_the_console_lists_the_dead_letters_of_rabbitmq(rabbit: Rabbit) -> None:
+    """The console run as ``sagaloop ui`` is (settings naming RabbitMQ) lists the dead letter
+    that ``health`` counts, not the database's empty table (issue 26)."""
+    from starlette.testclient import TestClient
+
+    from sagaloop.cli.common import Obj
+    from sagaloop.cli.ui import console
+    from sagaloop.client import Client
+
+    rabbit.broker.publish([(QUEUE, STEP)])
+    (unknown,) = rabbit.receive(1)
+    unknown.dead_letter("worker does not know step 'pay'")
+    eventually(lambda: rabbit.broker.count_dead_letters() == 1, 10, "RabbitMQ dead-letters it")
+    assert json.loads(run("health", "--json").output)["dead_letters"] == 1
+
+    obj = Obj()
+    store = obj.store()
+    try:
+        page = TestClient(console(obj, Client(store), None, None), base_url="http://127.0.0.1")
+        html = page.get("/dead-letters").text
+    finally:
+        store.close()
+    assert "No dead letter." not in html
+    assert "worker does not know step &#39;pay&#39;" in html and f"<code>{QUEUE}</code>" in html
+    assert "<code>r1</code>" in html and "step:r1:0:1" in html
+
+
+def test_sagaloop_ui_lists_rabbitmqs_dead_letters(rabbit: Rabbit, tmp_path: Path) -> None:
+    """The process: ``sagaloop ui`` started with the settings that name RabbitMQ serves the
+    dead letter that ``health`` counts on its Dead letters page."""
+    import socket
+    import subprocess
+    import sys
+
+    import httpx2
+
+    rabbit.broker.publish([(QUEUE, STEP)])
+    (unknown,) = rabbit.receive(1)
+    unknown.dead_letter("worker does not know step 'pay'")
+    eventually(lambda: rabbit.broker.count_dead_letters() == 1, 10, "RabbitMQ dead-letters it")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [str(Path(sys.executable).with_name("sagaloop")), "ui", "--port", str(port)]
+    log = tmp_path / "ui.log"
+    with log.open("wb") as out:
+        ui = subprocess.Popen(command, env=dict(os.environ), stdout=out, stderr=out)
+    try:
+
+        def page() -> str | None:
+            try:
+                return httpx2.get(f"http://127.0.0.1:{port}/dead-letters", timeout=5).text
+            except httpx2.HTTPError:
+                assert ui.poll() is None, log.read_text()
+                return None
+
+        html = eventually(page, 60, "sagaloop ui serves")
+        assert "worker does not know step &#39;pay&#39;" in html, html
+        assert "<code>r1</code>" in html and "No dead letter." not in html
+    finally:
+        ui.terminate()
+        ui.wait(timeout=30)

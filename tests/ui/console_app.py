@@ -89,3 +89,21 @@ saga_agent = SagaAgent(agent, app=app)
 async def support(ctx: SagaContext, question: str) -> str:
     result = await saga_agent.run(question)
     return str(result.output)
+
+
+@app.step(retry=RetryPolicy(max_attempts=1, give_up="park"))
+def charge_stuck(ctx: StepContext, card: str, amount: int) -> str:
+    raise ApplicationError(f"card {card} declined: the bank is unreachable ({amount})")
+
+
+@app.saga(name="charge_and_ask")
+async def charge_and_ask(ctx: SagaContext, amount: int) -> str:
+    """Charges while a person is asked: the charge fails and parks the run (needs attention)
+    with its approval still asked."""
+    import asyncio
+
+    charged, decision = await asyncio.gather(
+        ctx.call(charge_stuck, "4242", amount),
+        ctx.approval("charge", {"amount": amount}, call_id="charge"),
+    )
+    return f"{charged} {decision.approved}"

@@ -256,6 +256,78 @@ def test_send_event_and_retry(env: Harness) -> None:
     assert retry.status_code == 409 and "not needs_attention" in retry.text
 
 
+def polled_of(html: str) -> str:
+    found = re.search(r'hx-get="([^"]+)"', html)
+    assert found, "the page has no live region"
+    return found.group(1).replace("&amp;", "&")
+
+
+def answer_forms(html: str) -> list[str]:
+    return re.findall(r'action="/(approve|deny)"', html)
+
+
+def test_an_answered_approval_shows_at_once_then_its_outcome(env: Harness) -> None:
+    """After Approve, the card says the answer is awaiting the engine and offers no buttons
+    (a second click led to a "Not done" page); once the engine recorded it, the outcome."""
+    client = browser(env)
+    for run_id in ("refund-1", "refund-2"):
+        waiting_refund(env, run_id)
+    page = client.get("/run?id=refund-1").text
+    assert len(answer_forms(page)) == 2
+    polls = [polled_of(page), polled_of(client.get("/approvals").text)]
+    assert [client.get(url).status_code for url in polls] == [204, 204]
+    form = {"call_id": "refund", "args_hash": args_hash(REFUND), "csrf": csrf_of(page)}
+    approved = post(client, "/approve", {**form, "run_id": "refund-1", "by": "ann"})
+    for url in polls:  # another tab open on the run, or on the approvals: they move too
+        moved = client.get(url)
+        assert moved.status_code == 200 and "answered: approved by ann" in moved.text, url
+    denied = post(
+        client,
+        "/deny",
+        {**form, "run_id": "refund-2", "by": "bob", "reason": "no parcel", "next": "approvals"},
+    )
+    page = client.get(approved.headers["location"]).text
+    assert "Approved: the run goes on" in page
+    assert "answered: approved by ann" in page and "awaiting the engine" in page
+    assert answer_forms(page) == [], "no button to click twice"
+    listing = client.get(denied.headers["location"]).text
+    assert "answered: denied by bob" in listing and "awaiting the engine" in listing
+    assert answer_forms(listing) == []
+
+    env.run_until_idle()
+    page = client.get("/run?id=refund-1").text
+    assert "awaiting the engine" not in page and answer_forms(page) == []
+    assert re.search(r'status st-approved">approved<', page) and "by ann" in page
+    page = client.get("/run?id=refund-2").text  # finished: the outcome stays on its page
+    assert env.get("refund-2").status == "completed"
+    assert re.search(r'status st-denied">denied<', page) and "no parcel" in page
+    assert "by bob" in page and answer_forms(page) == []
+
+
+def test_a_refused_answer_says_why_and_the_buttons_come_back(env: Harness) -> None:
+    run_id = waiting_refund(env)
+    env.send_event(run_id, "approval:refund", {"approved": True, "args_hash": "0" * 64})
+    env.run_until_idle()
+    page = browser(env).get(f"/run?id={run_id}").text
+    assert "last answer refused" in page and "awaiting the engine" not in page
+    assert len(answer_forms(page)) == 2
+
+
+def test_a_needs_attention_run_shows_its_answered_approval_as_answered(env: Harness) -> None:
+    env.start("charge_and_ask", 30, run_id="ask-1")
+    env.run_until_idle()
+    assert env.get("ask-1").status == "needs_attention"
+    client = browser(env)
+    page = client.get("/run?id=ask-1").text
+    assert len(answer_forms(page)) == 2
+    form = {"run_id": "ask-1", "call_id": "charge", "args_hash": args_hash({"amount": 30})}
+    assert post(client, "/approve", {**form, "by": "ann", "csrf": csrf_of(page)}).status_code == 303
+    env.run_until_idle(skip_time=False)
+    assert env.get("ask-1").status == "needs_attention"
+    page = client.get("/run?id=ask-1").text
+    assert "answered: approved by ann" in page and answer_forms(page) == []
+
+
 # --- reading -----------------------------------------------------------------------------------
 
 
