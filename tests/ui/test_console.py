@@ -167,7 +167,9 @@ def test_an_operator_approves_cancels_and_reads_errors_and_transcripts_by_clicki
     # the run goes on to wait for the parcel, and says what it asks
     expect(page.locator("ul.why")).to_contain_text("waiting for event 'parcel_returned'")
     expect(page.locator("#run-live")).to_contain_text("has the parcel come back?")
-    expect(page.locator(".approval")).to_have_count(0)
+    # the card stays as the approval's audit: its outcome, who gave it, no buttons
+    expect(page.locator(".approval")).to_contain_text("by ann")
+    expect(page.locator(".approval").get_by_role("button", name="Approve")).to_have_count(0)
 
     # what happens elsewhere shows without a reload
     client.send_event("refund-1", "parcel_returned")
