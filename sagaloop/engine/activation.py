@@ -16,11 +16,10 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import timedelta
 
 from sagaloop import tracing
-from sagaloop.engine import concurrency, decide, gate, intake, runlog, updates
+from sagaloop.engine import cancelling, concurrency, decide, fanout, gate, intake, runlog, updates
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.history import Event, NewEvent
@@ -33,11 +32,10 @@ from sagaloop.engine.messages import (
     engine_queue,
     inbox_key,
     parse_payload,
-    start_queue,
 )
+from sagaloop.engine.plan import Live, Plan, drop
 from sagaloop.engine.ports import (
     Clock,
-    Outgoing,
     RunRecord,
     Store,
     SubscriptionStore,
@@ -57,7 +55,6 @@ from sagaloop.errors import (
 )
 from sagaloop.sagas.app import App
 from sagaloop.sagas.approvals import call_id_of
-from sagaloop.sagas.published import PublishedEvent
 
 logger = logging.getLogger(__name__)
 
@@ -69,60 +66,6 @@ Started = Callable[[], list[NewEvent]]
 class ActivationConflict(TransientStoreError):
     """The run changed (another engine activated it) between prepare and apply: prepare
     again."""
-
-
-@dataclasses.dataclass
-class _Live:
-    """A run's state and, unless it cannot run, its suspended saga code."""
-
-    state: RunState
-    code: Replayer | None
-    divergence: dict[str, Any] | None = None
-    """A reason to park found while catching up (non-determinism, the deadline), not yet
-    recorded as ``run_parked``."""
-    record: RunRecord | None = None
-    """The run's row as this engine last committed it (see :meth:`Engine.prepare`'s
-    ``trust_cache``)."""
-
-    def drop_code(self) -> None:
-        """Forget the saga code, closing what it left suspended (see ``Replayer.close``)."""
-        if self.code is not None:
-            self.code.close()
-            self.code = None
-
-
-def _drop(live: _Live | None) -> None:
-    if live is not None:
-        live.drop_code()
-
-
-@dataclasses.dataclass
-class Plan:
-    """What :meth:`Engine.prepare` decided for one message; :meth:`Engine.apply` writes it."""
-
-    env: Envelope
-    run: RunRecord | None = None
-    """The run as it will be saved (None: the message changes no run)."""
-    base_seq: int = 0
-    """The run's ``last_seq`` when it was read: the update applies only if it is unchanged."""
-    cached: bool = False
-    """Decided on the engine's cached run, not read: even a plan that writes nothing checks,
-    when applied, that the run is still at ``base_seq`` (else a result the cached state does
-    not expect yet would be taken for a late one and dropped)."""
-    effects: decide.Effects | None = None
-    create: bool = False
-    """The run does not exist yet: insert it (a start published without a client)."""
-    rejected: str | None = None
-    """The message was refused (the run records why); dead-letter it after the commit."""
-    logs: list[runlog.Line] = dataclasses.field(default_factory=list)
-    """The log lines of the events it appends, written once they are committed."""
-    slot: concurrency.Gate | None = None
-    """A start under a concurrency limit: the slot it claims or the queue it joins."""
-    subscriptions: frozenset[tuple[str, str]] | None = None
-    """The run's subscriptions to published events after the activation, when it changed
-    them (None: unchanged)."""
-    fanout: PublishPayload | None = None
-    """A ``publish``: the event :meth:`Engine.apply` delivers to the runs subscribed to it."""
 
 
 class Engine:
@@ -144,8 +87,8 @@ class Engine:
         self.clock = clock or SystemClock()
         self.cache_size = cache_size
         self.watchdog = watchdog or Watchdog()
-        self._cache: collections.OrderedDict[str, _Live] = collections.OrderedDict()
-        self._staged: dict[str, _Live] = {}
+        self._cache: collections.OrderedDict[str, Live] = collections.OrderedDict()
+        self._staged: dict[str, Live] = {}
         self._staged_runs: dict[str, RunRecord] = {}
         self._restarted: set[str] = set()
         """Runs whose history a staged plan restarts: not activated again before it commits."""
@@ -180,7 +123,7 @@ class Engine:
         run = cached or self._read_run(env.run_id)
         if concurrency.queued(self.app, run):  # record, without starting its code
             plan = self._activate(env, run, triggers, run_code=False)
-            _drop(self._staged.pop(run.run_id, None))
+            drop(self._staged.pop(run.run_id, None))
             if plan.run is not None and plan.run.status not in s.FINAL_STATUSES:
                 kept = {"status": s.RUNNING, "processed_seq": 0, "reason": run.reason}
                 plan.run = dataclasses.replace(plan.run, **kept)  # type: ignore[arg-type]
@@ -219,14 +162,14 @@ class Engine:
         if inbox and not self.store.inbox_put(tx, ENGINE_CONSUMER, key, None, now):
             logger.debug("duplicate message %s ignored", plan.env.message_id)
             run_id = plan.env.run_id  # what prepare staged for it did not happen
-            _drop(self._staged.pop(run_id, None))
+            drop(self._staged.pop(run_id, None))
             self._staged_runs.pop(run_id, None)
             if plan.run is not None:  # its activation is not written, and later plans of
                 # this transaction may count on it (a start's catch-up): prepare them again
                 raise ActivationConflict(f"duplicate message {plan.env.message_id} moved the run")
             return
         if plan.fanout is not None:
-            self._fan_out(tx, plan.env, plan.fanout, now)
+            fanout.fan_out(self.store, self.app, tx, plan.env, plan.fanout, now)
             return
         run, effects = plan.run, plan.effects
         if run is None or effects is None:
@@ -262,59 +205,6 @@ class Engine:
             self.store.set_subscriptions(tx, self.app.name, run.run_id, wanted)
         self._logs.extend(plan.logs)
 
-    def _fan_out(self, tx: Tx, env: Envelope, event: PublishPayload, now: datetime) -> None:
-        """Deliver a published event, in the transaction that records it as processed: an
-        ``event`` message to every run subscribed to (or waiting on) its name and key, and a
-        start of each saga declared with ``on_event`` its name. Their ids derive from the
-        event's, so a fan-out done again (a crash before the commit) sends the same messages,
-        which their consumers take once."""
-        assert isinstance(self.store, SubscriptionStore)
-        event_id, name, key = env.run_id, event.name, event.key
-        payload: dict[str, Any] = {"name": name, "data": event.data}
-        if key is not None:
-            payload["key"] = key
-        out: list[Outgoing] = []
-        for run_id in self.store.subscribers(tx, self.app.name, name, key):
-            message_id = derived_id("delivered", event_id, run_id)
-            message = Envelope(
-                type="event",
-                message_id=message_id,
-                run_id=run_id,
-                payload=payload,
-                created_at=now,
-                trace=env.trace,
-            )
-            out.append(Outgoing(self.queue, message))
-        published = PublishedEvent(name, event.data, key, event_id)
-        for saga in self.app.sagas.values():
-            if saga.on_event != name:
-                continue
-            run_id = derived_id("on_event", saga.name, event_id)
-            if saga.run_id_of is not None:
-                try:
-                    run_id = saga.run_id_of(published)
-                except Exception as e:
-                    raise MessageError(
-                        f"the run_id function of saga {saga.name!r} raised for event "
-                        f"{event_id!r}: {e!r:.300}"
-                    ) from e
-                if not isinstance(run_id, str) or not 0 < len(run_id) <= 200:
-                    raise MessageError(
-                        f"the run_id function of saga {saga.name!r} gave {run_id!r:.60} for "
-                        f"event {event_id!r}: a run id is 1 to 200 characters"
-                    )
-            start = Envelope(
-                type="start",
-                message_id=derived_id("on_event", saga.name, event_id),
-                run_id=run_id,
-                saga=saga.name,
-                payload={"input": event.data},
-                created_at=now,
-                trace=env.trace,
-            )
-            out.append(Outgoing(start_queue(self.app.name), start))
-        self.store.enqueue(tx, out, now)
-
     def _index_approvals(
         self, tx: Tx, env: Envelope, run: RunRecord, effects: decide.Effects
     ) -> None:
@@ -342,8 +232,8 @@ class Engine:
         ``sagaloop retry`` processes it again."""
         run = self._read_run(env.run_id)
         parked = decide.engine_failed(env, error, failures)
-        _drop(self._cache.pop(run.run_id, None))  # its state may be what failed: start afresh
-        _drop(self._staged.pop(run.run_id, None))
+        drop(self._cache.pop(run.run_id, None))  # its state may be what failed: start afresh
+        drop(self._staged.pop(run.run_id, None))
         return self._activate(env, run, [lambda st: [] if st.finished else parked], run_code=False)
 
     def _read_run(self, run_id: str) -> RunRecord:
@@ -495,7 +385,7 @@ class Engine:
         self._staged_runs.clear()
         self._restarted.clear()
         while len(self._cache) > self.cache_size:
-            _drop(self._cache.popitem(last=False)[1])
+            drop(self._cache.popitem(last=False)[1])
         logs, self._logs = self._logs, []
         runlog.emit(logs)
 
@@ -546,11 +436,11 @@ class Engine:
                                 plan.run, status=s.RUNNING, last_seq=1, processed_seq=0, reason=None
                             )
         except BaseException:
-            _drop(self._staged.pop(run_id, None))
+            drop(self._staged.pop(run_id, None))
             self._staged_runs.pop(run_id, None)
             raise
         if plan.effects is not None and plan.effects.restart is not None:
-            _drop(self._staged.pop(run_id, None))  # the next activation replays the fresh history
+            drop(self._staged.pop(run_id, None))  # the next activation replays the fresh history
             self._restarted.add(run_id)
         else:
             live.record = plan.run or run  # in the cache once committed
@@ -559,7 +449,7 @@ class Engine:
             self._staged_runs[run_id] = plan.run
         return plan
 
-    def _load(self, run: RunRecord, *, run_code: bool = True) -> _Live:
+    def _load(self, run: RunRecord, *, run_code: bool = True) -> Live:
         live = self._staged.get(run.run_id) or self._cache.pop(run.run_id, None)
         if live is not None and live.state.last_seq <= run.last_seq:
             if live.state.last_seq < run.last_seq:  # another engine appended since
@@ -567,10 +457,10 @@ class Engine:
                 newer = [e for e in newer if e.seq <= run.last_seq]  # as of the run row read
                 self._catch_up(live, newer, run.processed_seq)
             return live
-        _drop(live)  # newer than the run row read: this transaction lost a race
+        drop(live)  # newer than the run row read: this transaction lost a race
         events = self.store.load_history(None, run.run_id)
         events = [e for e in events if e.seq <= run.last_seq]  # as of the run row read
-        live = _Live(RunState(run.run_id), None)
+        live = Live(RunState(run.run_id), None)
         for ev in events:
             live.state.apply(ev)
         st = live.state
@@ -581,14 +471,14 @@ class Engine:
             self._catch_up(live, events, run.processed_seq, fold=False)
         return live
 
-    def _new_code(self, live: _Live, saga_name: str) -> Replayer | None:
+    def _new_code(self, live: Live, saga_name: str) -> Replayer | None:
         saga = self.app.get_saga(saga_name)
         if saga is None:
             return None
         return Replayer(self.app, saga, live.state.run_id, watchdog=self.watchdog)
 
     def _catch_up(
-        self, live: _Live, events: list[Event], processed_seq: int, *, fold: bool = True
+        self, live: Live, events: list[Event], processed_seq: int, *, fold: bool = True
     ) -> None:
         if fold:
             for ev in events:
@@ -604,7 +494,7 @@ class Engine:
             live.drop_code()
             live.divergence = decide.code_parked(e)
 
-    def _react(self, live: _Live, pending: list[NewEvent], effects: decide.Effects) -> None:
+    def _react(self, live: Live, pending: list[NewEvent], effects: decide.Effects) -> None:
         st = live.state
         if live.divergence is not None:  # found on load: record it first
             pending = [NewEvent(h.RUN_PARKED, data=live.divergence), *pending]
@@ -625,7 +515,7 @@ class Engine:
                         else:
                             pending.extend(live.code.take_rejections())
                     elif ev.kind == h.CANCEL_DELIVERED:  # no code to clean up (a queued run)
-                        pending.append(decide.cancelled_code_events(st, {"cancelled": True})[0])
+                        pending.append(cancelling.cancelled_code_events(st, {"cancelled": True})[0])
                     pending.extend(self._effects_of(ev, live, effects))
             pending.extend(self._decide(live))
             if not pending:
@@ -633,7 +523,7 @@ class Engine:
 
     # --- what the engine does next ------------------------------------------------------------
 
-    def _decide(self, live: _Live) -> list[NewEvent]:
+    def _decide(self, live: Live) -> list[NewEvent]:
         st, code = live.state, live.code
         if st.finished or st.parked is not None:
             return []
@@ -649,13 +539,13 @@ class Engine:
         run = self.store.get_run(run_id)
         return engine_queue(run.app) if run is not None else self.queue
 
-    def _effects_of(self, ev: Event, live: _Live, effects: decide.Effects) -> list[NewEvent]:
+    def _effects_of(self, ev: Event, live: Live, effects: decide.Effects) -> list[NewEvent]:
         if ev.kind == h.RUN_RESUMED:
             return self._resume(live, effects)
         now, queue_of = self.clock.now(), self._engine_queue_of
         return decide.effects_of(self.app, live.state, ev, effects, now=now, queue_of=queue_of)
 
-    def _resume(self, live: _Live, effects: decide.Effects) -> list[NewEvent]:
+    def _resume(self, live: Live, effects: decide.Effects) -> list[NewEvent]:
         st = live.state
         if live.code is None and not st.saga_done and not st.failing:
             # Replay from the start with the code now deployed; it may park the run again.

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from sagaloop.engine import cancelling, updates
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
-from sagaloop.engine import updates
 from sagaloop.engine.contract import (
     DO,
     UNDO,
@@ -232,78 +232,8 @@ def timer_events(st: RunState, pos: int, kind: str, attempt: int) -> list[NewEve
         data = {"attempt": attempt, "in_doubt": step.comp_in_doubt}
         return [NewEvent(h.COMPENSATION_SCHEDULED, pos, step.name, data)]
     if kind == TimerKind.CANCEL_GRACE and st.cancelling is not None and st.cancel_reason is None:
-        return grace_expired_events(st)
+        return cancelling.grace_expired_events(st)
     return []  # stale: what the timer was for has already happened
-
-
-def cancel_events(
-    st: RunState,
-    reason: str | None,
-    *,
-    grace: timedelta = timedelta(0),
-    now: datetime | None = None,
-    cut_short: bool = False,
-) -> list[NewEvent]:
-    """A cancel request: recorded once, and only while the saga code has not finished. With a
-    ``grace`` (the saga's ``cancel_grace``), it is delivered into the saga code
-    (``cancel_delivered``: the run is ``cancelling`` until ``now + grace``); without, or when
-    the run needs attention, the run is cancelled at once (``cancel_requested``). A second
-    cancel changes nothing, but one that ``cut_short`` (``Client.cancel(now=True)``) stops
-    the code of a ``cancelling`` run where its cleanup waits."""
-    if st.cancelling is not None and cut_short and st.cancel_reason is None:
-        return [NewEvent(h.CANCEL_REQUESTED, data={"reason": reason or st.cancelling["reason"]})]
-    if st.cancel_reason is not None or st.saga_done or st.cancelling is not None:
-        return []
-    why = reason or "cancelled"
-    if grace > timedelta(0) and now is not None and st.parked is None:
-        abandoned = sorted((x for x in st.in_flight() if x.child is None), key=lambda x: x.pos)
-        steps = [x.pos for x in abandoned]
-        data = {"reason": why, "until": (now + grace).isoformat(), "steps": steps}
-        # a step waiting to retry gets no new attempt: it fails now, with its last error
-        ended = [
-            NewEvent(h.STEP_FAILED, x.pos, x.name, {"error": x.error, "in_doubt": x.in_doubt})
-            for x in abandoned
-            if x.status == s.RETRYING
-        ]
-        return [NewEvent(h.CANCEL_DELIVERED, data=data), *ended]
-    return [NewEvent(h.CANCEL_REQUESTED, data={"reason": why})]
-
-
-def grace_expired_events(st: RunState) -> list[NewEvent]:
-    """The saga code did not end within its ``cancel_grace``: the run is cancelled as one
-    without a grace is (its code stopped where it waits, its steps compensated)."""
-    assert st.cancelling is not None
-    reason = str(st.cancelling.get("reason") or "cancelled")
-    return [
-        NewEvent(h.CANCEL_GRACE_EXPIRED, data={"until": st.cancelling.get("until")}),
-        NewEvent(h.CANCEL_REQUESTED, data={"reason": reason}),
-    ]
-
-
-def cancelled_code_events(st: RunState, outcome: dict[str, Any]) -> list[NewEvent]:
-    """The saga code ended while it was ``cancelling``: the cancel wins whatever it did. Code
-    that let ``CancelledError`` out (or continued as new) is cancelled as a run without a
-    grace is; code that raised another error or returned a value (it swallowed the cancel)
-    records its outcome first. Either way the run ends ``cancelled`` and its completed steps
-    are compensated: an operator's cancel is never turned into a completion."""
-    assert st.cancelling is not None
-    cancel = NewEvent(h.CANCEL_REQUESTED, data={"reason": st.cancelling.get("reason")})
-    if outcome.get("cancelled") or "continue_as_new" in outcome or st.saga_done:
-        return [cancel]
-    return [NewEvent(h.SAGA_FINISHED, data=_recorded(outcome)), cancel]
-
-
-def _recorded(outcome: dict[str, Any]) -> dict[str, Any]:
-    """The ``saga_finished`` data of the code's outcome (without the replayer's flags)."""
-    return {k: v for k, v in outcome.items() if k != "cancelled"}
-
-
-def undo_run_events(st: RunState, link: dict[str, Any]) -> list[NewEvent]:
-    """The parent (``link``: its run id and call's position) asks to undo this completed
-    child run as a whole: only its own parent may, once."""
-    if st.finished != s.COMPLETED or st.undoing or st.parent != link:
-        return []
-    return [NewEvent(h.UNDO_REQUESTED, data={"parent": link})]
 
 
 def rejected_start_events(reason: str) -> list[NewEvent]:
@@ -431,14 +361,14 @@ def next_events(
         if commands:
             return commands
         if outcome is not None and st.cancelling is not None and st.cancel_reason is None:
-            return cancelled_code_events(st, outcome)
+            return cancelling.cancelled_code_events(st, outcome)
         if outcome is not None and "continue_as_new" in outcome:
             if st.continued is None:
                 data = {"input": outcome["continue_as_new"]}
                 return [NewEvent(h.RUN_CONTINUED, data={**data, **outcome})]
             return []
         if outcome is not None and not st.saga_done and st.cancel_reason is None:
-            return [NewEvent(h.SAGA_FINISHED, data=_recorded(outcome))]
+            return [NewEvent(h.SAGA_FINISHED, data=cancelling.recorded(outcome))]
     elif not st.saga_done and not st.failing and app.get_saga(st.saga) is None:
         reason = f"saga {st.saga!r} is not registered in app {app.name!r}"
         return [NewEvent(h.RUN_PARKED, data={"reason": reason})]
@@ -545,7 +475,7 @@ def effects_of(
         effects.restart = NewEvent(h.RUN_STARTED, name=st.saga, data=data)
         continued = derived_id("continued", st.run_id, st.epoch + 1)
         effects.start(queue, continued, st.run_id, st.saga, ev.data.get("input"))
-        cancel_children(app, st, effects)
+        cancelling.cancel_children(app, st, effects)
     elif kind == h.CHILD_STARTED:
         assert ev.pos is not None and ev.name is not None
         effects.send(
@@ -558,16 +488,16 @@ def effects_of(
             payload=ChildStart(input=ev.data.get("input"), parent=st.run_id).to_payload(),
         )
     elif kind == h.CANCEL_REQUESTED:
-        cancel_children(app, st, effects)
+        cancelling.cancel_children(app, st, effects)
     elif kind == h.CANCEL_DELIVERED:  # the code cleans up until then
         until = datetime.fromisoformat(str(ev.data["until"]))
-        effects.timers.append(Timer(st.run_id, GRACE_POS, TimerKind.CANCEL_GRACE, until))
+        effects.timers.append(Timer(st.run_id, cancelling.GRACE_POS, TimerKind.CANCEL_GRACE, until))
     elif kind == h.CHILD_CANCEL_REQUESTED:
         why = f"its parent run {st.run_id!r} stopped waiting for it"
-        cancel_children(app, st, effects, only=ev.pos, why=why)
+        cancelling.cancel_children(app, st, effects, only=ev.pos, why=why)
     elif kind == h.RUN_FINISHED:
         effects.clear_timers = True
-        cancel_children(app, st, effects)
+        cancelling.cancel_children(app, st, effects)
         if st.parent is not None:  # tell the parent's call how its child ended
             outcome = ChildResult(
                 child=st.run_id,
@@ -584,28 +514,6 @@ def effects_of(
                 payload=outcome.to_payload(),
             )
     return []
-
-
-GRACE_POS = -1
-"""The position of a run's ``cancel_grace`` timer: no command's."""
-
-
-def cancel_children(
-    app: App, st: RunState, effects: Effects, only: int | None = None, why: str = ""
-) -> None:
-    """Cancel the child runs still in flight (or the one at position ``only``): their parent
-    is cancelled or has ended, or stopped waiting for it. One message id per child, whichever
-    asks first."""
-    for pos, (child, _) in st.children.items():
-        if only is not None and pos != only:
-            continue
-        effects.send(
-            engine_queue(app.name),
-            type="cancel",
-            message_id=derived_id("cancel-child", st.run_id, pos),
-            run_id=child,
-            payload={"reason": why or f"its parent run {st.run_id!r} was cancelled or ended"},
-        )
 
 
 def dispatch(

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 from datetime import timedelta
 
-from sagaloop.engine import decide, gate, updates
+from sagaloop.engine import cancelling, decide, gate, updates
 from sagaloop.engine import history as h
 from sagaloop.engine.history import NewEvent
 from sagaloop.engine.messages import (
@@ -55,7 +55,7 @@ def triggers(env: Envelope, app: App, store: Store, clock: Clock) -> list[Trigge
             saga = app.get_saga(st.saga)
             grace = timedelta(0) if saga is None or cancelled.now else saga.cancel_grace
             now, cut_short = clock.now(), cancelled.now
-            return decide.cancel_events(st, reason, grace=grace, now=now, cut_short=cut_short)
+            return cancelling.cancel_events(st, reason, grace=grace, now=now, cut_short=cut_short)
 
         return [cancel]
     if env.type == "retry":
@@ -76,7 +76,7 @@ def triggers(env: Envelope, app: App, store: Store, clock: Clock) -> list[Trigge
         # compensations, newest first), then tell the parent. Only its parent may ask.
         undo = UndoRun.parse(env)
         link = {"run_id": undo.parent, "position": undo.position}
-        return [lambda st: decide.undo_run_events(st, link)]
+        return [lambda st: cancelling.undo_run_events(st, link)]
     if env.type == "timer":
         if (timer_pos := env.position) is None:
             raise MessageError("timer needs position")

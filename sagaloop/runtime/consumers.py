@@ -15,8 +15,9 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from sagaloop.engine.activation import ENGINE_CONSUMER, ActivationConflict, Engine, Plan
+from sagaloop.engine.activation import ENGINE_CONSUMER, ActivationConflict, Engine
 from sagaloop.engine.messages import Envelope, inbox_key, start_queue
+from sagaloop.engine.plan import Plan
 from sagaloop.engine.ports import Delivery, Store
 from sagaloop.errors import BrokerError, ErrorInfo, MessageError, TransientStoreError
 from sagaloop.runtime.admission import StartGate

@@ -25,8 +25,9 @@ from concurrency_app import LIMIT
 from sagaloop import Client
 from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.engine import history as h
-from sagaloop.engine.activation import ActivationConflict, Engine, Plan
+from sagaloop.engine.activation import ActivationConflict, Engine
 from sagaloop.engine.messages import Envelope, engine_queue, start_queue
+from sagaloop.engine.plan import Plan
 from sagaloop.sagas.concurrency import Concurrency
 from sagaloop.store import tables as t
 from sagaloop.store.sql import SqlStore

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from sagaloop import App, RetryPolicy, StepContext
-from sagaloop.engine import decide
+from sagaloop.engine import cancelling, decide
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.contract import DO, UNDO
@@ -279,11 +279,11 @@ def test_a_step_failed_in_doubt_is_compensated_as_in_doubt() -> None:
 
 def test_a_cancelled_run_with_nothing_to_undo_ends_cancelled() -> None:
     st = fold(scheduled(1, "notify", text="hi"), completed(1, "notify"))
-    (cancel,) = decide.cancel_events(st, None)
+    (cancel,) = cancelling.cancel_events(st, None)
     assert (cancel.kind, cancel.data) == (h.CANCEL_REQUESTED, {"reason": "cancelled"})
     for ev in h.number(st.last_seq, [cancel], NOW):
         st.apply(ev)
-    assert decide.cancel_events(st, "again") == []  # asked once
+    assert cancelling.cancel_events(st, "again") == []  # asked once
     (end,) = decide.next_events(app, st, code=None)
     assert (end.kind, end.data) == (h.RUN_FINISHED, {"status": s.CANCELLED})
 
