@@ -42,6 +42,7 @@ _ABOUT_A_COMMAND = frozenset(
         h.STEP_RETRYING,
         h.STEP_HALTED,
         h.TIMER_FIRED,
+        h.TIMER_CANCELLED,
         h.EVENT_REJECTED,
         h.EVENT_TAKEN,
     }

@@ -30,6 +30,10 @@ class EventKind(StrEnum):
     STEP_HALTED = "step_halted"
     TIMER_STARTED = "timer_started"
     TIMER_FIRED = "timer_fired"
+    TIMER_CANCELLED = "timer_cancelled"
+    """Saga code stopped waiting for the timer at ``pos`` (the timeout of a wait that ended
+    first, a cancelled ``asyncio.sleep``): the run no longer sleeps on it, and its firing
+    changes nothing. Bookkeeping, never fed."""
     EVENT_WAITING = "event_waiting"
     EVENT_ARRIVED = "event_arrived"
     EVENT_REJECTED = "event_rejected"
@@ -118,6 +122,7 @@ STEP_FAILED: Final[str] = EventKind.STEP_FAILED
 STEP_HALTED: Final[str] = EventKind.STEP_HALTED
 TIMER_STARTED: Final[str] = EventKind.TIMER_STARTED
 TIMER_FIRED: Final[str] = EventKind.TIMER_FIRED
+TIMER_CANCELLED: Final[str] = EventKind.TIMER_CANCELLED
 EVENT_WAITING: Final[str] = EventKind.EVENT_WAITING
 EVENT_ARRIVED: Final[str] = EventKind.EVENT_ARRIVED
 EVENT_REJECTED: Final[str] = EventKind.EVENT_REJECTED

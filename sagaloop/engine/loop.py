@@ -1,10 +1,12 @@
 """A deterministic asyncio event loop for saga code.
 
 It implements only what coroutines need (futures, tasks, ``call_soon``) and runs ready callbacks
-in FIFO order until none is left, then returns. ``asyncio.gather``, ``asyncio.wait`` (without a
-timeout), ``asyncio.Event`` and ``asyncio.Lock`` work; anything that needs real time, threads or
-I/O raises :class:`~sagaloop.errors.SagaDeterminismViolation`, which points to steps and
-``ctx.sleep``.
+in FIFO order until none is left, then returns. ``asyncio.gather``, ``asyncio.wait``,
+``asyncio.Event`` and ``asyncio.Lock`` work. Its timers (``call_later``, ``call_at``: what
+``asyncio.sleep``, ``asyncio.wait_for``, ``asyncio.timeout`` and ``asyncio.wait(timeout=)`` use)
+are durable timers, started through :attr:`DeterministicLoop.timers` (the replayer's ``sleep``
+command): they fire when the history says so, on every replay. Threads, executors and I/O raise
+:class:`~sagaloop.errors.SagaDeterminismViolation`, which points to steps.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from sagaloop.errors import SagaDeterminismViolation
 T = TypeVar("T")
 
 _ADVICE = (
-    "saga code must be deterministic: do I/O in a step (ctx.call), wait with ctx.sleep or "
-    "ctx.wait_for_event"
+    "saga code must be deterministic: do I/O in a step (ctx.call), wait with ctx.sleep, "
+    "asyncio.sleep or ctx.wait_for_event"
 )
 
 
@@ -39,6 +41,9 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
         self._task_factory: Any = None
         self._tasks: list[tuple[asyncio.Task[Any], contextvars.Context]] = []
         """The tasks of saga code and the context each runs in (Task.get_context is 3.12+)."""
+        self.timers: Callable[[float], asyncio.Future[Any]] | None = None
+        """Starts a durable timer due in the given seconds and returns the future its firing
+        resolves (the replayer's ``sleep`` command); None: timers are refused."""
 
     # --- what coroutines, futures and tasks use -----------------------------------------------
 
@@ -117,16 +122,41 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
     def _timer_handle_cancelled(self, handle: asyncio.TimerHandle) -> None:
         pass
 
-    # --- what saga code must not use ----------------------------------------------------------
-
     def _forbidden(self, what: str) -> NoReturn:
         raise SagaDeterminismViolation(f"{what} is not allowed in saga code: {_ADVICE}")
 
-    def call_later(self, *args: Any, **kwargs: Any) -> NoReturn:  # type: ignore[override]
-        self._forbidden("asyncio timers (asyncio.sleep, timeouts)")
+    # --- timers: durable ------------------------------------------------------------------------
 
-    def call_at(self, *args: Any, **kwargs: Any) -> NoReturn:  # type: ignore[override]
-        self._forbidden("asyncio timers (asyncio.sleep, timeouts)")
+    def call_later(  # type: ignore[override]
+        self,
+        delay: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        """Run ``callback`` once a durable timer of ``delay`` seconds fired (at once, without
+        a timer, for a delay of zero or less). Cancelling the handle abandons the timer: the
+        code stops waiting for it, and its firing, if recorded later, changes nothing."""
+        if self.timers is None:
+            self._forbidden("asyncio timers (asyncio.sleep, timeouts) outside a saga's run")
+        handle = _DurableTimer(self._time + delay, callback, args, self, context)
+        if delay <= 0:
+            self._ready.append(handle)
+            return handle
+        handle.fired = self.timers(delay)
+        handle.fired.add_done_callback(handle.due)
+        return handle
+
+    def call_at(  # type: ignore[override]
+        self,
+        when: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        return self.call_later(when - self._time, callback, *args, context=context)
+
+    # --- what saga code must not use ----------------------------------------------------------
 
     def call_soon_threadsafe(self, *args: Any, **kwargs: Any) -> NoReturn:  # type: ignore[override]
         self._forbidden("threads")
@@ -160,6 +190,22 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
             _in_saga.active = False
             self._running = False
             events._set_running_loop(previous)
+
+
+class _DurableTimer(asyncio.TimerHandle):
+    """A ``call_later`` handle whose callback runs when its durable timer fires."""
+
+    fired: asyncio.Future[Any] | None = None
+
+    def due(self, fired: asyncio.Future[Any]) -> None:
+        if not fired.cancelled() and not self.cancelled():
+            self._loop._ready.append(self)  # type: ignore[attr-defined]
+
+    def cancel(self) -> None:
+        if not self.cancelled():
+            super().cancel()
+            if self.fired is not None and not self.fired.done():
+                self.fired.cancel()  # the code no longer waits for it (see Replayer._on_done)
 
 
 class _InSaga(threading.local):

@@ -17,7 +17,7 @@ import hashlib
 import logging
 import random as _random
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sagaloop.engine import history as h
@@ -103,6 +103,7 @@ class Replayer:
         self.saga = saga
         self.run_id = run_id
         self.loop = DeterministicLoop()  # type: ignore[abstract]
+        self.loop.timers = self._durable_timer  # asyncio.sleep, wait_for, timeout: ctx.sleep
         self.replaying = True
         self.next_pos = 0
         self.last_seq = 0
@@ -393,7 +394,8 @@ class Replayer:
     def _on_done(self, pos: int, future: asyncio.Future[Any]) -> None:
         """An await that saga code cancelled (it lost a race in ``asyncio.wait``, say) stops
         waiting: its later result, timer or event goes elsewhere or nowhere. The child run of
-        a cancelled ``ctx.call`` is asked to cancel (recorded once, when it happens)."""
+        a cancelled ``ctx.call`` is asked to cancel, a cancelled timer is recorded as such
+        (each once, when it happens)."""
         if future.cancelled():
             pending = self.pending.pop(pos, None)
             if pending is not None and pending.kind == h.EVENT_WAITING:
@@ -402,6 +404,8 @@ class Replayer:
                     self.rejections.append(NewEvent(h.EVENT_TAKEN, pos, pending.name, {}))
             elif pending is not None and pending.kind == h.CHILD_STARTED and not self.replaying:
                 self.rejections.append(NewEvent(h.CHILD_CANCEL_REQUESTED, pos, pending.name, {}))
+            elif pending is not None and pending.kind == h.TIMER_STARTED and not self.replaying:
+                self.rejections.append(NewEvent(h.TIMER_CANCELLED, pos, pending.name, {}))
 
     def take_rejections(self) -> list[NewEvent]:
         rejections, self.rejections = self.rejections, []
@@ -519,6 +523,12 @@ class Replayer:
             self.conditions.settle()
         commands, self.new_commands = self.new_commands, []
         return commands
+
+    def _durable_timer(self, seconds: float) -> asyncio.Future[Any]:
+        """The timer of an asyncio timer (``call_later``): the command ``ctx.sleep`` issues."""
+        fire_at = self.now() + timedelta(seconds=seconds)
+        _, future = self.command(h.TIMER_STARTED, "sleep", {"fire_at": fire_at.isoformat()})
+        return future
 
     def is_pending(self, pos: int) -> bool:
         return pos in self.pending

@@ -1,10 +1,9 @@
 """Replay checks saga code against the history: a changed order of calls parks the run with a
 readable diff, ``ctx.patched`` lets new code take a new path only where the run did not pass,
-real asyncio timers are refused, and the saga logger is silent while replaying."""
+and the saga logger is silent while replaying."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -220,49 +219,7 @@ def test_removing_a_patch_marker_from_code_is_a_non_determinism() -> None:
     assert run.reason is not None and "patched('fix') at position 0" in run.reason
 
 
-# --- forbidden asyncio usage -----------------------------------------------------------------
-
-
-def test_asyncio_sleep_in_saga_code_fails_the_run_pointing_to_ctx_sleep() -> None:
-    app = App("asleep")
-
-    @app.saga(name="asleep")
-    async def asleep(ctx: SagaContext) -> str:
-        await asyncio.sleep(1)
-        return "never"
-
-    env = Harness(app)
-    run_id = env.start(asleep)
-    env.run_until_idle()
-    run = env.get(run_id)
-    assert run.status == "failed"
-    assert run.error is not None
-    assert run.error["type"] == "SagaDeterminismViolation"
-    assert "ctx.sleep" in run.error["message"]
-    assert run.output is None
-
-
-def test_asyncio_wait_for_timeout_in_saga_code_is_refused() -> None:
-    app = App("waitfor")
-
-    @app.step()
-    def slow(ctx: StepContext) -> int:
-        return 1
-
-    @app.saga(name="waitfor")
-    async def waitfor(ctx: SagaContext) -> int:
-        call = ctx.call(slow)
-        try:
-            return await asyncio.wait_for(call, timeout=5)
-        finally:
-            call.close()  # wait_for refused before awaiting it: no "never awaited" warning
-
-    env = Harness(app)
-    run_id = env.start(waitfor)
-    env.run_until_idle()
-    run = env.get(run_id)
-    assert run.status == "failed"
-    assert run.error is not None and "ctx.sleep" in run.error["message"]
+# --- asyncio timers are durable timers (tests/unit/test_asyncio_timers.py) ---------------------
 
 
 # --- the saga logger -------------------------------------------------------------------------
