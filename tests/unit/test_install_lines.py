@@ -121,15 +121,25 @@ def test_a_checkout_installs_itself_editable() -> None:
     assert install_command("mcp") == f"pip install -e '{ROOT}[mcp]'"
 
 
-def test_a_missing_extra_names_the_command() -> None:
-    """The console's error, in a process where starlette cannot be imported."""
+@pytest.mark.parametrize(
+    ("blocked", "module", "says", "extra"),
+    [
+        ("starlette", "sagaloop.ui", "the console needs starlette", "ui"),
+        ("pydantic_ai", "sagaloop.agents.pydantic_ai", "SagaAgent needs", "pydantic-ai"),
+        ("agents", "sagaloop.agents.openai_agents", "SagaRunner needs agents", "openai-agents"),
+    ],
+)
+def test_a_missing_extra_names_the_command(
+    blocked: str, module: str, says: str, extra: str
+) -> None:
+    """The error of a module whose extra is missing, in a process where it cannot be imported."""
     code = (
-        "import sys; sys.modules['starlette'] = None\n"
+        f"import sys; sys.modules[{blocked!r}] = None\n"
         "try:\n"
-        "    import sagaloop.ui\n"
+        f"    import {module}\n"
         "except ImportError as e:\n"
         "    print(e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "the console needs starlette" in out.stdout, out.stdout
-    assert install_command("ui") in out.stdout, out.stdout
+    assert says in out.stdout, out.stdout
+    assert install_command(extra) in out.stdout, out.stdout
