@@ -81,7 +81,7 @@ def install_command(extra: str) -> str:
     return command_for(extra, checkout=checkout, direct_url=None if checkout else _direct_url())
 
 
-def missing_extra(what: str, extra: str, error: ModuleNotFoundError) -> ImportError:
+def missing_extra(what: str, extra: str, error: ImportError) -> ImportError:
     """The error to raise (``from error``) when ``what`` needs the extra ``extra`` and the
     module ``error.name`` is not installed: it names the command that installs it."""
     return ImportError(

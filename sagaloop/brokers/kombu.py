@@ -162,7 +162,7 @@ class KombuBroker:
     ) -> None:
         try:
             import redis  # noqa: F401  (kombu's Redis transport needs it)
-        except ModuleNotFoundError as e:
+        except ImportError as e:
             from sagaloop.extras import missing_extra
 
             raise missing_extra("the Redis broker", "redis", e) from e

@@ -143,3 +143,17 @@ def test_a_missing_extra_names_the_command(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert says in out.stdout, out.stdout
     assert install_command(extra) in out.stdout, out.stdout
+
+
+def test_the_redis_broker_without_redis_names_the_command() -> None:
+    code = (
+        "import sys; sys.modules['redis'] = None\n"
+        "from sagaloop.brokers.kombu import KombuBroker\n"
+        "try:\n"
+        "    KombuBroker('redis://127.0.0.1:1/0')\n"
+        "except ImportError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "the Redis broker needs redis" in out.stdout, out.stdout
+    assert install_command("redis") in out.stdout, out.stdout
