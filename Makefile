@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit install clean
+.PHONY: demo test lint typecheck unit install clean dist
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,16 @@ unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache dist
+
+# The sdist and the wheel in dist/ (until a release is on an index, what to install elsewhere:
+# docs/index.md, "Installing"), built offline with the dev extra's setuptools, their metadata
+# checked by twine and their files against the sources by tests/check_dist.py.
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --no-isolation --outdir dist .
+	$(BIN)/twine check --strict dist/*
+	$(BIN)/python tests/check_dist.py dist
 
 # Benchmarks against a hand-made floor and DBOS (about 4-6 minutes; BENCH_ARGS=--quick: about 1-2).
 .PHONY: bench

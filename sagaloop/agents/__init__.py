@@ -1,7 +1,7 @@
 """Durable agents: framework adapters on top of sagas (optional extras).
 
-- :mod:`sagaloop.agents.pydantic_ai` (``pip install sagaloop[pydantic-ai]``): ``SagaAgent``.
-- :mod:`sagaloop.agents.openai_agents` (``pip install sagaloop[openai-agents]``): ``SagaRunner``.
+- :mod:`sagaloop.agents.pydantic_ai` (the ``pydantic-ai`` extra): ``SagaAgent``.
+- :mod:`sagaloop.agents.openai_agents` (the ``openai-agents`` extra): ``SagaRunner``.
 - :mod:`sagaloop.agents.tools`: ``StepTools``, steps as tools for a tool-calling loop written
   without a framework (OpenAI and Anthropic formats; no extra needed).
 

@@ -163,9 +163,9 @@ class KombuBroker:
         try:
             import redis  # noqa: F401  (kombu's Redis transport needs it)
         except ImportError as e:
-            raise ImportError(
-                "the Redis broker needs the redis package: pip install 'sagaloop[redis]'"
-            ) from e
+            from sagaloop.extras import missing_extra
+
+            raise missing_extra("the Redis broker", "redis", e) from e
         self.safe_url = mask_url(url)  # for logs and errors: the password masked
         self.namespace = namespace
         self.lease = lease

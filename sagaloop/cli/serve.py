@@ -235,8 +235,8 @@ _metrics_port = click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
     default=None,
-    help="Serve Prometheus metrics on this port (pip install 'sagaloop[metrics]'; see "
-    "docs/operations.md, 'Metrics').",
+    help="Serve Prometheus metrics on this port (the metrics extra, from a checkout: "
+    "pip install -e '.[metrics]'; see docs/operations.md, 'Metrics').",
 )
 _metrics_host = click.option(
     "--metrics-host",

@@ -86,7 +86,8 @@ def ui(
     """Serve the web console: runs with filters and counts, each run's timeline, agent
     transcripts, approvals to approve or deny, send event, cancel and retry, dead letters.
     Runs execute in the app's engine and workers (`sagaloop dev`) on the same database: the
-    console only reads and signals them. Needs `pip install 'sagaloop[ui]'`."""
+    console only reads and signals them. Needs the `ui` extra (from a checkout:
+    `pip install -e '.[ui]'`)."""
     server = _console()
     with errors():
         from sagaloop.ui.security import check_bind

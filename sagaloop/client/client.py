@@ -1,7 +1,8 @@
 """The client: start runs, send events, cancel, retry, and read status. It needs no saga code
 (pass a declared saga instead of its name to have the input validated before anything is
 written). What it checks before writing is in ``checks``; :meth:`Client.fork` is carried out by
-``fork``, and an approval's answer by ``approvals``."""
+``fork``, an approval's answer by ``approvals``, :meth:`Client.update` by ``updates``, and
+debounced starts, :meth:`Client.publish_event` and the check of an event by ``events``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar, overload
 
 from sagaloop import tracing
-from sagaloop.client import updates
+from sagaloop.client import events, updates
 from sagaloop.client.admission import START_BACKLOG, limit_from_env
 from sagaloop.client.approvals import answer_approval
 from sagaloop.client.checks import check_message, check_text, same_json, to_json
@@ -29,7 +30,6 @@ from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.messages import (
     Envelope,
     EventPayload,
-    PublishPayload,
     derived_id,
     engine_queue,
     start_queue,
@@ -122,7 +122,7 @@ class Client:
         if not self.app_name:
             raise ValidationError("Client(store, app) needs the app to start runs")
         if definition is not None and definition.debounce is not None:
-            return self._debounce(definition, input, run_id=run_id, event=event)
+            return events.debounce(self, definition, input, run_id=run_id, event=event)
         run_id = check_text(uuid.uuid4().hex if run_id is None else run_id, "run_id")
         converter = definition.input if definition is not None else ANY
         input_json = to_json(input, converter, f"input of saga {name!r}")
@@ -192,46 +192,6 @@ class Client:
         self.store.append_events(tx, env.run_id, 0, [started], now)
         queue = start_queue(str(self.app_name))  # behind the work of the runs in flight
         self.store.enqueue(tx, [Outgoing(queue, e) for e in [env, *first]], now)
-
-    def _debounce(
-        self,
-        definition: SagaDef[Any, Any],
-        input: Any,
-        *,
-        run_id: str | None,
-        event: tuple[str, Any] | None,
-    ) -> str:
-        """A start of a debounced saga: recorded in its key's window (opened if none is),
-        whose run starts once the window is due (``sagaloop.runtime.debounce``). Returns the
-        window's run id: the run that will have this start's input, unless a later start of
-        the window replaces it."""
-        debounce, name = definition.debounce, definition.name
-        assert debounce is not None
-        if run_id is not None or event is not None:
-            raise ValidationError(
-                f"saga {name!r} is debounced: its run id is its window's and its start takes "
-                "no event (send the event to the run once it started)"
-            )
-        if not isinstance(self.store, DebounceStore):
-            raise ValidationError(f"saga {name!r} is debounced: it needs a SqlStore")
-        input_json = to_json(input, definition.input, f"input of saga {name!r}")
-        new_id = uuid.uuid4().hex  # the run's, if this start opens the window
-        check_message(
-            Envelope(type="start", run_id=new_id, saga=name, payload={"input": input_json})
-        )
-        value = definition.input.from_json(input_json, what=f"input of saga {name!r}")
-        key = debounce.key_of(value)
-        window = self.store.debounce(
-            str(self.app_name),
-            name,
-            key,
-            input_json,
-            self.clock.now(),
-            debounce.wait,
-            debounce.bound,
-            run_id=new_id,
-        )
-        return window.run_id
 
     def pending(self, saga: str | None = None) -> list[Debounced]:
         """The debounced starts not yet started as a run (of ``saga``, if given), by due
@@ -305,20 +265,8 @@ class Client:
             # an approval's answer: checked, and it claims the request
             return answer_approval(self, run_id, call_id, data, event_id=event_id)
         env = self._event(run_id, name, data, event_id=event_id)
-        self._check_fits(run, name, env.payload["data"])
+        events.check_fits(self, run, name, env.payload["data"])
         self._send(env, live=True, run=run)
-
-    def _check_fits(self, run: RunRecord, name: str, data: Any) -> None:
-        """Refuse an event that the run would refuse (:func:`event_fit.check_event`): a
-        name its saga does not declare, or data that does not fit the model of the wait open
-        for it or, before the wait begins, the declared one. The saga's declaration is read
-        from this client's App if it declares the run's saga, else from the run's start."""
-        state = RunState(run.run_id)
-        for event in self.store.load_history(None, run.run_id):
-            state.apply(event)
-        mine = self.app is not None and run.app == self.app.name
-        saga = self.app.get_saga(run.saga) if self.app is not None and mine else None
-        check_event(state, name, data, saga.events if saga is not None else None)
 
     def cancel(self, run_id: str, reason: str | None = None, *, now: bool = False) -> None:
         """Cancel the run: ``asyncio.CancelledError`` is raised at the saga code's pending
@@ -431,18 +379,11 @@ class Client:
         whose window is not due yet: :meth:`pending`)."""
         run = self.store.get_run(check_text(run_id, "run_id"))
         if run is None or (self.own_app_only and run.app != self.app_name):
-            window = self._window(run_id) if run is None else None
-            raise RunNotFoundError(run_id, None if window is None else debounced_text(window))
+            window = events.window(self, run_id) if run is None else None
+            raise RunNotFoundError(
+                run_id, None if window is None else events.debounced_text(window)
+            )
         return run
-
-    def _window(self, run_id: str) -> Debounced | None:
-        """The debounce window that will start ``run_id`` (of this client's app when scoped)."""
-        if not isinstance(self.store, DebounceStore):
-            return None
-        window = self.store.find_debounced(run_id)
-        if window is not None and self.own_app_only and window.app != self.app_name:
-            return None
-        return window
 
     def scoped(self) -> Client:
         """This client, knowing only the runs of its app: another app's run is not found,
@@ -544,7 +485,7 @@ class Client:
             try:
                 run = self.get(run_id)
             except RunNotFoundError as e:
-                if self.store.get_run(run_id) is None and self._window(run_id) is not None:
+                if self.store.get_run(run_id) is None and events.window(self, run_id) is not None:
                     return Pending(str(e))  # a debounced start: its run starts when due
                 raise
             if run.status == s.COMPLETED:
@@ -619,19 +560,7 @@ class Client:
         run receives it once. ``event_id`` (default: a new uuid) makes it safe to retry:
         publishes with the same id are fanned out once. Runs that subscribe after the engine
         fanned it out never receive it."""
-        if not self.app_name:
-            raise ValidationError("Client(store, app) needs the app to publish events")
-        check_text(name, "event name", PublishPayload, "name")
-        if key is not None:
-            check_text(key, "key", PublishPayload, "key")
-        event_id = check_text(uuid.uuid4().hex if event_id is None else event_id, "event_id")
-        payload: dict[str, Any] = {"name": name, "data": to_json(data, ANY, "event data")}
-        if key is not None:
-            payload["key"] = key
-        env = self._message("publish", event_id, payload, derived_id("publish", event_id))
-        with self.store.transaction() as tx:
-            self.store.enqueue(tx, [Outgoing(engine_queue(self.app_name), env)], self.clock.now())
-        return PublishedEvent(name, payload["data"], key, event_id)
+        return events.publish(self, name, data, key=key, event_id=event_id)
 
     def update(
         self,
@@ -658,12 +587,3 @@ class Client:
         return updates.update(
             self, run_id, name, data, update_id=update_id, timeout=timeout, poll=poll
         )
-
-
-def debounced_text(window: Debounced) -> str:
-    """What a debounced start not started yet is, in a line."""
-    starts = "start" if window.starts == 1 else "starts"
-    return (
-        f"a debounced start of saga {window.saga!r} (key {window.key!r}, {window.starts} "
-        f"{starts} gathered), due at {window.due_at:%Y-%m-%d %H:%M:%S} UTC"
-    )

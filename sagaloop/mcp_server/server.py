@@ -18,9 +18,9 @@ try:
     from mcp.shared.exceptions import MCPError
     from starlette.types import ASGIApp
 except ModuleNotFoundError as e:  # pragma: no cover - the extra is missing
-    raise ImportError(
-        f"`sagaloop mcp` needs the mcp package ({e.name} is missing): pip install 'sagaloop[mcp]'"
-    ) from e
+    from sagaloop.extras import missing_extra
+
+    raise missing_extra("`sagaloop mcp`", "mcp", e) from e
 
 from sagaloop import Client, __version__
 from sagaloop.engine import state as s

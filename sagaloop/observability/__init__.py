@@ -1,9 +1,9 @@
 """Observability of a deployment: Prometheus metrics read from the store (``metrics.py``).
 
-Needs the ``metrics`` extra (``pip install 'sagaloop[metrics]'``); ``import sagaloop`` never
-imports this package. OpenTelemetry traces are made where the work happens, by
-:mod:`sagaloop.tracing`: the engine, the workers and the relay call it, and they may not
-import this package, which reads the store (``tests/unit/test_layers.py``)."""
+Needs the ``metrics`` extra (from a checkout, ``pip install -e '.[metrics]'``);
+``import sagaloop`` never imports this package. OpenTelemetry traces are made where the work
+happens, by :mod:`sagaloop.tracing`: the engine, the workers and the relay call it, and they
+may not import this package, which reads the store (``tests/unit/test_layers.py``)."""
 
 from __future__ import annotations
 

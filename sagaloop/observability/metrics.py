@@ -45,10 +45,9 @@ try:
     from prometheus_client.registry import Collector
     from prometheus_client.utils import floatToGoString as _floatToGoString
 except ModuleNotFoundError as e:  # pragma: no cover - the extra is missing
-    raise ImportError(
-        f"sagaloop's metrics need prometheus-client ({e.name} is missing): "
-        "pip install 'sagaloop[metrics]'"
-    ) from e
+    from sagaloop.extras import missing_extra
+
+    raise missing_extra("sagaloop's metrics", "metrics", e) from e
 
 from sagaloop.client.admission import START_BACKLOG, limit_from_env
 from sagaloop.engine import history as h

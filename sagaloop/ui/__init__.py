@@ -1,4 +1,4 @@
-"""The web console (``pip install sagaloop[ui]``; ``sagaloop ui``): the runs with filters and
+"""The web console (the ``ui`` extra; ``sagaloop ui``): the runs with filters and
 counts, each run's timeline (steps, attempts, errors with tracebacks, waits and what they ask,
 published values, compensations), an agent run's transcript, pending approvals with approve
 and deny, send event, cancel and retry, and the dead letters; pages update while runs move.
@@ -16,9 +16,9 @@ try:
     import jinja2  # noqa: F401
     import starlette  # noqa: F401
 except ModuleNotFoundError as e:  # pragma: no cover - the extra is missing
-    raise ImportError(
-        f"the console needs {e.name} (not installed): pip install 'sagaloop[ui]'"
-    ) from e
+    from sagaloop.extras import missing_extra
+
+    raise missing_extra("the console", "ui", e) from e
 
 from sagaloop.ui.app import create_app
 from sagaloop.ui.security import check_bind

@@ -16,7 +16,9 @@ from sagaloop.ui.security import check_bind
 try:
     import uvicorn
 except ModuleNotFoundError as e:  # pragma: no cover - the extra is missing
-    raise ImportError(f"the console needs uvicorn: pip install 'sagaloop[ui]' ({e})") from e
+    from sagaloop.extras import missing_extra
+
+    raise missing_extra("the console", "ui", e) from e
 
 
 def _server(

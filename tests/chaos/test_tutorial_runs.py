@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -15,32 +13,15 @@ from pathlib import Path
 import pytest
 
 from sagaloop.testing import eventually
+from tests.tutorial import app_code, commands
 
 ROOT = Path(__file__).resolve().parents[2]
-TUTORIAL = (ROOT / "docs" / "tutorial.md").read_text()
 pytestmark = pytest.mark.chaos
 
 
-def section(number: int) -> str:
-    start = TUTORIAL.index(f"\n## {number}.")
-    end = TUTORIAL.find("\n## ", start + 1)
-    return TUTORIAL[start : end if end != -1 else None]
-
-
-def blocks(text: str, language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
-
-
 def test_the_tutorial_app_runs_from_a_fresh_folder(tmp_path: Path) -> None:
-    code = "\n\n".join(b for n in (1, 2, 3, 4) for b in blocks(section(n), "python"))
-    (tmp_path / "refunds.py").write_text(code)
-    commands = [
-        shlex.split(line)
-        for block in blocks(section(6), "bash")
-        for line in block.splitlines()
-        if line.strip()
-    ]
-    assert commands[0][:2] == ["sagaloop", "dev"], commands[0]
+    (tmp_path / "refunds.py").write_text(app_code())
+    dev_command, start, *rest = commands()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAGALOOP_")}
     env["PYTHONPATH"] = str(ROOT)
 
@@ -57,7 +38,7 @@ def test_the_tutorial_app_runs_from_a_fresh_folder(tmp_path: Path) -> None:
 
     log = tmp_path / "dev.log"
     dev = subprocess.Popen(
-        [sys.executable, "-m", "sagaloop", *commands[0][1:]],
+        [sys.executable, "-m", "sagaloop", *dev_command[1:]],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -65,7 +46,6 @@ def test_the_tutorial_app_runs_from_a_fresh_folder(tmp_path: Path) -> None:
     )
     try:
         eventually(lambda: "dev: app" in log.read_text(), what="sagaloop dev to start")
-        start, *rest = commands[1:]
         run_id = sagaloop(start).strip()
         assert run_id == "dispute-D-1001"
 

@@ -27,6 +27,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 import sagaloop
 from sagaloop import App, SagaContext
 from sagaloop.engine import history as h
+from sagaloop.extras import install_command
 from sagaloop.mcp_server import FIXED_NAMES, META_KEY, saga_tools, tool_name
 from sagaloop.store.sql import SqlStore
 from tests.unit.cli_env import run
@@ -389,7 +390,7 @@ def test_without_the_mcp_package_the_command_says_which_extra_to_install(
     monkeypatch.delattr(sagaloop, "mcp_server")
     result = run("mcp", "--app", APP)
     assert result.exit_code == 1
-    assert "pip install 'sagaloop[mcp]'" in result.output, result.output
+    assert install_command("mcp") in result.output, result.output
 
 
 def test_importing_sagaloop_and_its_cli_does_not_import_mcp() -> None:

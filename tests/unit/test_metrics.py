@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sagaloop import App, ApplicationError, Client, RetryPolicy, SagaContext, StepContext
 from sagaloop.engine.messages import engine_queue, start_queue
+from sagaloop.extras import install_command
 from sagaloop.observability import SagaloopCollector, serve_metrics
 from sagaloop.testing import Harness, VirtualClock
 
@@ -287,4 +288,4 @@ def test_without_the_extra_the_error_says_what_to_install() -> None:
         "    print(e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "pip install 'sagaloop[metrics]'" in out.stdout
+    assert install_command("metrics") in out.stdout, out.stdout

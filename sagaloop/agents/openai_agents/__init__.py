@@ -43,6 +43,13 @@ and ``run`` (the saga side of one ``SagaRunner.run``); the model-call core and t
 shared with :mod:`sagaloop.agents.pydantic_ai` (:mod:`sagaloop.agents.options`).
 """
 
+try:
+    import agents  # noqa: F401  (the OpenAI Agents SDK)
+except ModuleNotFoundError as e:  # pragma: no cover - the extra is missing
+    from sagaloop.extras import missing_extra
+
+    raise missing_extra("SagaRunner", "openai-agents", e) from e
+
 from sagaloop.agents.openai_agents.runner import SagaRunner, step_as_function_tool
 from sagaloop.agents.openai_agents.subagents import saga_as_function_tool
 

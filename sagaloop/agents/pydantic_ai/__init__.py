@@ -26,6 +26,13 @@ the model-call core and the options are shared with :mod:`sagaloop.agents.openai
 (:mod:`sagaloop.agents.options`).
 """
 
+try:
+    import pydantic_ai  # noqa: F401
+except ModuleNotFoundError as e:  # pragma: no cover - the extra is missing
+    from sagaloop.extras import missing_extra
+
+    raise missing_extra("SagaAgent", "pydantic-ai", e) from e
+
 from sagaloop.agents._core import ToolPolicy
 from sagaloop.agents.pydantic_ai.agent import METADATA_KEY, SagaAgent, step_as_tool
 from sagaloop.agents.pydantic_ai.subagents import saga_as_tool
