@@ -28,6 +28,19 @@ def test_python_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
         exec(code, namespace)
 
 
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_a_page_is_one_document(page: Path) -> None:
+    """A page starts with its title and says each paragraph once: a scripted edit gone wrong
+    (docs/ui.md was once its own paragraph repeated 7,591 times, with no block left to run)
+    fails here, not only in a reader's eyes."""
+    text = page.read_text()
+    assert text.startswith("# "), f"{page.name} does not start with its title"
+    outside_code = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    paragraphs = [p.strip() for p in outside_code.split("\n\n") if len(p.strip()) > 200]
+    repeated = {p[:80] for p in paragraphs if paragraphs.count(p) > 1}
+    assert not repeated, f"{page.name} repeats paragraphs: {sorted(repeated)[:3]}"
+
+
 def test_readme_has_blocks() -> None:
     assert blocks(ROOT / "README.md")
 
