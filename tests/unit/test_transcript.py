@@ -1,18 +1,23 @@
 """The transcript as people read it (``sagaloop.ui.transcript``), on real histories: runs of
-Pydantic AI (FunctionModel) and OpenAI Agents (the SDK's ScriptedModel) agents in a Harness,
-offline. Each message is shown once, results are named by their tool and keep their JSON, the
-calls that needed an approval say how it was answered, and the agent's instructions are shown."""
+Pydantic AI (FunctionModel) and OpenAI Agents (the SDK's ScriptedModel) agents, and a raw
+Chat Completions loop against a local OpenAI-compatible server, in a Harness, offline. Each
+message is shown once, results are named by their tool and keep their JSON, the calls that
+needed an approval say how it was answered, and the agent's instructions are shown."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import pytest
 from agents import Agent, function_tool
 from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai.models.function import FunctionModel
 
+from examples.raw_openai_loop import app as loop
+from examples.raw_openai_loop.shop import Shop
 from sagaloop import App, SagaContext
 from sagaloop.agents.openai_agents import SagaRunner
 from sagaloop.agents.pydantic_ai import SagaAgent
@@ -20,6 +25,7 @@ from sagaloop.testing import Harness
 from sagaloop.ui.transcript import Part, Request, requests_of
 from tests.unit import test_agents_openai as oa
 from tests.unit import test_agents_pydantic_ai as pa
+from tests.unit import test_raw_openai_loop as raw
 
 
 def shown(requests: list[Request]) -> list[tuple[str, str, str]]:
@@ -165,3 +171,30 @@ def test_openai_agents_instructions_are_shown_once() -> None:
     systems = [(i, p.text) for i, r in enumerate(requests) for p in r.new if p.kind == "system"]
     assert systems == [(0, "Pay refunds under 500.")]
     assert [p.kind for p in requests[0].new] == ["system", "user"]
+
+
+def test_a_chat_completions_loop_shows_each_message_once_and_names_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The raw ``openai`` loop of examples/raw_openai_loop (its transcript kept by a
+    ``Conversation``), against the local OpenAI-compatible server: three requests."""
+    monkeypatch.setenv("RAW_LOOP_DATA", str(tmp_path))
+    monkeypatch.setenv("RAW_LOOP_MODEL", raw.MODEL)
+    monkeypatch.setenv("OPENAI_API_KEY", raw.API_KEY)
+    Shop()
+    env = Harness(loop.app)
+    try:
+        with raw.serve(monkeypatch, raw.SCRIPT):
+            run_id = env.start(loop.support, "Order o-17 arrived broken.")
+            env.run_until_idle()
+        requests = requests_of(env.history(run_id))
+    finally:
+        env.close()
+    assert [p.label for p in calls(requests)] == ["lookup_order", "issue_refund", "mail_customer"]
+    assert [[p.label for p in r.new if p.kind == "tool result"] for r in requests] == [
+        [],
+        ["lookup_order"],
+        ["issue_refund", "mail_customer"],
+    ]
+    assert [p.kind for p in requests[0].new] == ["system", "user"]
+    assert all(r.after_answer for r in requests[1:])
