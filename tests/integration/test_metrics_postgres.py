@@ -7,12 +7,15 @@ numbers as in one."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
 from sagaloop.observability import SagaloopCollector
 from sagaloop.store import read
-from sagaloop.testing import Harness, services
+from sagaloop.store.sql import SqlStore
+from sagaloop.testing import Harness, VirtualClock, services
 from tests.unit import test_metrics as m
 from tests.unit.test_metrics import (  # collected here again, on this module's `world`
     test_a_scrape_reports_runs_steps_approvals_outbox_and_dead_letters,
@@ -67,3 +70,37 @@ def test_the_history_read_in_batches_gives_the_same_numbers(
     assert m.value(samples, "sagaloop_step_duration_seconds_count", **done) == 4
     assert m.value(samples, "sagaloop_runs", saga="retry", status="completed") == 4
     assert m.value(samples, "sagaloop_store_up") == 1
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_the_outbox_lag_is_that_of_the_oldest_row_nobody_holds(
+    dialect: str, tmp_path: Path
+) -> None:
+    if dialect == "postgresql":
+        url, drop = services.fresh_database(services.postgres_url())
+    else:
+        url, drop = f"sqlite:///{tmp_path / 'metrics.db'}", lambda: None
+    store = SqlStore(url)
+    try:
+        store.upgrade()
+        t0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+        queue = "m.q"
+        store.enqueue_raw([(queue, b"held")], t0 - timedelta(seconds=120))
+        (held,) = store.claim(None, 1, t0 - timedelta(seconds=120), timedelta(seconds=300))
+        store.enqueue_raw([(queue, b"lapsed")], t0 - timedelta(seconds=100))
+        (lapsed,) = store.claim(None, 1, t0 - timedelta(seconds=100), timedelta(seconds=60))
+        assert (held.body, lapsed.body) == (b"held", b"lapsed")
+        store.enqueue_raw([(queue, b"free")], t0 - timedelta(seconds=30))
+        store.enqueue_raw([("m.other", b"held too")], t0 - timedelta(seconds=10))
+        store.claim(["m.other"], 1, t0 - timedelta(seconds=10), timedelta(seconds=300))
+        clock = VirtualClock(t0)
+        samples = m.collect(SagaloopCollector(store, clock=clock))
+        # 3 rows; the held one (120 s old) is not waiting: the lapsed claim's row is (100 s)
+        assert m.value(samples, "sagaloop_outbox_messages", queue=queue) == 3
+        assert m.value(samples, "sagaloop_outbox_lag_seconds", queue=queue) == 100
+        # a queue whose rows are all held waits for nobody
+        assert m.value(samples, "sagaloop_outbox_messages", queue="m.other") == 1
+        assert m.value(samples, "sagaloop_outbox_lag_seconds", queue="m.other") == 0
+    finally:
+        store.close()
+        drop()
