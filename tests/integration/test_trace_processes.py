@@ -90,6 +90,14 @@ def test_one_run_is_one_trace_across_client_engine_relay_and_worker(
     assert (sender["name"], sender["role"]) == (tracing.ACTIVATION, "engine")
     code = one("charge card", "worker")
     assert code["parent_id"] == step["span_id"]
+    # the activation that took the step's result links to the relay's span that published it,
+    # whose parent is the publish of the step
+    (took,) = [
+        a for a in activations if a["attributes"].get("sagaloop.message_type") == "step_result"
+    ]
+    (linked,) = took["links"]
+    assert (by_id[linked]["name"], by_id[linked]["role"]) == (tracing.PUBLISH, "worker")
+    assert by_id[linked]["parent_id"] == publish["span_id"]
     # nothing of the run left its trace
     assert not [
         s for s in found if s["attributes"].get("sagaloop.run_id") == run_id and s not in of_run
