@@ -10,9 +10,10 @@ is shown as its JSON, so an unknown shape is never an error.
 
 What :func:`requests_of` guarantees: each message is shown once (a request shows what is new
 since the previous request of its conversation, less the previous answer it sends back, and
-instructions once, until they change); a tool result is named by its tool when the call it
-answers is in the transcript; a value that is not text (a list, an object) is shown as its JSON;
-a tool call that needed an approval carries the approval's state (:class:`ApprovalMark`).
+each distinct text of instructions the first time it is sent); a tool result is named by its
+tool when the call it answers is in the transcript; a value that is not text (a list, an object)
+is shown as its JSON; a tool call that needed an approval carries the approval's state
+(:class:`ApprovalMark`).
 """
 
 from __future__ import annotations
