@@ -25,12 +25,16 @@ How the context travels (``docs/operations.md``, "Traces", says it for operators
   other runs, cancellations) carry the activation's context; timers carry none (their rows have
   no room for it) and need none: their activation reads the run's context from its history.
 - Each **step attempt** is ``sagaloop.step`` (``sagaloop.compensation`` for an undo), a child
-  of the activation that sent it, current while the step's code runs (on the worker's thread,
-  on the pool thread of a step with a timeout, in an async step's loop), so spans that step
-  code opens nest under it. A failed attempt has status ERROR and the exception as an event.
-  Its ``step_result`` carries the step message's context back.
+  of the activation that sent it (of the relay's publish span in between, on RabbitMQ),
+  current while the step's code runs (on the worker's thread, on the pool thread of a step
+  with a timeout, in an async step's loop), so spans that step code opens nest under it. A
+  failed attempt has status ERROR and the exception as an event. Its ``step_result`` carries
+  the step message's context back.
 - The relay's batches are ``sagaloop.relay.publish`` spans: children of the context their
-  messages share, else linked to each.
+  messages share, else linked to each. On RabbitMQ each message's AMQP ``traceparent``
+  header is the relay's span when it is of the message's trace (:func:`amqp_headers`); the
+  worker continues it (:func:`continued`), so a step attempt is a child of the relay's
+  publish, itself a child of the activation that sent the step.
 
 Span kinds, names and the ``sagaloop.`` attributes are stable. An engine or worker without a
 tracer still passes the run's context on (it is data of the history and of the messages), so
@@ -125,6 +129,41 @@ def clean(value: object) -> Carrier | None:
 def _valid_parent(text: str) -> bool:
     match = _PARENT.fullmatch(text)
     return match is not None and match[1] != "ff" and match[2] != "0" * 32 and match[3] != "0" * 16
+
+
+def same_trace(a: Carrier, b: Carrier) -> bool:
+    """Whether two (clean) contexts are of the same trace."""
+    return a[TRACEPARENT][3:35] == b[TRACEPARENT][3:35]
+
+
+def own_context(body: bytes) -> Carrier | None:
+    """The ``traceparent`` of an envelope as sagaloop writes it (``trace`` its last field),
+    read without parsing the body; None when it carries none."""
+    match = _TAIL.search(body[-1200:])
+    return clean({TRACEPARENT: match[1].decode()}) if match is not None else None
+
+
+def amqp_headers(body: bytes, here: Carrier | None) -> Carrier | None:
+    """The W3C trace headers (AMQP ``traceparent``, ``tracestate``) of a message sagaloop
+    publishes: ``here`` (the publisher's current context, :func:`current`: the relay's span
+    ``sagaloop.relay.publish``) when it is of the message's trace, else the message's own
+    context, so that a header never moves a message to another trace; None when the message
+    carries none. Consumers continue it (:func:`continued`)."""
+    own = own_context(body)
+    if own is None:
+        return None
+    return here if here is not None and same_trace(here, own) else own
+
+
+def continued(own: Carrier | None, header: object) -> Carrier | None:
+    """The trace context a consumer continues: the envelope's own, or the AMQP headers'
+    (:func:`clean`) when the envelope has none (a plain publisher's), or when they are of the
+    envelope's trace (the span of sagaloop's relay that published it: the step is its child).
+    Headers of another trace never win over the envelope's."""
+    found = clean(header)
+    if own is None or (found is not None and same_trace(found, own)):
+        return found if found is not None else own
+    return own
 
 
 def parent_of(message: Message, run_trace: Carrier | None) -> Carrier | None:
@@ -407,8 +446,8 @@ def publish(bodies: Sequence[bytes]) -> AbstractContextManager[None]:
 def _publish(otel: _Otel, tracer: Tracer, bodies: Sequence[bytes]) -> Iterator[None]:
     found: list[str | None] = []
     for body in bodies:
-        match = _TAIL.search(body[-1200:])
-        found.append(match[1].decode() if match is not None else None)
+        own = own_context(body)
+        found.append(own[TRACEPARENT] if own is not None else None)
     distinct = list(dict.fromkeys(found))
     parent = clean({TRACEPARENT: distinct[0]}) if len(distinct) == 1 else None
     links: list[Any] = []

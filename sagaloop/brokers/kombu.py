@@ -30,6 +30,10 @@ Trust: with ``signing_key`` every message published carries a signature header (
 a delivery is ``trusted`` only when it verifies for its queue. An item on a list that is not a
 kombu message is delivered as a bare body, untrusted, without a content type.
 
+Traces: a message published with a trace context carries it in the headers ``traceparent``
+(and ``tracestate``) too: the relay's span when of the message's trace, else the message's own
+(``tracing.amqp_headers``); ``publish_raw`` sets none, as a plain kombu client.
+
 Durability is Redis's: see docs/guarantees.md for the persistence settings it needs.
 """
 
@@ -47,6 +51,7 @@ from typing import Any
 
 import kombu
 
+from sagaloop import tracing
 from sagaloop._secrets import mask_url
 from sagaloop.brokers._redis_scripts import ACK, BURY, CLAIM, RESEND, SET_BACK, split
 from sagaloop.brokers.dead_letters import DeadLetter
@@ -233,7 +238,13 @@ class KombuBroker:
                     f"a message of {len(body)} bytes to {queue!r} exceeds max_message_bytes "
                     f"({self.max_message_bytes}): keep large payloads out of messages"
                 )
-        self._publish([(q, body, CONTENT_TYPE, self._signing_key) for q, body in batch])
+        here = tracing.current()  # the relay's span sagaloop.relay.publish, when tracing
+        self._publish(
+            [
+                (q, body, CONTENT_TYPE, self._signing_key, tracing.amqp_headers(body, here))
+                for q, body in batch
+            ]
+        )
 
     def publish_raw(
         self,
@@ -244,14 +255,17 @@ class KombuBroker:
         trusted: bool = False,
     ) -> None:
         """Put a message on ``queue`` as any kombu client would: unsigned, unless ``trusted``."""
-        self._publish([(queue, body, content_type, self._signing_key if trusted else None)])
+        self._publish([(queue, body, content_type, self._signing_key if trusted else None, None)])
 
-    def _publish(self, items: list[tuple[str, bytes, str | None, bytes | None]]) -> None:
+    def _publish(
+        self, items: list[tuple[str, bytes, str | None, bytes | None, dict[str, str] | None]]
+    ) -> None:
         batch = getattr(self._producer, "batch", None)  # kombu >= 5.7: one pipeline
         grouped = batch() if batch is not None else contextlib.nullcontext()
         with self._errors("publishing"), self._producing, grouped:
-            for queue, body, content_type, key in items:
+            for queue, body, content_type, key, trace in items:
                 headers = {SIGNATURE_HEADER: sign(key, queue, body)} if key else {}
+                headers.update(trace or {})  # the W3C trace headers (tracing.amqp_headers)
                 self._producer.publish(
                     body,
                     routing_key=self.queue_key(queue),

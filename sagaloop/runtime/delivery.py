@@ -43,7 +43,8 @@ def decode(delivery: Delivery, store: Store | None = None) -> Envelope | None:
     an internal message (step, step result, timer) that sagaloop's processes did not send.
     With ``store``, its large payload values are loaded back from the payload table (None
     after handing the message back if the database failed). An envelope without a trace
-    context takes the one a plain AMQP publisher put in the headers, if valid."""
+    context takes the one a plain AMQP publisher put in the headers, if valid; one with a trace
+    context takes the headers' when they continue its trace (the relay's publish span)."""
     content_type = delivery.content_type  # None: not set, which plain clients often do
     if content_type is not None and content_type.split(";")[0].strip().lower() != CONTENT_TYPE:
         delivery.dead_letter(f"content type {delivery.content_type!r} is not {CONTENT_TYPE}")
@@ -53,8 +54,9 @@ def decode(delivery: Delivery, store: Store | None = None) -> Envelope | None:
     except MessageError as e:
         delivery.dead_letter(e.reason)
         return None
-    if env.trace is None and (header := tracing.clean(getattr(delivery, "trace", None))):
-        env = env.model_copy(update={"trace": header})  # RabbitMQ's ``traceparent`` header
+    trace = tracing.continued(env.trace, getattr(delivery, "trace", None))
+    if trace != env.trace:  # RabbitMQ's ``traceparent`` header: a plain publisher's, the relay's
+        env = env.model_copy(update={"trace": trace})
     if env.type in INTERNAL_TYPES and not delivery.trusted:
         # Before any inbox row: a forged message must never occupy a real one's id.
         delivery.dead_letter(

@@ -7,6 +7,13 @@ Model requests are the steps whose scheduled arguments hold a ``"transcript"`` d
 any step fed by a :class:`~sagaloop.agents.conversation.Conversation`. Messages are read in the
 shapes that Pydantic AI, the OpenAI Agents SDK and Chat Completions give them; anything else
 is shown as its JSON, so an unknown shape is never an error.
+
+What :func:`requests_of` guarantees: each message is shown once (a request shows what is new
+since the previous request of its conversation, less the previous answer it sends back, and
+each distinct text of instructions the first time it is sent); a tool result is named by its
+tool when the call it answers is in the transcript; a value that is not text (a list, an object)
+is shown as its JSON; a tool call that needed an approval carries the approval's state
+(:class:`ApprovalMark`).
 """
 
 from __future__ import annotations
@@ -17,9 +24,37 @@ from typing import Any
 
 from sagaloop.engine import history as h
 from sagaloop.engine.history import Event
+from sagaloop.sagas.approvals import ApprovalRequest, call_id_of
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 """The roles of OpenAI's messages (Responses and Chat Completions)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ApprovalMark:
+    """The approval a tool call needed, as the run's published approval last said."""
+
+    status: str
+    """``pending``, ``escalated``, ``approved``, ``denied`` or ``expired``."""
+    by: str | None = None
+    reason: str | None = None
+    """The answer's reason (a denial's), or ``"deadline passed"``."""
+    edited_args: Any = None
+    """The arguments the approver approved in place of the call's, when edited."""
+
+    @property
+    def summary(self) -> str:
+        """The mark in words: "approved by maria, with edited arguments {...}"."""
+        text = f"needed approval: {self.status}"
+        if self.by:
+            text += f" by {self.by}"
+        if self.reason:
+            text += f" ({self.reason})"
+        if self.edited_args is not None:
+            text += ", with edited arguments " + json.dumps(
+                self.edited_args, ensure_ascii=False, default=str
+            )
+        return text
 
 
 @dataclasses.dataclass
@@ -29,7 +64,12 @@ class Part:
     ``other`` (shown as JSON)."""
     text: str
     label: str = ""
-    """The tool's name or call id, for tool calls and results."""
+    """The tool's name, for tool calls and results (a result whose call is not in the
+    transcript: its call id)."""
+    call_id: str = dataclasses.field(default="", compare=False)
+    """The id that ties a tool result to its call, where the message says."""
+    approval: ApprovalMark | None = dataclasses.field(default=None, compare=False)
+    """For a tool call that needed an approval: how it was answered."""
 
 
 @dataclasses.dataclass
@@ -53,32 +93,26 @@ class Request:
 
 
 def requests_of(events: list[Event]) -> list[Request]:
-    """The model requests of a run, in the order they were made."""
+    """The model requests of a run, in the order they were made, each message shown once."""
     found: dict[int, Request] = {}
+    by_number: dict[tuple[str, int], Request] = {}
+    """Each conversation's requests by their number (what a delta's ``prev`` names)."""
     systems: dict[str, set[str]] = {}
     """The system texts (instructions) each conversation showed already."""
+    approvals: dict[str, tuple[int, Any]] = {}
+    """Each approval's first position and last published value, by call id."""
     for ev in events:
         if ev.pos is None:
             continue
         if ev.kind == h.STEP_SCHEDULED:
-            delta = _delta(ev.data.get("args"))
-            if delta is not None:
-                conversation = str(delta.get("conversation") or "")
-                new = [p for m in _list(delta.get("append")) for p in message_parts(m)]
-                prev = found.get(delta["prev"]) if isinstance(delta.get("prev"), int) else None
-                after_answer = prev is not None and _starts_with(new, prev.response)
-                if after_answer:
-                    assert prev is not None
-                    new = new[len(prev.response) :]
-                found[ev.pos] = Request(
-                    position=ev.pos,
-                    step=ev.name or "?",
-                    conversation=conversation,
-                    n=_int(delta.get("n")),
-                    kept=_int(delta.get("keep")),
-                    new=_new_systems(new, systems.setdefault(conversation, set())),
-                    after_answer=after_answer,
-                )
+            request = _scheduled(ev.pos, ev.name or "?", ev.data.get("args"), by_number, systems)
+            if request is not None:
+                found[ev.pos] = by_number[(request.conversation, request.n)] = request
+        elif ev.kind == h.PUBLISHED:
+            call_id = call_id_of(ev.name or "")
+            if call_id is not None:
+                first = approvals.get(call_id, (ev.pos, None))[0]
+                approvals[call_id] = (first, ev.data.get("value"))
         elif ev.pos in found:
             request = found[ev.pos]
             if ev.kind == h.STEP_COMPLETED:
@@ -92,7 +126,89 @@ def requests_of(events: list[Event]) -> list[Request]:
                     ev.kind, "retrying"
                 )
                 request.error = f"{error.get('type')}: {error.get('message')}"
-    return [found[pos] for pos in sorted(found)]
+    requests = [found[pos] for pos in sorted(found)]
+    _name_results(requests)
+    _mark_approvals(requests, approvals)
+    return requests
+
+
+def _scheduled(
+    position: int,
+    step: str,
+    args: Any,
+    by_number: dict[tuple[str, int], Request],
+    systems: dict[str, set[str]],
+) -> Request | None:
+    """The request a scheduled step makes, if its arguments hold a transcript delta."""
+    found = _delta(args)
+    if found is None:
+        return None
+    delta, system = found
+    conversation = str(delta.get("conversation") or "")
+    new = [p for m in _list(delta.get("append")) for p in message_parts(m)]
+    prev = (
+        by_number.get((conversation, delta["prev"])) if isinstance(delta.get("prev"), int) else None
+    )
+    after_answer = prev is not None and _starts_with(new, prev.response)
+    if after_answer:
+        assert prev is not None
+        new = new[len(prev.response) :]
+    if system:  # the instructions sent beside the messages (the OpenAI Agents SDK)
+        new.insert(0, Part("system", system))
+    return Request(
+        position=position,
+        step=step,
+        conversation=conversation,
+        n=_int(delta.get("n")),
+        kept=_int(delta.get("keep")),
+        new=_new_systems(new, systems.setdefault(conversation, set())),
+        after_answer=after_answer,
+    )
+
+
+def _name_results(requests: list[Request]) -> None:
+    """Labels the tool results known only by their call id with the name of their call."""
+    names: dict[str, str] = {}
+    for request in requests:
+        for part in (*request.new, *request.response):
+            if part.kind == "tool call" and part.call_id and part.label:
+                names.setdefault(part.call_id, part.label)
+            elif part.kind == "tool result" and part.label in ("", part.call_id):
+                part.label = names.get(part.call_id, part.label)
+
+
+def _mark_approvals(requests: list[Request], approvals: dict[str, tuple[int, Any]]) -> None:
+    """Marks each approval on the tool call it asked about: a call to the approval's action in
+    the answer of the last request made before the approval was asked, the one with the same
+    arguments if several."""
+    for first, value in sorted(approvals.values(), key=lambda found: found[0]):
+        try:
+            approval = ApprovalRequest.model_validate(value)
+        except ValueError:
+            continue
+        before = [r for r in requests if r.position < first]
+        if not before:
+            continue
+        candidates = [
+            p
+            for p in before[-1].response
+            if p.kind == "tool call" and p.label == approval.action and p.approval is None
+        ]
+        same = [p for p in candidates if _loads(p.text) == approval.args]
+        for part in same[:1] or candidates[:1]:
+            part.approval = ApprovalMark(
+                status=approval.status,
+                by=approval.by,
+                reason=approval.answer_reason,
+                edited_args=approval.edited_args if approval.edited else None,
+            )
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def _starts_with(new: list[Part], answer: list[Part]) -> bool:
@@ -112,14 +228,17 @@ def _new_systems(new: list[Part], systems: set[str]) -> list[Part]:
     return out
 
 
-def _delta(args: Any) -> dict[str, Any] | None:
-    """The transcript delta among a step's arguments, if any."""
+def _delta(args: Any) -> tuple[dict[str, Any], str] | None:
+    """The transcript delta among a step's arguments, if any, and the instructions sent beside
+    it (the ``system`` of the same argument, "" if none)."""
     if not isinstance(args, dict):
         return None
     for value in args.values():
         found = value.get("transcript") if isinstance(value, dict) else None
         if isinstance(found, dict) and isinstance(found.get("append"), list):
-            return found
+            assert isinstance(value, dict)
+            system = value.get("system")
+            return found, system if isinstance(system, str) else ""
     return None
 
 
@@ -134,9 +253,11 @@ def message_parts(message: Any) -> list[Part]:
         return parts
     kind = message.get("type")
     if kind == "function_call":  # OpenAI Responses items (the Agents SDK)
-        return [Part("tool call", _args(message.get("arguments")), _name(message, "name"))]
+        call_id = _name(message, "call_id")
+        return [Part("tool call", _args(message.get("arguments")), _name(message, "name"), call_id)]
     if kind == "function_call_output":
-        return [Part("tool result", _text(message.get("output")), _name(message, "call_id"))]
+        call_id = _name(message, "call_id")
+        return [Part("tool result", _text(message.get("output")), call_id, call_id)]
     if kind == "reasoning":
         return [Part("thinking", _text(message.get("summary") or message.get("content")))]
     role = message.get("role")
@@ -146,13 +267,13 @@ def message_parts(message: Any) -> list[Part]:
         if content not in (None, "", []):
             label = _name(message, "tool_call_id") if role == "tool" else ""
             who = {"developer": "system", "tool": "tool result"}.get(role, role)
-            parts.append(Part(who, _text(content), label))
+            parts.append(Part(who, _text(content), label, label))
         for call in _list(message.get("tool_calls")):  # Chat Completions
             function = call.get("function") if isinstance(call, dict) else None
             if isinstance(function, dict):
-                parts.append(
-                    Part("tool call", _args(function.get("arguments")), _name(function, "name"))
-                )
+                call_id = _name(call, "id")
+                arguments = _args(function.get("arguments"))
+                parts.append(Part("tool call", arguments, _name(function, "name"), call_id))
             else:
                 parts.append(_other(call))
         return parts or [_other(message)]
@@ -181,11 +302,14 @@ def _pydantic_ai_part(part: Any) -> Part:
         return Part("assistant", _text(part.get("content")))
     if kind == "thinking":
         return Part("thinking", _text(part.get("content")))
+    call_id = _name(part, "tool_call_id")
     if kind == "tool-call":
-        return Part("tool call", _args(part.get("args")), _name(part, "tool_name"))
+        return Part("tool call", _args(part.get("args")), _name(part, "tool_name"), call_id)
     if kind in ("tool-return", "retry-prompt"):
         label = _name(part, "tool_name") or ("retry" if kind == "retry-prompt" else "")
-        return Part("tool result", _text(part.get("content")), label)
+        content = part.get("content")  # a tool's return value: JSON unless it is text
+        text = content if isinstance(content, str) else _json(content)
+        return Part("tool result", text, label, call_id)
     return _other(part)
 
 
@@ -211,20 +335,29 @@ def _tokens(result: Any) -> tuple[int | None, int | None]:
 
 
 def _text(content: Any) -> str:
-    """Text content as it reads: a string, the text pieces of a list, else JSON."""
+    """Text content as it reads: a string; a list of content parts (strings, and objects with a
+    ``type`` or ``kind``: ``{"type": "input_text", "text": ...}``, an image), one under the
+    other, text as text; anything else (a list of values) as its JSON."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        pieces = []
-        for item in content:
-            if isinstance(item, str):
-                pieces.append(item)
-            elif isinstance(item, dict) and isinstance(item.get("text"), str):
-                pieces.append(item["text"])
-            else:
-                pieces.append(_json(item))
-        return "\n".join(pieces)
+    if isinstance(content, list) and content and all(_is_content(i) for i in content):
+        return "\n".join(_piece(i) for i in content)
     return _json(content)
+
+
+def _is_content(item: Any) -> bool:
+    return isinstance(item, str) or (
+        isinstance(item, dict)
+        and any(isinstance(item.get(k), str) for k in ("type", "kind", "part_kind"))
+    )
+
+
+def _piece(item: Any) -> str:
+    if isinstance(item, str):
+        return item
+    if isinstance(item, dict) and isinstance(item.get("text"), str):
+        return str(item["text"])
+    return _json(item)
 
 
 def _args(args: Any) -> str:

@@ -195,6 +195,41 @@ def test_signatures_verify_only_with_the_key_and_the_queue(namespace: Namespace)
     again.ack()
 
 
+def test_the_trace_headers_are_the_publishing_span_of_the_messages_trace(
+    namespace: Namespace,
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from sagaloop import tracing
+
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    body = json.dumps(
+        {"type": "start", "run_id": "r", "payload": {}, "trace": {"traceparent": parent}},
+        separators=(",", ":"),
+    ).encode()
+    broker = namespace.broker()
+    broker.publish([("a.engine", body)])  # no span: the message's own context
+    broker.publish_raw("a.engine", body)  # as any kombu client: no header
+    provider = TracerProvider()
+    before = tracing.use_tracer_provider(provider)
+    try:
+        with tracing.publish([body]):  # the relay's span, a child of the message's context
+            here = tracing.current()
+            broker.publish([("a.engine", body)])
+    finally:
+        tracing.use_tracer_provider(before)
+        provider.shutdown()
+    assert (
+        here is not None
+        and here["traceparent"][3:35] == parent[3:35]
+        and here != {"traceparent": parent}
+    )
+    own, raw, relayed = receive(broker, "a.engine", 3)
+    assert (own.trace, raw.trace, relayed.trace) == ({"traceparent": parent}, None, here)
+    for delivery in (own, raw, relayed):
+        delivery.ack()
+
+
 def test_errors_say_what_failed(url: str) -> None:
     with pytest.raises(BrokerError, match="connecting: Redis at"):
         KombuBroker("redis://127.0.0.1:1/0", connect_timeout=timedelta(seconds=1))

@@ -336,6 +336,25 @@ def test_an_amqp_traceparent_header_fills_an_envelope_without_one() -> None:
     assert env is not None and env.trace == {"traceparent": PARENT}, "the envelope's wins"
 
 
+def test_the_published_header_continues_the_messages_trace_and_the_consumer_follows_it() -> None:
+    body = json.dumps(
+        {"type": "step", "run_id": "r", "payload": {}, "trace": {"traceparent": PARENT}},
+        separators=(",", ":"),
+    ).encode()
+    relay = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01"  # same trace
+    other = "00-22222222222222222222222222222222-1111111111111111-01"  # a new trace
+    assert tracing.amqp_headers(body, {"traceparent": relay}) == {"traceparent": relay}
+    assert tracing.amqp_headers(body, {"traceparent": other}) == {"traceparent": PARENT}
+    assert tracing.amqp_headers(body, None) == {"traceparent": PARENT}
+    assert tracing.amqp_headers(b'{"type":"step"}', {"traceparent": relay}) is None
+    own = {"traceparent": PARENT}
+    assert tracing.continued(own, {"traceparent": relay.encode()}) == {"traceparent": relay}
+    assert tracing.continued(own, {"traceparent": other}) == own
+    assert tracing.continued(own, {"traceparent": "junk"}) == own
+    assert tracing.continued(None, {"traceparent": other}) == {"traceparent": other}
+    assert tracing.continued(None, None) is None
+
+
 def test_rabbitmqs_traceparent_header_reaches_the_consumer() -> None:
     from sagaloop.brokers._amqp import Consumer
     from sagaloop.brokers.rabbitmq import RabbitBroker, RabbitDelivery

@@ -8,6 +8,10 @@ fails the batch instead of vanishing. Messages are persistent JSON; a body over
 Trust: with ``signing_key``, every message this broker publishes carries a signature header
 (HMAC-SHA256 of its queue and body, ``signing.py``).
 
+Traces: a message with a trace context carries it in the W3C header ``traceparent`` too: the
+publishing span's (the relay's ``sagaloop.relay.publish``) when it is of the message's trace,
+else the message's own (``tracing.amqp_headers``).
+
 Threads: ``publish`` runs on the caller's thread and waits; the writes, the confirms and the
 returns happen on the I/O thread (``link.py``).
 """
@@ -20,6 +24,7 @@ from typing import Any
 
 import pika
 
+from sagaloop import tracing
 from sagaloop.brokers._amqp import PublishRequest
 from sagaloop.brokers.rabbitmq.link import Link
 from sagaloop.brokers.signing import SIGNATURE_HEADER, sign
@@ -42,18 +47,22 @@ class Publishing(Link):
                     f"a message of {len(body)} bytes to {queue!r} exceeds max_message_bytes "
                     f"({self.max_message_bytes}): keep large payloads out of messages"
                 )
+        here = tracing.current()  # the relay's span sagaloop.relay.publish, when tracing
         self._publish(
             [
-                (self.topology.internal_exchange, q, body, self._properties(q, body))
+                (self.topology.internal_exchange, q, body, self._properties(q, body, here))
                 for q, body in batch
             ]
         )
 
-    def _properties(self, queue: str, body: bytes) -> Any:
-        headers = None
+    def _properties(self, queue: str, body: bytes, here: tracing.Carrier | None) -> Any:
+        headers: dict[str, str] = {}
         if self._signing_key is not None:
-            headers = {SIGNATURE_HEADER: sign(self._signing_key, queue, body)}
-        return pika.BasicProperties(content_type=CONTENT_TYPE, delivery_mode=2, headers=headers)
+            headers[SIGNATURE_HEADER] = sign(self._signing_key, queue, body)
+        headers.update(tracing.amqp_headers(body, here) or {})
+        return pika.BasicProperties(
+            content_type=CONTENT_TYPE, delivery_mode=2, headers=headers or None
+        )
 
     def _publish(self, items: list[_Item]) -> None:
         if not items:
