@@ -357,7 +357,7 @@ def create_app(
         run_id, call_id, by, asked = answer(f)
         edited = None
         if "args" in f:
-            edited = _json_field(f["args"], "the edited arguments")
+            edited = _json_field(f["args"], "the edit of the arguments")
             if edited is None:
                 raise Refused(400, "the edited arguments are empty: write the JSON to approve")
             if edited == asked:

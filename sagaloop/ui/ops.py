@@ -25,7 +25,6 @@ from sagaloop.engine import state as s
 from sagaloop.engine.messages import engine_queue
 from sagaloop.errors import BrokerError, SagaloopError
 from sagaloop.runtime.registry import LIVE_WITHIN, assess, fleet
-from sagaloop.store.processes import ProcessRecord
 from sagaloop.ui.views import version
 
 BrokerOpener = Callable[[], AbstractContextManager[Any]]
@@ -143,7 +142,7 @@ def workers(client: Client, broker: BrokerOpener | None, *, scan: int = SCAN) ->
     queue depths from the broker ``broker`` opens (None: the database broker's table)."""
     store: Any = client.store
     now = client.clock.now()
-    rows: list[ProcessRecord] = store.processes()
+    rows: list[Any] = store.processes()  # the registry's ProcessRecords
     in_flight: dict[str, int] = store.runs_in_flight()
     if client.app_name:
         rows = [r for r in rows if r.app == client.app_name]
@@ -174,7 +173,7 @@ def workers(client: Client, broker: BrokerOpener | None, *, scan: int = SCAN) ->
     return Workers(processes, queues, stranded, problems + missing, about, error, version(shown))
 
 
-def _process(row: ProcessRecord, entry: dict[str, Any]) -> Process:
+def _process(row: Any, entry: dict[str, Any]) -> Process:
     alive = row.stopped_at is None and entry["seen_s_ago"] <= LIVE_WITHIN
     return Process(
         row.name,
@@ -190,9 +189,7 @@ def _process(row: ProcessRecord, entry: dict[str, Any]) -> Process:
     )
 
 
-def _queue_names(
-    rows: list[ProcessRecord], processes: list[Process], in_flight: dict[str, int]
-) -> list[str]:
+def _queue_names(rows: list[Any], processes: list[Process], in_flight: dict[str, int]) -> list[str]:
     """The queues worth a row: those a live process consumes, those the apps declare, and
     the engine queue of every app the registry or the runs name."""
     names = {q for p in processes if p.alive for q in p.consumes}
@@ -207,7 +204,8 @@ def _depths(
     """(depth by queue, age of the oldest due message by queue, what the broker tells, the
     error that kept it from telling)."""
     if broker is None:
-        stats: dict[str, tuple[int, datetime | None]] = client.store.queue_stats(now)  # type: ignore[attr-defined]
+        store: Any = client.store
+        stats: dict[str, tuple[int, datetime | None]] = store.queue_stats(now)
         depths: dict[str, int | None] = {q: 0 for q in names}
         ages: dict[str, float | None] = {}
         for queue, (depth, oldest) in stats.items():
@@ -242,8 +240,11 @@ def _stranded(client: Client, now: datetime, scan: int) -> list[Stranded]:
 
 
 def _database_broker(client: Client) -> Any:
+    """The database broker over the client's store, on the client's clock (None: the store
+    is not SQL and keeps no queue table)."""
     from sagaloop.brokers.database import DatabaseBroker
-    from sagaloop.store.sql import SqlStore
 
-    store = client.store
-    return DatabaseBroker(store) if isinstance(store, SqlStore) else None
+    store: Any = client.store  # an SqlStore (the console imports no store module)
+    if not hasattr(store, "requeue_dead_letters"):
+        return None
+    return DatabaseBroker(store, clock=client.clock)
