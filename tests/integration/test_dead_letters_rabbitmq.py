@@ -244,9 +244,7 @@ def test_the_console_resends_a_dead_letter_of_rabbitmq(rabbit: Rabbit) -> None:
         back.ack()
         assert rabbit.broker.count_dead_letters() == 0
         assert "No dead letter." in page.get("/dead-letters").text
-        gone = page.post(
-            "/dead-letters/resend", data={**form, "confirmed": "1"}, headers=headers
-        )
+        gone = page.post("/dead-letters/resend", data={**form, "confirmed": "1"}, headers=headers)
         assert gone.status_code == 409 and "no dead letter with id" in gone.text
     finally:
         store.close()
