@@ -107,10 +107,11 @@ def ui(
     obj: Obj, app_spec: str | None, host: str, port: int, token: str | None, refresh: float
 ) -> None:
     """Serve the web console: runs with filters and counts, each run's timeline, agent
-    transcripts, approvals to approve (arguments editable) or deny, send event, cancel (or
-    cancel now) and retry, dead letters to resend, workers and queues.
+    transcripts, approvals to approve or deny, send event, cancel and retry, dead letters.
     Runs execute in the app's engine and workers (`sagaloop dev`) on the same database: the
-    console only reads and signals them. Needs `pip install 'sagaloop[ui]'`."""
+    console only reads and signals them. It also approves edited arguments, cancels now,
+    resends dead letters and shows the workers and queues (/workers). Needs
+    `pip install 'sagaloop[ui]'`."""
     server = _console()
     with errors():
         from sagaloop.ui.security import check_bind
