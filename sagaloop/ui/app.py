@@ -263,7 +263,9 @@ def create_app(
         return page(request, "dead_letters.html", letters=letters)
 
     def workers_context(request: Request) -> dict[str, Any]:
-        return {"view": ops.workers(client, broker)}
+        # no faster than processes refresh their rows (each look may open a broker connection)
+        poll = f"{round(max(refresh, ops.POLL) * 1000)}ms"
+        return {"view": ops.workers(client, broker), "poll": poll}
 
     workers, workers_live = listing(
         "workers.html", "_workers_live.html", workers_context, lambda c: c["view"].version

@@ -24,7 +24,7 @@ from sagaloop.client.timeline import timeline
 from sagaloop.engine import state as s
 from sagaloop.engine.messages import engine_queue
 from sagaloop.errors import BrokerError, SagaloopError
-from sagaloop.runtime.registry import LIVE_WITHIN, assess, fleet
+from sagaloop.runtime.registry import LIVE_WITHIN, SEEN_EVERY, assess, fleet
 from sagaloop.ui.views import version
 
 BrokerOpener = Callable[[], AbstractContextManager[Any]]
@@ -34,6 +34,9 @@ it from the settings: ``sagaloop.cli.ui.broker_of``)."""
 SCAN = 100
 """The most unfinished runs of each status that the Workers page looks at for steps waiting
 on a queue nobody consumes (only while such a queue, or an app without engine, exists)."""
+POLL = SEEN_EVERY
+"""The Workers page asks whether it moved at most this often (seconds): as often as the
+processes refresh their rows, since each look may open a connection to the broker."""
 SCANNED = (s.RUNNING, s.WAITING, s.COMPENSATING, s.CANCELLING)
 RABBITMQ_AGE = (
     "RabbitMQ tells a queue's depth (messages ready; those delivered and not yet acked are "
@@ -149,7 +152,7 @@ def workers(client: Client, broker: BrokerOpener | None, *, scan: int = SCAN) ->
         in_flight = {a: n for a, n in in_flight.items() if a == client.app_name}
     listed, problems = assess(rows, now)
     processes = [_process(r, e) for r, e in zip(rows, listed, strict=True)]
-    _unserved, missing = fleet(rows, now, in_flight)
+    _, missing = fleet(rows, now, in_flight)  # what health fails for, about the fleet
     names = _queue_names(rows, processes, in_flight)
     depths, ages, about, error = _depths(client, broker, names, now)
     queues = [
@@ -160,7 +163,7 @@ def workers(client: Client, broker: BrokerOpener | None, *, scan: int = SCAN) ->
             ages.get(name),
         )
         for name in sorted(set(names) | set(depths))
-        if not client.app_name or name.startswith(f"{client.app_name}.")
+        if not client.app_name or name.startswith((f"{client.app_name}.", f"{client.app_name}/"))
     ]
     stranded = _stranded(client, now, scan) if missing else []
     shown = (
