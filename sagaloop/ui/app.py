@@ -359,11 +359,15 @@ def create_app(
         run_id, call_id, by, asked = answer(f)
         edited = None
         if "args" in f:
+            if not f["args"].strip():
+                raise Refused(400, "the edit of the arguments is empty: write the JSON to approve")
             edited = _json_field(f["args"], "the edit of the arguments")
-            if edited is None:
-                raise Refused(400, "the edited arguments are empty: write the JSON to approve")
             if edited == asked:
                 edited = None  # not an edit: approve what was asked
+            elif edited is None:
+                raise Refused(
+                    400, "null cannot replace the arguments: approve them unedited, or deny"
+                )
         client.approve(run_id, call_id, args=edited, by=by)
         return "approved"
 

@@ -154,6 +154,10 @@ def test_approve_with_edited_arguments_runs_the_edit(env: Harness) -> None:
     assert not_json.status_code == 400 and "the edit of the arguments is not valid JSON" in (
         not_json.text
     )
+    empty = post(client, "/approve", {**form, "args": "  "})
+    assert empty.status_code == 400 and "the edit of the arguments is empty" in empty.text
+    null = post(client, "/approve", {**form, "args": "null"})
+    assert null.status_code == 400 and "null cannot replace the arguments" in null.text
     misfit = post(client, "/approve", {**form, "args": '{"order": "B-2", "amount": "lots"}'})
     assert misfit.status_code == 409 and "amount" in misfit.text, misfit.text
     stale = post(client, "/approve", {**form, "args_hash": "0" * 64, "args": json.dumps(edited)})
