@@ -18,7 +18,7 @@ from sagaloop.engine import history as h
 from sagaloop.engine.messages import engine_queue, step_queue
 from sagaloop.sagas.approvals import args_hash
 from sagaloop.store.processes import Identity
-from sagaloop.testing import Harness
+from sagaloop.testing import Harness, services
 from sagaloop.ui import create_app
 from tests.ui import console_app
 from tests.ui.test_ui_app import HERE, REFUND, csrf_of, post, waiting_refund
@@ -26,11 +26,20 @@ from tests.ui.test_ui_app import HERE, REFUND, csrf_of, post, waiting_refund
 APP = "console-shop"
 
 
-@pytest.fixture
-def env(tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(console_app.app, url=f"sqlite:///{tmp_path / 'ops.db'}")
-    yield harness
-    harness.close()
+@pytest.fixture(params=["sqlite", "postgresql"])
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+    """The console's database on SQLite, and on a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        url, drop = f"sqlite:///{tmp_path / 'ops.db'}", None
+    else:
+        url, drop = services.fresh_database(services.postgres_url())
+    harness = Harness(console_app.app, url=url)
+    try:
+        yield harness
+    finally:
+        harness.close()
+        if drop is not None:
+            drop()
 
 
 def browser(env: Harness) -> TestClient:
