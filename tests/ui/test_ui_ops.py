@@ -88,19 +88,25 @@ def test_the_workers_page_judges_the_registry_and_counts_the_queue_table(env: Ha
 
 def test_a_run_whose_step_waits_on_an_unconsumed_queue_is_listed(env: Harness) -> None:
     """Temporal's "no pollers": a live engine, no live consumer of the step's queue."""
-    run_id = env.start("refund", REFUND, run_id="stuck-1")
-    env.run_until_idle()
+    env.queues = [engine_queue(APP)]  # this harness is the engine only: no worker of `default`
+    env.start("charge", 30, run_id="stuck-1")
+    env.run_until_idle(skip_time=False)
     page = browser(env).get("/workers").text
     assert "stuck-1" not in page, "nothing registered: nothing can be told"
-    now = env.clock.now()
-    declared = Identity(queues=[engine_queue(APP)], app_queues=[step_queue(APP, "work")])
-    env.store.process_started("engine@h:1", APP, "engine", now, declared)
-    row = env.store.runs_in_flight()
-    assert row == {APP: 1}
+
+    default = step_queue(APP, "default")
+    declared = Identity(queues=[engine_queue(APP)], app_queues=[default])
+    env.store.process_started("engine@h:1", APP, "engine", env.clock.now(), declared)
     page = browser(env).get("/workers").text
-    # the refund waits for its approval, not for a step: no queue is to blame
-    assert f"/run?id={run_id}" not in page
-    assert "no live process consumes queue(s) console-shop.steps.work" in page
+    stranded = page[page.index("Steps waiting on a queue nobody consumes") :]
+    assert '<a href="/run?id=stuck-1">' in stranded
+    assert "no live process consumes queue &#39;default&#39;" in stranded, "as status says"
+    assert f"no live process consumes queue(s) {default}" in page
+    assert rows(page, "queue")[default] == "1"
+
+    env.store.process_started("worker@h:2", APP, "worker", env.clock.now(), Identity([default]))
+    page = browser(env).get("/workers").text
+    assert "stuck-1" not in page, "served again"
 
 
 # --- dead letters -----------------------------------------------------------------------------
