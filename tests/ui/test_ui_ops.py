@@ -220,3 +220,35 @@ def test_cancel_now_is_offered_on_the_confirmation_and_skips_the_cleanup(env: Ha
     assert env.get(polite).status == env.get(hasty).status == "cancelled"
     assert h.CANCEL_DELIVERED in [e.kind for e in env.history(polite)]
     assert h.CANCEL_DELIVERED not in [e.kind for e in env.history(hasty)]
+
+
+def test_a_broker_that_cannot_be_reached_is_said_not_hidden(env: Harness) -> None:
+    """RabbitMQ down (nothing listens on the port): the Workers page still shows the registry
+    and says why it has no depths; Resend says it was not done."""
+    from contextlib import contextmanager
+
+    from sagaloop.brokers.rabbitmq import RabbitBroker
+
+    @contextmanager
+    def unreachable() -> Iterator[RabbitBroker]:
+        broker = RabbitBroker(
+            "amqp://guest:guest@127.0.0.1:1/", connect_timeout=timedelta(seconds=2)
+        )
+        try:
+            yield broker
+        finally:
+            broker.close()
+
+    now = env.clock.now()
+    env.store.process_started("engine@h:1", APP, "engine", now, Identity([engine_queue(APP)]))
+    client = TestClient(create_app(env.client, console_app.app, broker=unreachable), base_url=HERE)
+    page = client.get("/workers").text
+    assert rows(page, "process") == {"engine@h:1": "yes"}
+    assert "the broker could not be asked" in page and rows(page, "queue") == {
+        engine_queue(APP): "-"
+    }
+    listed = client.get("/dead-letters")
+    assert listed.status_code == 409 and "127.0.0.1:1" in listed.text
+    csrf = csrf_of(client.get(f"/run?id={waiting_refund(env)}").text)
+    resend = post(client, "/dead-letters/resend", {"id": "abc", "csrf": csrf, "confirmed": "1"})
+    assert resend.status_code == 409 and "127.0.0.1:1" in resend.text
