@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from sagaloop.engine.messages import CONTENT_TYPE, INTERNAL_TYPES, Envelope
-from sagaloop.errors import MessageError
+from sagaloop.errors import MessageError, ValidationError
 
 UNSIGNED_MARK = "is not signed by sagaloop"
 """In the reason the engine gives when it refuses an internal message that sagaloop's processes
@@ -124,6 +124,29 @@ class DeadLetters(Protocol):
     def purge_dead_letters(self, ids: Sequence[str] | None = None) -> int:
         """Delete dead letters for good; return how many."""
         ...
+
+
+class UnknownDeadLetter(ValidationError):
+    """No dead letter has this id (any more): resent or purged by someone else, or a typo."""
+
+    def __init__(self, id: str) -> None:
+        super().__init__(
+            f"no dead letter with id {id!r}: `sagaloop dead-letters list` shows their ids"
+        )
+        self.id = id
+
+
+def resend_one(broker: DeadLetters, id: str) -> DeadLetter:
+    """Send dead letter ``id`` again to the queue it came from, unchanged (its envelope keeps
+    its ``message_id``: a consumer that processed it already skips it), and remove it from
+    the dead letters, as ``sagaloop dead-letters resend ID`` and the console's Resend do.
+    Raises :class:`UnknownDeadLetter` when there is no such dead letter (two operators who
+    resend it at once: one resends it, the other is told it is gone), and
+    :class:`~sagaloop.errors.BrokerError` when the broker refused (it stays a dead letter)."""
+    resent = broker.resend_dead_letters([id])
+    if not resent:
+        raise UnknownDeadLetter(id)
+    return resent[0]
 
 
 def resend_trusted(queue: str, body: bytes, reason: str) -> bool:

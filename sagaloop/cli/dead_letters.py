@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
-from sagaloop.brokers.dead_letters import DeadLetter, DeadLetters
+from sagaloop.brokers.dead_letters import DeadLetter, DeadLetters, resend_one
 from sagaloop.cli.common import Obj, errors
 from sagaloop.cli.render import printable, text_table
 
@@ -161,12 +161,14 @@ def _one_or_all(verb: str) -> Callable[[F], F]:
 def resend(obj: Obj, id: str | None, all_: bool, yes: bool) -> None:
     """Publish a dead letter (or all) again to the queue it came from, unchanged (same message
     id: a consumer that processed it already skips it), then remove it from the dead letters."""
+    if id is not None and not all_:
+        with _broker(obj) as broker:  # its errors() reports UnknownDeadLetter
+            letter = resend_one(broker, id)
+        click.echo(f"resent {letter.id} to {letter.queue}")
+        return
     question = "Resend all {} dead letters to their queues?"
     resent = _apply(obj, id, all_, yes, question, lambda b, ids: b.resend_dead_letters(ids))
     if resent is None:
-        return
-    if id is not None:
-        click.echo(f"resent {resent[0].id} to {resent[0].queue}")
         return
     queues = collections.Counter(d.queue for d in resent)
     where = ", ".join(f"{q}: {n}" for q, n in sorted(queues.items()))

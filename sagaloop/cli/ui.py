@@ -4,7 +4,8 @@ gives ``sagaloop dev`` a ``--ui-port`` that serves the console beside it."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar
 
 import click
@@ -18,29 +19,49 @@ from sagaloop.sagas.app import App
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def dead_letters_of(obj: Obj) -> Callable[[int], list[DeadLetter]] | None:
-    """What reads the dead letters of the configured broker for the console, as
-    ``sagaloop dead-letters list`` does (a connection per read: the console serves pages on
-    threads); None for the database and memory brokers (the console reads the table)."""
+def broker_of(obj: Obj) -> Callable[[], AbstractContextManager[Any]] | None:
+    """What opens the configured broker for the console, as ``sagaloop dead-letters`` does
+    (a connection per use: the console serves pages on threads); None for the database and
+    memory brokers (the console uses the database broker over its own store)."""
     if obj.settings.broker_url in ("database", "memory"):
         return None
 
-    def read(limit: int) -> list[DeadLetter]:
-        store = obj.store()
+    @contextmanager
+    def opened() -> Iterator[Any]:
         try:
-            broker = obj.broker(store, connect_timeout=5)
-            try:
-                if not isinstance(broker, DeadLetters):
-                    raise BrokerError(
-                        f"the broker {type(broker).__name__} cannot list its dead letters"
-                    )
-                return broker.list_dead_letters(limit)
-            finally:
-                broker.close()
+            store = obj.store()
         except click.ClickException as e:
             raise BrokerError(e.message) from e
+        try:
+            try:
+                broker = obj.broker(store, connect_timeout=5)
+            except click.ClickException as e:
+                raise BrokerError(e.message) from e
+            try:
+                yield broker
+            finally:
+                broker.close()
         finally:
             store.close()
+
+    return opened
+
+
+def dead_letters_of(obj: Obj) -> Callable[[int], list[DeadLetter]] | None:
+    """What reads the dead letters of the configured broker for the console, as
+    ``sagaloop dead-letters list`` does; None for the database and memory brokers (the
+    console reads the table)."""
+    opener = broker_of(obj)
+    if opener is None:
+        return None
+
+    def read(limit: int) -> list[DeadLetter]:
+        with opener() as broker:
+            if not isinstance(broker, DeadLetters):
+                raise BrokerError(
+                    f"the broker {type(broker).__name__} cannot list its dead letters"
+                )
+            return broker.list_dead_letters(limit)
 
     return read
 
@@ -49,7 +70,9 @@ def console(obj: Obj, client: Client, app: App | None, token: str | None, **opti
     """The console's ASGI app as ``sagaloop ui`` serves it, over the configured broker."""
     from sagaloop.ui import create_app
 
-    return create_app(client, app, token, dead_letters=dead_letters_of(obj), **options)
+    return create_app(
+        client, app, token, dead_letters=dead_letters_of(obj), broker=broker_of(obj), **options
+    )
 
 
 def _console() -> Any:
@@ -86,8 +109,9 @@ def ui(
     """Serve the web console: runs with filters and counts, each run's timeline, agent
     transcripts, approvals to approve or deny, send event, cancel and retry, dead letters.
     Runs execute in the app's engine and workers (`sagaloop dev`) on the same database: the
-    console only reads and signals them. Needs the `ui` extra (from a checkout:
-    `pip install -e '.[ui]'`)."""
+    console only reads and signals them. It also approves edited arguments, cancels now,
+    resends dead letters and shows the workers and queues (/workers). Needs the `ui` extra
+    (from a checkout: `pip install -e '.[ui]'`)."""
     server = _console()
     with errors():
         from sagaloop.ui.security import check_bind
@@ -106,6 +130,7 @@ def ui(
         token=token,
         refresh=refresh,
         dead_letters=dead_letters_of(obj),
+        broker=broker_of(obj),
     )
 
 
@@ -138,6 +163,7 @@ def with_ui_port(command: F) -> F:
                     port=ui_port,
                     token=ui_token,
                     dead_letters=dead_letters_of(obj),
+                    broker=broker_of(obj),
                 )
             except OSError as e:
                 raise ValidationError(f"{e}: is port {ui_port} taken?") from e

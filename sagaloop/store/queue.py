@@ -260,6 +260,15 @@ class SqlOutbox(SqlCore, OutboxQueue):
         with self._read() as conn:
             return {str(name): int(n) for name, n in conn.execute(q)}
 
+    def queue_stats(self, now: datetime) -> dict[str, tuple[int, datetime | None]]:
+        """Per queue: how many rows it holds (due, delayed and claimed alike) and when the
+        oldest of those due by ``now`` became due (None: none is due); the database broker's
+        queues are these rows, so this is their depth and the age of their oldest message."""
+        due = sa.case((c.available_at <= now, c.available_at), else_=None)
+        q = sa.select(c.queue, sa.func.count(), sa.func.min(due)).group_by(c.queue)
+        with self._read() as conn:
+            return {str(name): (int(n), oldest) for name, n, oldest in conn.execute(q)}
+
     def oldest_outbox_message(self) -> datetime | None:
         q = sa.select(sa.func.min(c.available_at)).where(c.queue.not_like(f"%{LOCAL_SUFFIX}"))
         with self._read() as conn:

@@ -26,7 +26,7 @@ from sagaloop.engine import state as s
 from sagaloop.errors import RunNotFoundError, SagaloopError
 from sagaloop.sagas.app import App
 from sagaloop.sagas.approvals import KEY_PREFIX
-from sagaloop.ui import views
+from sagaloop.ui import ops, views
 from sagaloop.ui.security import Guard, csrf_ok, new_csrf
 
 HERE = Path(__file__).parent
@@ -53,6 +53,7 @@ DONE = {
     "compensates its completed steps.",
     "retried": "Retry requested: the run resumes.",
     "event": "Event sent.",
+    "resent": "Resent: the message is back on the queue it came from.",
 }
 """What the page says after an action (chosen by key: no text travels in the address)."""
 
@@ -76,17 +77,22 @@ def create_app(
     *,
     refresh: float = REFRESH,
     dead_letters: Callable[[int], list[DeadLetter]] | None = None,
+    broker: ops.BrokerOpener | None = None,
 ) -> Starlette:
     """The console of the runs ``client`` reads (``app``: the App whose sagas name the saga
     filter's choices; ``token``: required of every request, see :mod:`sagaloop.ui.security`;
     ``refresh``: how often, in seconds, open pages ask whether what they show moved;
     ``dead_letters``: reads up to N dead letters of the broker in use, oldest first, as
-    ``sagaloop dead-letters list`` does - None: the database broker's table). Serve it
+    ``sagaloop dead-letters list`` does - None: read through ``broker``; ``broker``: opens
+    the broker in use for one read or action, for the Workers page's queue depths and the
+    Resend of dead letters - None: the database broker over the client's store). Serve it
     with any ASGI server (``sagaloop ui`` uses uvicorn); bind it to 127.0.0.1 unless it has a
     token (:func:`~sagaloop.ui.security.check_bind`)."""
     if client.app_name:  # another app's runs are not found (apps may share a database)
         client = client.scoped()
     csrf = new_csrf()
+    if dead_letters is None:
+        dead_letters = ops.dead_letter_reader(client, broker)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,
@@ -256,10 +262,19 @@ def create_app(
             return failed(request, e)
         return page(request, "dead_letters.html", letters=letters)
 
+    def workers_context(request: Request) -> dict[str, Any]:
+        # no faster than processes refresh their rows (each look may open a broker connection)
+        poll = f"{round(max(refresh, ops.POLL) * 1000)}ms"
+        return {"view": ops.workers(client, broker), "poll": poll}
+
+    workers, workers_live = listing(
+        "workers.html", "_workers_live.html", workers_context, lambda c: c["view"].version
+    )
+
     # --- actions -------------------------------------------------------------------------------
 
-    async def form(request: Request) -> dict[str, str]:
-        """The POSTed form, once its CSRF token is checked."""
+    async def form(request: Request, *, of_run: bool = True) -> dict[str, str]:
+        """The POSTed form, once its CSRF token is checked (``of_run``: it must name a run)."""
         body = b""
         async for chunk in request.stream():
             body += chunk
@@ -270,7 +285,7 @@ def create_app(
             raise Refused(
                 403, "this form is not one of the console's current pages: reload the page"
             )
-        if not fields.get("run_id"):
+        if of_run and not fields.get("run_id"):
             raise Refused(400, "the form names no run")
         return fields
 
@@ -305,7 +320,8 @@ def create_app(
         return endpoint
 
     def do_cancel(f: dict[str, str]) -> str:
-        client.cancel(f["run_id"], f.get("reason") or "cancelled in the console")
+        reason = f.get("reason") or "cancelled in the console"
+        client.cancel(f["run_id"], reason, now=f.get("now") == "1")
         return "cancelled"
 
     def do_retry(f: dict[str, str]) -> str:
@@ -320,9 +336,9 @@ def create_app(
         client.send_event(f["run_id"], name, data, event_id=f.get("event_id") or None)
         return "event"
 
-    def answer(f: dict[str, str]) -> tuple[str, str, str]:
-        """(run id, call id, who) of an answer to an approval, once the hash the page showed
-        is checked against the approval the run waits for."""
+    def answer(f: dict[str, str]) -> tuple[str, str, str, Any]:
+        """(run id, call id, who, the arguments asked about) of an answer to an approval, once
+        the hash the page showed is checked against the approval the run waits for."""
         run_id, call_id = f["run_id"], f.get("call_id", "")
         pending = {p.call_id: p for p in client.approvals(run_id)}
         request = pending.get(call_id)
@@ -334,20 +350,60 @@ def create_app(
                 f"the arguments of approval {call_id!r} are not those the page showed (hash "
                 f"{request.args_hash[:12]}): reload the page and check them again",
             )
-        return run_id, call_id, (f.get("by") or "").strip() or "sagaloop ui"
+        return run_id, call_id, (f.get("by") or "").strip() or "sagaloop ui", request.args
 
     def do_approve(f: dict[str, str]) -> str:
-        run_id, call_id, by = answer(f)
-        client.approve(run_id, call_id, by=by)
+        """Approve; with the field ``args`` (the card's "edit arguments" form), these
+        arguments in place of those asked about, as ``sagaloop approve --args`` does (the
+        run's schema, when it published one, refuses an edit that does not fit)."""
+        run_id, call_id, by, asked = answer(f)
+        edited = None
+        if "args" in f:
+            if not f["args"].strip():
+                raise Refused(400, "the edit of the arguments is empty: write the JSON to approve")
+            edited = _json_field(f["args"], "the edit of the arguments")
+            if edited == asked:
+                edited = None  # not an edit: approve what was asked
+            elif edited is None:
+                raise Refused(
+                    400, "null cannot replace the arguments: approve them unedited, or deny"
+                )
+        client.approve(run_id, call_id, args=edited, by=by)
         return "approved"
 
     def do_deny(f: dict[str, str]) -> str:
-        run_id, call_id, by = answer(f)
+        run_id, call_id, by, _ = answer(f)
         reason = (f.get("reason") or "").strip()
         if not reason:
             raise Refused(400, "a denial needs a reason: say why")
         client.deny(run_id, call_id, reason=reason, by=by)
         return "denied"
+
+    async def resend_letter(request: Request) -> Response:
+        """Resend one dead letter (``id``), once confirmed, then show the dead letters."""
+        try:
+            fields = await form(request, of_run=False)
+            letter_id = fields.get("id", "")
+            if not letter_id:
+                raise Refused(400, "the form names no dead letter")
+            if fields.get("confirmed") != "1":
+                question = (
+                    f"Resend dead letter {letter_id} to the queue it came from? It is "
+                    "published unchanged (a consumer that processed it already skips it) and "
+                    "leaves the dead letters."
+                )
+                return page(
+                    request,
+                    "confirm.html",
+                    question=question,
+                    fields=fields,
+                    action=request.url.path,
+                    back="/dead-letters",
+                )
+            await run_in_threadpool(ops.resend, client, broker, letter_id)
+        except (SagaloopError, Refused) as e:
+            return failed(request, e)
+        return RedirectResponse("/dead-letters?done=resent", status_code=303)
 
     routes = [
         Route("/", lambda request: RedirectResponse("/runs", status_code=303)),
@@ -360,6 +416,9 @@ def create_app(
         Route("/approvals", approvals),
         Route("/approvals/live", approvals_live),
         Route("/dead-letters", dead_letters_page),
+        Route("/dead-letters/resend", resend_letter, methods=["POST"]),
+        Route("/workers", workers),
+        Route("/workers/live", workers_live),
         Route(
             "/run/cancel",
             action(

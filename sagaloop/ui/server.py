@@ -11,6 +11,7 @@ from sagaloop.brokers.dead_letters import DeadLetter
 from sagaloop.client import Client
 from sagaloop.sagas.app import App
 from sagaloop.ui.app import REFRESH, create_app
+from sagaloop.ui.ops import BrokerOpener
 from sagaloop.ui.security import check_bind
 
 try:
@@ -29,10 +30,11 @@ def _server(
     token: str | None,
     refresh: float = REFRESH,
     dead_letters: Callable[[int], list[DeadLetter]] | None = None,
+    broker: BrokerOpener | None = None,
 ) -> uvicorn.Server:
     check_bind(host, token)
     config = uvicorn.Config(
-        create_app(client, app, token, refresh=refresh, dead_letters=dead_letters),
+        create_app(client, app, token, refresh=refresh, dead_letters=dead_letters, broker=broker),
         host=host,
         port=port,
         log_level="warning",
@@ -51,10 +53,11 @@ def serve(
     token: str | None,
     refresh: float = REFRESH,
     dead_letters: Callable[[int], list[DeadLetter]] | None = None,
+    broker: BrokerOpener | None = None,
 ) -> None:
-    """Serve the console until SIGTERM or Ctrl-C (``dead_letters``: see
+    """Serve the console until SIGTERM or Ctrl-C (``dead_letters``, ``broker``: see
     :func:`~sagaloop.ui.create_app`)."""
-    _server(client, app, host, port, token, refresh, dead_letters).run()
+    _server(client, app, host, port, token, refresh, dead_letters, broker).run()
 
 
 def serve_in_thread(
@@ -65,10 +68,11 @@ def serve_in_thread(
     port: int,
     token: str | None,
     dead_letters: Callable[[int], list[DeadLetter]] | None = None,
+    broker: BrokerOpener | None = None,
 ) -> Callable[[], None]:
     """Serve the console on a daemon thread, once it listens; returns what stops it. Raises
     OSError when it cannot listen (the port is taken, say)."""
-    server = _server(client, app, host, port, token, dead_letters=dead_letters)
+    server = _server(client, app, host, port, token, dead_letters=dead_letters, broker=broker)
     thread = threading.Thread(target=server.run, name="sagaloop-ui", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

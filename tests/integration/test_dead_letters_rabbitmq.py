@@ -199,3 +199,61 @@ def test_sagaloop_ui_lists_rabbitmqs_dead_letters(rabbit: Rabbit, tmp_path: Path
     finally:
         ui.terminate()
         ui.wait(timeout=30)
+
+
+def test_the_console_resends_a_dead_letter_of_rabbitmq(rabbit: Rabbit) -> None:
+    """Resend in the console run as ``sagaloop ui`` is: after the confirmation, the letter
+    goes back to its queue unchanged and still sagaloop's, and leaves RabbitMQ's dead letters
+    (what ``sagaloop dead-letters resend ID`` does, through the same ``resend_one``)."""
+    import re as regex
+
+    from starlette.testclient import TestClient
+
+    from sagaloop.cli.common import Obj
+    from sagaloop.cli.ui import console
+    from sagaloop.client import Client
+
+    rabbit.broker.publish([(QUEUE, STEP)])
+    (unknown,) = rabbit.receive(1)
+    unknown.dead_letter("worker does not know step 'pay'")
+    eventually(lambda: rabbit.broker.count_dead_letters() == 1, 10, "RabbitMQ dead-letters it")
+
+    obj = Obj()
+    store = obj.store()
+    try:
+        base = "http://127.0.0.1"
+        page = TestClient(console(obj, Client(store), None, None), base_url=base)
+        html = page.get("/dead-letters").text
+        (letter_id,) = regex.findall(r'name="id" value="([^"]+)"', html)
+        csrf = regex.search(r'name="csrf" value="([^"]+)"', html)
+        assert csrf is not None
+        form = {"id": letter_id, "csrf": csrf.group(1)}
+        headers = {"origin": base}
+        asked = page.post("/dead-letters/resend", data=form, headers=headers)
+        assert asked.status_code == 200 and "Resend dead letter" in asked.text
+        assert rabbit.broker.count_dead_letters() == 1, "nothing done before the confirmation"
+        done = page.post(
+            "/dead-letters/resend",
+            data={**form, "confirmed": "1"},
+            headers=headers,
+            follow_redirects=False,
+        )
+        assert done.status_code == 303, done.text
+        (back,) = rabbit.receive(1)
+        assert (back.body, back.trusted) == (STEP, True), "unchanged, and still sagaloop's"
+        back.ack()
+        assert rabbit.broker.count_dead_letters() == 0
+        assert "No dead letter." in page.get("/dead-letters").text
+        gone = page.post("/dead-letters/resend", data={**form, "confirmed": "1"}, headers=headers)
+        assert gone.status_code == 409 and "no dead letter with id" in gone.text
+    finally:
+        store.close()
+
+
+def test_rabbitmq_tells_a_queues_depth_by_a_passive_declare(rabbit: Rabbit) -> None:
+    broker = rabbit.broker
+    assert broker.queue_depth(QUEUE) == 0
+    broker.publish([(QUEUE, STEP), (QUEUE, HANGS)])
+    eventually(lambda: broker.queue_depth(QUEUE) == 2, 10, "the two messages counted")
+    assert broker.queue_depth("dlshop.steps.nobody-declared-it") is None
+    assert broker.queue_depth(QUEUE) == 2, "the channel the unknown queue closed is not reused"

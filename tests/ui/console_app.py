@@ -42,10 +42,15 @@ async def refund(ctx: SagaContext, request: Refund) -> dict[str, object]:
     """Hold the stock, ask a person, wait for the parcel, pay back."""
     await ctx.call(hold_stock, request.order)
     decision = await ctx.approval(
-        "refund", request.model_dump(), call_id="refund", reason="the customer asks"
+        "refund",
+        request.model_dump(),
+        call_id="refund",
+        reason="the customer asks",
+        args_type=Refund,
     )
     if not decision.approved:
         return {"refunded": False, "reason": decision.reason}
+    request = Refund.model_validate(decision.args)  # the approver may have edited them
     ctx.publish("stage", "waiting for the parcel")
     await ctx.wait_for_event(
         "parcel_returned", timeout=timedelta(days=2), prompt="has the parcel come back?"

@@ -263,7 +263,8 @@ def polled_of(html: str) -> str:
 
 
 def answer_forms(html: str) -> list[str]:
-    return re.findall(r'action="/(approve|deny)"', html)
+    """The Approve and Deny buttons' forms (not the "edit arguments" one)."""
+    return re.findall(r'<form method="post" action="/(approve|deny)"', html)
 
 
 def test_an_answered_approval_shows_at_once_then_its_outcome(env: Harness) -> None:

@@ -114,6 +114,30 @@ class Link:
         """The RabbitMQ queue behind sagaloop queue ``queue``."""
         return self.topology.queue(queue)
 
+    def queue_depth(self, queue: str) -> int | None:
+        """How many messages sagaloop queue ``queue`` holds ready (a passive declare, all that
+        AMQP tells: those delivered and not yet acked are not counted, and the age of the
+        oldest is not known without the management plugin); None when RabbitMQ has no such
+        queue. Raises :class:`BrokerError` when RabbitMQ cannot be asked."""
+        name = self.queue_name(queue)
+
+        def ask(channel: Any, call: Call) -> None:
+            def counted(frame: Any) -> None:
+                call.resolve(frame.method.message_count)
+                channel.close()
+
+            channel.queue_declare(name, passive=True, callback=counted)
+
+        try:
+            depth: int = self._call(
+                functools.partial(self._with_channel, ask), f"counting queue {name}"
+            )
+        except BrokerError as e:
+            if "NOT_FOUND" in str(e):
+                return None
+            raise
+        return depth
+
     @property
     def declared(self) -> list[str]:
         with self._cond:
