@@ -259,10 +259,14 @@ def bars_of(events: list[Event]) -> list[Bar]:
         elif ev.kind == h.CHILD_FAILED and pos is not None:
             close(open_span.get(pos), ev.at, "failed", _error_words(ev.data.get("error")))
         elif ev.kind == h.COMPENSATION_SCHEDULED and pos is not None:
-            label = f"#{pos} undo {names.get(pos, ev.name)}"
-            bar = Bar("compensation", label, pos, ev.at, None, "open")
+            n = int(ev.data.get("attempt") or 1)
+            label = f"#{pos} undo {names.get(pos, ev.name)}" + (f" · attempt {n}" if n > 1 else "")
+            close(open_comp.get(pos), ev.at, "failed")
+            bar = Bar("compensation", label, pos, ev.at, None, "open", attempt=n)
             open_comp[pos] = bar
             bars.append(bar)
+        elif ev.kind == h.COMPENSATION_RETRYING and pos is not None:
+            close(open_comp.get(pos), ev.at, "failed", _error_words(ev.data.get("error")))
         elif ev.kind == h.COMPENSATION_COMPLETED and pos is not None:
             close(open_comp.get(pos), ev.at, "ok")
         elif ev.kind == h.COMPENSATION_FAILED and pos is not None:
