@@ -20,16 +20,17 @@ from typing import Any
 from urllib.parse import urlencode
 
 from sagaloop.client import Client
-from sagaloop.client.timeline import Timeline, WaitLine
+from sagaloop.client.timeline import StepLine, Timeline, WaitLine
 from sagaloop.engine import history as h
 from sagaloop.engine.history import Event
 from sagaloop.engine.ports import RunRecord
 from sagaloop.errors import RunNotFoundError
-from sagaloop.sagas.approvals import KEY_PREFIX, OPEN_STATUSES, ApprovalRequest, call_id_of
+from sagaloop.sagas.approvals import OPEN_STATUSES, ApprovalRequest, call_id_of
+from sagaloop.ui.spans import Bar, bars_of, duration_words, error_words, lay_out
 
 BARS_PAGE = 200
 """How many bars a page of the timeline shows at most."""
-STEPS_PAGE = 100
+STEPS_PAGE = 50
 """How many steps a page of the steps table shows at most."""
 HISTORY_PAGE = 100
 """How many events a page of the history shows at most."""
@@ -38,6 +39,9 @@ PREVIEW = 240
 INLINE = 2000
 """Up to how many characters the page holds a whole value in its ``<details>``; a longer
 one is a link to its own page (``/run/value``), so that a page stays bounded."""
+SECTION_INLINE = 32_000
+"""How many characters of whole values the steps of a page, and its history, hold at most:
+past it, whole values are links too (a page of long values stays bounded)."""
 TREE_NODES = 50
 """How many runs the tree of child runs shows at most (depth first)."""
 TREE_DEPTH = 4
@@ -63,8 +67,24 @@ def pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
-def shown(value: Any, *, preview: int = PREVIEW, inline: int = INLINE) -> Shown:
-    """``value`` pretty-printed and cut at a line end (else at ``preview`` characters)."""
+class Budget:
+    """How many characters of whole values a section of a page may still hold."""
+
+    def __init__(self, chars: int = SECTION_INLINE) -> None:
+        self.left = chars
+
+    def take(self, n: int) -> bool:
+        if n > self.left:
+            return False
+        self.left -= n
+        return True
+
+
+def shown(
+    value: Any, *, preview: int = PREVIEW, inline: int = INLINE, budget: Budget | None = None
+) -> Shown:
+    """``value`` pretty-printed and cut at a line end (else at ``preview`` characters); its
+    whole text kept when it is at most ``inline`` characters and ``budget`` has room."""
     text = pretty(value)
     if len(text) <= preview:
         return Shown(text, 0, None)
@@ -72,7 +92,8 @@ def shown(value: Any, *, preview: int = PREVIEW, inline: int = INLINE) -> Shown:
     if (end := cut.rfind("\n")) > preview // 2:
         cut = cut[:end]
     more = len(text.encode()) - len(cut.encode())
-    return Shown(cut, more, text if len(text) <= inline else None)
+    keep = len(text) <= inline and (budget is None or budget.take(len(text)))
+    return Shown(cut, more, text if keep else None)
 
 
 def call_words(action: str, args: Any, limit: int = 120) -> str:
@@ -147,143 +168,6 @@ def pager(param: str, total: int, size: int, asked: str | None) -> Pager:
 
 
 @dataclasses.dataclass
-class Bar:
-    """One span of the run on the timeline: a step attempt, a wait, a timer, a compensation
-    or a child run, with where it sits on its page's axis (percent)."""
-
-    kind: str
-    """``attempt``, ``wait``, ``timer``, ``compensation`` or ``child``."""
-    label: str
-    position: int | None
-    start: datetime
-    end: datetime | None
-    """None: still open (drawn to the axis' end)."""
-    outcome: str
-    """``ok``, ``failed`` or ``open``: its colour."""
-    detail: str = ""
-    attempt: int = 0
-    """A step attempt's number (1 for the first)."""
-    child: str | None = None
-    """A child run's id."""
-    x: float = 0.0
-    width: float = 0.0
-
-    @property
-    def took(self) -> str:
-        if self.end is None:
-            return "open"
-        return duration_words((self.end - self.start).total_seconds())
-
-
-def bars_of(events: list[Event]) -> list[Bar]:
-    """The spans of ``events``, in the order they began."""
-    bars: list[Bar] = []
-    open_attempt: dict[int, Bar] = {}
-    open_comp: dict[int, Bar] = {}
-    open_span: dict[int, Bar] = {}  # timers, waits, children by position
-    waits: dict[int, tuple[str, ...]] = {}
-    names: dict[int, str] = {}
-
-    def close(bar: Bar | None, at: datetime, outcome: str, detail: str = "") -> None:
-        if bar is not None and bar.end is None:
-            bar.end, bar.outcome = at, outcome
-            bar.detail = detail or bar.detail
-
-    def attempt(pos: int, n: int, at: datetime) -> None:
-        bar = Bar("attempt", f"#{pos} {names.get(pos, '?')} · attempt {n}", pos, at, None, "open")
-        bar.attempt = n
-        open_attempt[pos] = bar
-        bars.append(bar)
-
-    def outcome(pos: int, at: datetime, result: str, detail: str = "") -> None:
-        bar = open_attempt.get(pos)
-        if bar is None or bar.end is not None:  # no dispatch recorded since its retry
-            previous = bar.attempt if bar is not None else 0
-            attempt(pos, previous + 1, bar.end if bar is not None and bar.end else at)
-        close(open_attempt[pos], at, result, detail)
-
-    for ev in events:
-        pos = ev.pos
-        if ev.kind == h.STEP_SCHEDULED and pos is not None:
-            names[pos] = str(ev.name)
-            attempt(pos, 1, ev.at)
-        elif ev.kind == h.STEP_DISPATCHED and pos is not None:
-            n = int(ev.data.get("attempt") or 1)
-            current = open_attempt.get(pos)
-            if current is not None and current.end is None and current.attempt == n:
-                continue  # the attempt scheduled is the one dispatched
-            close(current, ev.at, "failed")
-            attempt(pos, n, ev.at)
-        elif ev.kind == h.STEP_RETRYING and pos is not None:
-            close(open_attempt.get(pos), ev.at, "failed", _error_words(ev.data.get("error")))
-        elif ev.kind == h.STEP_COMPLETED and pos is not None:
-            outcome(pos, ev.at, "ok")
-        elif ev.kind in (h.STEP_FAILED, h.STEP_HALTED) and pos is not None:
-            outcome(pos, ev.at, "failed", _error_words(ev.data.get("error")))
-        elif ev.kind == h.TIMER_STARTED and pos is not None:
-            bar = Bar("timer", f"#{pos} sleep {ev.name or ''}".rstrip(), pos, ev.at, None, "open")
-            open_span[pos] = bar
-            bars.append(bar)
-        elif ev.kind == h.EVENT_WAITING and pos is not None:
-            waits[pos] = tuple(ev.data.get("names") or [ev.name])
-            approval = str(ev.name).startswith(KEY_PREFIX)
-            shown_name = str(ev.name).removeprefix(KEY_PREFIX) if approval else ev.name
-            label = f"#{pos} {'approval' if approval else 'wait'} {shown_name}"
-            bar = Bar("wait", label, pos, ev.at, None, "open")
-            open_span[pos] = bar
-            bars.append(bar)
-        elif ev.kind == h.EVENT_ARRIVED:
-            taker = next(
-                (
-                    p
-                    for p in sorted(waits)
-                    if ev.name in waits[p] and (b := open_span.get(p)) and b.end is None
-                ),
-                None,
-            )
-            if taker is not None:
-                close(open_span[taker], ev.at, "ok", f"received {ev.name}")
-        elif ev.kind == h.EVENT_REJECTED and pos is not None and pos in open_span:
-            open_span[pos].detail = f"refused: {str(ev.data.get('reason', ''))[:120]}"
-        elif ev.kind == h.TIMER_FIRED and pos is not None:
-            bar_ = open_span.get(pos)
-            timed_out = bar_ is not None and bar_.kind == "wait"
-            close(bar_, ev.at, "failed" if timed_out else "ok", "timed out" if timed_out else "")
-        elif ev.kind == h.CHILD_STARTED and pos is not None:
-            child = str(ev.data.get("run_id"))
-            bar = Bar("child", f"#{pos} child {ev.name}", pos, ev.at, None, "open", child=child)
-            open_span[pos] = bar
-            bars.append(bar)
-        elif ev.kind == h.CHILD_COMPLETED and pos is not None:
-            close(open_span.get(pos), ev.at, "ok")
-        elif ev.kind == h.CHILD_FAILED and pos is not None:
-            close(open_span.get(pos), ev.at, "failed", _error_words(ev.data.get("error")))
-        elif ev.kind == h.COMPENSATION_SCHEDULED and pos is not None:
-            n = int(ev.data.get("attempt") or 1)
-            label = f"#{pos} undo {names.get(pos, ev.name)}" + (f" · attempt {n}" if n > 1 else "")
-            close(open_comp.get(pos), ev.at, "failed")
-            bar = Bar("compensation", label, pos, ev.at, None, "open", attempt=n)
-            open_comp[pos] = bar
-            bars.append(bar)
-        elif ev.kind == h.COMPENSATION_RETRYING and pos is not None:
-            close(open_comp.get(pos), ev.at, "failed", _error_words(ev.data.get("error")))
-        elif ev.kind == h.COMPENSATION_COMPLETED and pos is not None:
-            close(open_comp.get(pos), ev.at, "ok")
-        elif ev.kind == h.COMPENSATION_FAILED and pos is not None:
-            close(open_comp.get(pos), ev.at, "failed", _error_words(ev.data.get("error")))
-        elif ev.kind == h.RUN_FINISHED:  # what was still open ends with the run
-            for bar in bars:
-                close(bar, ev.at, "failed" if bar.outcome == "open" else bar.outcome, "run ended")
-    return bars
-
-
-def _error_words(error: Any) -> str:
-    if isinstance(error, Mapping):
-        return f"{error.get('type')}: {str(error.get('message', ''))[:160]}"
-    return str(error or "")[:160]
-
-
-@dataclasses.dataclass
 class TimelinePage:
     bars: list[Bar]
     pager: Pager
@@ -294,40 +178,12 @@ class TimelinePage:
 
 
 def timeline_page(bars: list[Bar], now: datetime, asked: str | None) -> TimelinePage:
-    """The page ``asked`` of ``bars`` laid on one axis: from the first bar's start to the last
-    end among them (open bars end now)."""
+    """The page ``asked`` of ``bars`` (:data:`BARS_PAGE` a page) laid on one axis: from the
+    first bar's start to the last end among them (open bars end now)."""
     p = pager("tp", len(bars), BARS_PAGE, asked)
     rows = p.rows(bars)
-    if rows:
-        start = min(b.start for b in rows)
-        end = max(b.end or now for b in rows)
-    else:
-        start = end = now
-    span = max((end - start).total_seconds(), 1e-3)
-    for bar in rows:
-        x = (bar.start - start).total_seconds() / span * 100
-        w = ((bar.end or now) - bar.start).total_seconds() / span * 100
-        bar.x = round(min(max(x, 0.0), 99.5), 2)
-        bar.width = round(min(max(w, 0.5), 100 - bar.x), 2)
-    ticks = [(i * 25.0, _offset(span * i / 4)) for i in range(5)]
+    start, end, ticks = lay_out(rows, now)
     return TimelinePage(rows, p, start, end, ticks)
-
-
-def duration_words(seconds: float) -> str:
-    """A duration as a person reads it: ``850 ms``, ``12.5 s``, ``3.2 min``, ``5.0 h``, ``2 d``."""
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
-
-
-def _offset(seconds: float) -> str:
-    return "+" + duration_words(seconds)
 
 
 # --- steps, compensations, approvals, children ------------------------------------------------
@@ -352,8 +208,10 @@ class StepRow:
     """Completed: a fork here runs it again with the code as it is now (``Client.fork``)."""
 
 
-def step_rows(tl: Timeline, events: list[Event]) -> list[StepRow]:
-    """The Timeline's steps (its positions) with the input each was given and its result."""
+def step_rows(steps: list[StepLine], events: list[Event]) -> list[StepRow]:
+    """The Timeline's ``steps`` (its positions) with the input each was given and its
+    result, whole values within one :class:`Budget`."""
+    budget = Budget()
     inputs: dict[int, tuple[int, Any]] = {}
     results: dict[int, tuple[int, Any]] = {}
     for ev in events:
@@ -366,7 +224,7 @@ def step_rows(tl: Timeline, events: list[Event]) -> list[StepRow]:
         elif ev.kind in (h.STEP_COMPLETED, h.CHILD_COMPLETED):
             results[ev.pos] = (ev.seq, ev.data.get("result"))
     rows = []
-    for st in tl.steps:
+    for st in steps:
         given, got = inputs.get(st.position), results.get(st.position)
         rows.append(
             StepRow(
@@ -379,9 +237,9 @@ def step_rows(tl: Timeline, events: list[Event]) -> list[StepRow]:
                 queue=st.queue,
                 compensation=st.compensation,
                 idempotency_key=st.idempotency_key,
-                input=shown(given[1]) if given else None,
+                input=shown(given[1], budget=budget) if given else None,
                 input_seq=given[0] if given else None,
-                result=shown(got[1]) if got else None,
+                result=shown(got[1], budget=budget) if got else None,
                 result_seq=got[0] if got else None,
                 forkable=st.state in ("completed", "reconciled"),
             )
@@ -423,12 +281,12 @@ def compensation_rows(events: list[Event]) -> list[CompensationRow]:
         elif pos in rows and ev.kind == h.COMPENSATION_RETRYING:
             rows[pos].attempts += 1
             rows[pos].outcome = "retrying"
-            rows[pos].error = _error_words(ev.data.get("error"))
+            rows[pos].error = error_words(ev.data.get("error"))
         elif pos in rows and ev.kind == h.COMPENSATION_COMPLETED:
             rows[pos].ended, rows[pos].outcome = ev.at, "compensated"
         elif pos in rows and ev.kind == h.COMPENSATION_FAILED:
             rows[pos].ended, rows[pos].outcome = ev.at, "failed"
-            rows[pos].error = _error_words(ev.data.get("error"))
+            rows[pos].error = error_words(ev.data.get("error"))
     return list(rows.values())
 
 
@@ -617,15 +475,16 @@ def story(
     """The story of ``run`` for its page; ``pages``: the page asked of the timeline (``tp``),
     the steps (``sp``) and the history (``hp``), 1-based or ``last``."""
     asked = {k: str(v) for k, v in pages.items() if k in ("tp", "sp", "hp") and v}
-    steps = step_rows(tl, events)
-    sp = pager("sp", len(steps), STEPS_PAGE, asked.get("sp"))
+    sp = pager("sp", len(tl.steps), STEPS_PAGE, asked.get("sp"))
     hp = pager("hp", len(events), HISTORY_PAGE, asked.get("hp"))
+    budget = Budget()
     history = [
-        HistoryRow(e.seq, e.at, e.kind, e.name, e.pos, shown(e.data)) for e in hp.rows(events)
+        HistoryRow(e.seq, e.at, e.kind, e.name, e.pos, shown(e.data, budget=budget))
+        for e in hp.rows(events)
     ]
     return Story(
         timeline=timeline_page(bars_of(events), now, asked.get("tp")),
-        steps=sp.rows(steps),
+        steps=step_rows(sp.rows(tl.steps), events),
         steps_pager=sp,
         compensations=compensation_rows(events),
         audit=audit_rows(tl.published),

@@ -245,13 +245,14 @@ def test_fork_from_a_step_asks_first_then_shows_the_new_run(env: Harness) -> Non
     assert "forked from t-1 at #1" in shown_fork
 
 
-def write_long_run(env: Harness, run_id: str, steps: int) -> None:
+def write_long_run(env: Harness, run_id: str, steps: int, note: int = 60) -> None:
     """A finished run of ``steps`` steps (``2 * steps + 2`` events) written to the store as
-    the engine records one: ``run_started``, then each step scheduled and completed."""
+    the engine records one: ``run_started``, then each step scheduled and completed (its
+    input holding a note of ``note`` characters)."""
     now = env.client.clock.now()
     events = [NewEvent(h.RUN_STARTED, None, "trip", {"input": "Oslo"})]
     for pos in range(steps):
-        args = {"city": "Oslo", "note": "n" * 60}
+        args = {"city": "Oslo", "note": "\n".join(["n" * 60] * (note // 61 + 1))[:note]}
         events.append(
             NewEvent(h.STEP_SCHEDULED, pos, "book_hotel", {"args": args, "queue": "default"})
         )
@@ -281,13 +282,13 @@ def test_a_6000_event_run_page_is_bounded_paged_and_not_sent_again_unchanged(
     assert html.count('<rect class="bar') == BARS_PAGE
     assert html.count('<tr id="step-') == STEPS_PAGE
     assert "page 1 of 15 (1 to 200 of 3000)" in html  # the timeline's pages
-    assert "page 1 of 30 (1 to 100 of 3000)" in html  # the steps'
+    assert "page 1 of 60 (1 to 50 of 3000)" in html  # the steps'
     assert "page 1 of 61 (1 to 100 of 6002)" in html  # the history's
 
     last = client.get("/run?id=long-1&tp=last&sp=2&hp=3").text
     assert len(last.encode()) < 300_000
     assert "#2999 book_hotel · attempt 1" in section(last, "timeline")
-    assert 'id="step-100"' in last and 'id="step-99"' not in last
+    assert 'id="step-50"' in last and 'id="step-49"' not in last
     history = section(last, "history")
     seqs = [int(x) for x in re.findall(r"<tr><td>(\d+)</td>", history)]
     assert seqs == list(range(2 * HISTORY_PAGE + 1, 3 * HISTORY_PAGE + 1))
@@ -299,3 +300,24 @@ def test_a_6000_event_run_page_is_bounded_paged_and_not_sent_again_unchanged(
     assert client.get(url).status_code == 204
     moved = client.get(re.sub(r"v=[^&]+", "v=old", url))
     assert moved.status_code == 200 and len(moved.content) < 300_000
+
+
+def test_a_page_of_long_values_stays_bounded_whole_values_become_links(env: Harness) -> None:
+    write_long_run(env, "wide-1", 300, note=1_900)  # each input just under the inline limit
+    html = browser(env).get("/run?id=wide-1&hp=2").text
+    size = len(html.encode())
+    assert size < 300_000, f"a page of long values is {size} bytes"
+    steps = section(html, "steps")
+    inline = steps.count('<details class="whole">')
+    links = steps.count('<a class="whole" href="/run/value?')
+    assert inline > 0 and links > 0 and inline + links == STEPS_PAGE  # past the budget: links
+
+
+def test_the_audit_names_the_arguments_an_approver_edited(env: Harness) -> None:
+    env.start("trip", "Oslo", run_id="t-1")
+    env.run_until_idle()
+    env.client.approve("t-1", "8", by="cy", args={"cents": 900})
+    env.run_until_idle()
+    audit = text_of(section(browser(env).get("/run?id=t-1").text, "audit"))
+    assert "refund 8 approved cy" in audit
+    assert "cents {" in audit and '"cents": 900' in audit.replace("&#34;", '"')
