@@ -78,6 +78,12 @@ async def trip(ctx: SagaContext, city: str) -> str:
     return str(hotel)
 
 
+@app.saga(name="nap")
+async def nap(ctx: SagaContext, city: str) -> str:
+    await ctx.sleep(timedelta(minutes=5))
+    return await ctx.call(book_hotel, city)
+
+
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[Harness]:
     failures["undo"] = 0
@@ -321,3 +327,14 @@ def test_the_audit_names_the_arguments_an_approver_edited(env: Harness) -> None:
     audit = text_of(section(browser(env).get("/run?id=t-1").text, "audit"))
     assert "refund 8 approved cy" in audit
     assert "cents {" in audit and '"cents": 900' in audit.replace("&#34;", '"')
+
+
+def test_a_sleep_is_a_timer_bar_as_long_as_it_slept(env: Harness) -> None:
+    env.start("nap", "Rome", run_id="n-1")
+    env.run_until_idle()
+    assert env.client.get("n-1").status == s.COMPLETED
+    timeline = section(browser(env).get("/run?id=n-1").text, "timeline")
+    rows = re.findall(r'<tr class="span-(\w+)">.*?<td class="took">(.*?)</td>', timeline, re.S)
+    assert rows[0] == ("timer", "5.0 min")
+    assert rows[1][0] == "attempt"
+    assert '<rect class="bar k-timer o-ok" x="0.0%" y="2" width="' in timeline
