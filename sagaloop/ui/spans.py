@@ -6,6 +6,7 @@ SVG). Pure functions of the events and of "now" (an open span ends now)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -42,6 +43,20 @@ class Bar:
         if self.end is None:
             return "open"
         return duration_words((self.end - self.start).total_seconds())
+
+
+def call_words(action: str, args: Any, limit: int = 120) -> str:
+    """A call in words: ``refund(order="B-2", amount=700)``, cut with ``…`` past ``limit``."""
+    if isinstance(args, Mapping):
+        inner = ", ".join(
+            f"{k}={json.dumps(v, ensure_ascii=False, default=str)}" for k, v in args.items()
+        )
+    elif args is None:
+        inner = ""
+    else:
+        inner = json.dumps(args, ensure_ascii=False, default=str)
+    text = f"{action}({inner})"
+    return text if len(text) <= limit else text[: limit - 2] + "…)"
 
 
 def bars_of(events: list[Event]) -> list[Bar]:
@@ -95,9 +110,12 @@ def bars_of(events: list[Event]) -> list[Bar]:
             bars.append(bar)
         elif ev.kind == h.EVENT_WAITING and pos is not None:
             waits[pos] = tuple(ev.data.get("names") or [ev.name])
-            approval = str(ev.name).startswith(KEY_PREFIX)
-            shown_name = str(ev.name).removeprefix(KEY_PREFIX) if approval else ev.name
-            label = f"#{pos} {'approval' if approval else 'wait'} {shown_name}"
+            prompt = ev.data.get("prompt")
+            if str(ev.name).startswith(KEY_PREFIX) and isinstance(prompt, Mapping):
+                asked = call_words(str(prompt.get("approve")), prompt.get("args"), 60)
+                label = f"#{pos} approval of {asked}"
+            else:
+                label = f"#{pos} wait {' or '.join(waits[pos])}"
             bar = Bar("wait", label, pos, ev.at, None, "open")
             open_span[pos] = bar
             bars.append(bar)

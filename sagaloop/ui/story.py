@@ -26,7 +26,7 @@ from sagaloop.engine.history import Event
 from sagaloop.engine.ports import RunRecord
 from sagaloop.errors import RunNotFoundError
 from sagaloop.sagas.approvals import OPEN_STATUSES, ApprovalRequest, call_id_of
-from sagaloop.ui.spans import Bar, bars_of, duration_words, error_words, lay_out
+from sagaloop.ui.spans import Bar, bars_of, call_words, duration_words, error_words, lay_out
 
 BARS_PAGE = 200
 """How many bars a page of the timeline shows at most."""
@@ -94,20 +94,6 @@ def shown(
     more = len(text.encode()) - len(cut.encode())
     keep = len(text) <= inline and (budget is None or budget.take(len(text)))
     return Shown(cut, more, text if keep else None)
-
-
-def call_words(action: str, args: Any, limit: int = 120) -> str:
-    """A call in words: ``refund(order="B-2", amount=700)``, cut with ``…`` past ``limit``."""
-    if isinstance(args, Mapping):
-        inner = ", ".join(
-            f"{k}={json.dumps(v, ensure_ascii=False, default=str)}" for k, v in args.items()
-        )
-    elif args is None:
-        inner = ""
-    else:
-        inner = json.dumps(args, ensure_ascii=False, default=str)
-    text = f"{action}({inner})"
-    return text if len(text) <= limit else text[: limit - 2] + "…)"
 
 
 def wait_words(wait: WaitLine) -> str:

@@ -242,7 +242,7 @@ def test_an_operator_reads_a_runs_story_and_forks_it_from_a_step_after_confirmin
     page.goto(f"{console.url}/run?id=story-1")
     timeline = page.locator("#timeline")
     expect(timeline.locator("svg rect.bar")).to_have_count(4)  # 2 steps, 2 waits
-    expect(timeline).to_contain_text("approval refund")
+    expect(timeline).to_contain_text('approval of refund(order="A-17", amount=2500)')
     expect(page.locator("#audit")).to_contain_text("bob")
     pay_back = page.locator("#steps tr", has_text="pay_back")
     expect(pay_back.locator("td.result")).to_contain_text("rf-A-17-2500")

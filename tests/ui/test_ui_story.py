@@ -151,7 +151,7 @@ def test_the_timeline_draws_attempts_waits_compensations_and_child_runs(env: Har
     assert labels[:5] == [
         ("attempt", "#0 book_flight · attempt 1"),
         ("child", "#1 child leg"),
-        ("wait", "#3 approval 8"),
+        ("wait", "#3 approval of refund(cents=1250)"),
         ("attempt", "#5 charge · attempt 1"),
         ("attempt", "#5 charge · attempt 2"),
     ]
@@ -219,6 +219,7 @@ def test_the_history_downloads_as_sagaloop_export_writes_it(env: Harness, tmp_pa
     assert exported.exit_code == 0, exported.output
     assert response.json() == json.loads(exported.output)
     assert browser(env).get("/run/history.json?id=nope").status_code == 404
+    assert browser(env).get("/run/value?id=t-1&seq=999").status_code == 404
 
 
 def test_fork_from_a_step_asks_first_then_shows_the_new_run(env: Harness) -> None:
