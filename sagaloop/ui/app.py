@@ -306,7 +306,7 @@ def create_app(
 
     def action(
         handler: Callable[[dict[str, str]], str | tuple[str, str] | None],
-        confirm: str | None = None,
+        confirm: str | Callable[[dict[str, str]], str] | None = None,
     ) -> Callable[[Request], Any]:
         """A POST endpoint: check the form, ask for confirmation (``confirm``: the question)
         unless the form says ``confirmed``, call ``handler`` (it returns the ``done`` key, or
@@ -320,7 +320,7 @@ def create_app(
                     return page(
                         request,
                         "confirm.html",
-                        question=confirm,
+                        question=confirm if isinstance(confirm, str) else confirm(fields),
                         fields=fields,
                         action=request.url.path,
                     )
@@ -421,9 +421,12 @@ def create_app(
             "/run/fork",
             action(
                 do_fork,
-                "Fork this run here? A new run keeps what the commands before this position "
-                "did (their recorded results, nothing run again) and runs this step and what "
-                "follows with the code as it is now. This run is left as it is.",
+                lambda f: (
+                    f"Fork this run at position #{f.get('at')} (step {f.get('step')})? A "
+                    "new run keeps what the commands before it did (their recorded results, "
+                    "nothing run again) and runs this step and what follows with the code as it is "
+                    "now. This run is left as it is."
+                ),
             ),
             methods=["POST"],
         ),
