@@ -65,7 +65,8 @@ def bars_of(events: list[Event]) -> list[Bar]:
     open_attempt: dict[int, Bar] = {}
     open_comp: dict[int, Bar] = {}
     open_span: dict[int, Bar] = {}  # timers, waits, children by position
-    waits: dict[int, tuple[str, ...]] = {}
+    waits: dict[int, tuple[str, ...]] = {}  # the open waits' names, by position
+    names_of: dict[int, tuple[str, ...]] = {}  # every wait's
     names: dict[int, str] = {}
 
     def close(bar: Bar | None, at: datetime, outcome: str, detail: str = "") -> None:
@@ -105,11 +106,12 @@ def bars_of(events: list[Event]) -> list[Bar]:
         elif ev.kind in (h.STEP_FAILED, h.STEP_HALTED) and pos is not None:
             outcome(pos, ev.at, "failed", error_words(ev.data.get("error")))
         elif ev.kind == h.TIMER_STARTED and pos is not None:
-            bar = Bar("timer", f"#{pos} sleep {ev.name or ''}".rstrip(), pos, ev.at, None, "open")
+            named = f" {ev.name}" if ev.name and ev.name != "sleep" else ""
+            bar = Bar("timer", f"#{pos} sleep{named}", pos, ev.at, None, "open")
             open_span[pos] = bar
             bars.append(bar)
         elif ev.kind == h.EVENT_WAITING and pos is not None:
-            waits[pos] = tuple(ev.data.get("names") or [ev.name])
+            waits[pos] = names_of[pos] = tuple(ev.data.get("names") or [ev.name])
             prompt = ev.data.get("prompt")
             if str(ev.name).startswith(KEY_PREFIX) and isinstance(prompt, Mapping):
                 asked = call_words(str(prompt.get("approve")), prompt.get("args"), 60)
@@ -119,23 +121,21 @@ def bars_of(events: list[Event]) -> list[Bar]:
             bar = Bar("wait", label, pos, ev.at, None, "open")
             open_span[pos] = bar
             bars.append(bar)
-        elif ev.kind == h.EVENT_ARRIVED:
-            taker = next(
-                (
-                    p
-                    for p in sorted(waits)
-                    if ev.name in waits[p] and (b := open_span.get(p)) and b.end is None
-                ),
-                None,
-            )
+        elif ev.kind == h.EVENT_ARRIVED:  # the open wait issued first that takes its name
+            taker = next((p for p in sorted(waits) if ev.name in waits[p]), None)
             if taker is not None:
+                del waits[taker]
                 close(open_span[taker], ev.at, "ok", f"received {ev.name}")
         elif ev.kind == h.EVENT_REJECTED and pos is not None and pos in open_span:
-            open_span[pos].detail = f"refused: {str(ev.data.get('reason', ''))[:120]}"
+            refused = open_span[pos]  # its data did not fit: the wait goes on
+            if refused.kind == "wait" and pos in names_of and refused.outcome != "failed":
+                refused.end, refused.outcome, waits[pos] = None, "open", names_of[pos]
+            refused.detail = f"refused: {str(ev.data.get('reason', ''))[:120]}"
         elif ev.kind == h.TIMER_FIRED and pos is not None:
-            bar_ = open_span.get(pos)
-            timed_out = bar_ is not None and bar_.kind == "wait"
-            close(bar_, ev.at, "failed" if timed_out else "ok", "timed out" if timed_out else "")
+            if waits.pop(pos, None) is not None:  # a wait's timeout
+                close(open_span.get(pos), ev.at, "failed", "timed out")
+            else:
+                close(open_span.get(pos), ev.at, "ok")
         elif ev.kind == h.CHILD_STARTED and pos is not None:
             child = str(ev.data.get("run_id"))
             bar = Bar("child", f"#{pos} child {ev.name}", pos, ev.at, None, "open", child=child)
@@ -171,7 +171,8 @@ def error_words(error: Any) -> str:
 
 
 def duration_words(seconds: float) -> str:
-    """A duration as a person reads it: ``850 ms``, ``12.5 s``, ``3.2 min``, ``5.0 h``, ``2 d``."""
+    """A duration as a person reads it: ``850 ms``, ``12.5 s``, ``3.2 min``, ``5.0 h``,
+    ``3.1 d`` (hours up to two days)."""
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
     if seconds < 120:

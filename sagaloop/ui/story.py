@@ -117,7 +117,8 @@ def wait_words(wait: WaitLine) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Pager:
-    """One page of a list: which (1-based), of how many, and the addresses of its neighbours."""
+    """One page of a list: which (1-based), of how many, and which items it holds; ``param``
+    names it in the run page's address."""
 
     param: str
     page: int
@@ -139,8 +140,8 @@ def pager(param: str, total: int, size: int, asked: str | None) -> Pager:
     """The page ``asked`` (1-based; ``last``, missing or out of range: the nearest page) of
     ``total`` items in pages of ``size``."""
     pages = max((total + size - 1) // size, 1)
-    if asked == "last":
-        page = pages
+    if asked == "last" or (asked and asked.isdigit() and len(asked) > 9):
+        page = pages  # past any page there is
     else:
         try:
             page = int(asked or 1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +21,12 @@ from sagaloop import App, ApplicationError, RetryPolicy, SagaContext, StepContex
 from sagaloop.cli.main import cli
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
-from sagaloop.engine.history import NewEvent
+from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.ports import RunRecord
 from sagaloop.testing import Harness
 from sagaloop.ui import create_app
-from sagaloop.ui.story import BARS_PAGE, HISTORY_PAGE, STEPS_PAGE, shown
+from sagaloop.ui.spans import bars_of
+from sagaloop.ui.story import BARS_PAGE, HISTORY_PAGE, STEPS_PAGE, pager, shown
 
 HERE = "http://127.0.0.1:8765"
 app = App("story-shop")
@@ -339,3 +340,36 @@ def test_a_sleep_is_a_timer_bar_as_long_as_it_slept(env: Harness) -> None:
     assert rows[0] == ("timer", "5.0 min")
     assert rows[1][0] == "attempt"
     assert '<rect class="bar k-timer o-ok" x="0.0%" y="2" width="' in timeline
+
+
+def test_a_wait_whose_event_was_refused_stays_open_until_one_fits() -> None:
+    """As the engine records an event sent around the client's check (by another process
+    over the broker): it arrives, the wait refuses its data, and the wait goes on."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def at(seconds: int) -> datetime:
+        return t0 + timedelta(seconds=seconds)
+
+    events = [
+        Event(1, h.RUN_STARTED, at(0), None, "ask", {"input": "Rome"}),
+        Event(2, h.EVENT_WAITING, at(0), 0, "reply", {"timeout_at": at(86400).isoformat()}),
+        Event(3, h.EVENT_ARRIVED, at(10), None, "reply", {"data": {"text": "typo"}}),
+        Event(4, h.EVENT_REJECTED, at(10), 0, "reply", {"reason": "accepted: Field required"}),
+    ]
+    (wait,) = bars_of(events)
+    assert (wait.kind, wait.outcome, wait.end) == ("wait", "open", None)
+    assert wait.detail == "refused: accepted: Field required"
+    events.append(Event(5, h.EVENT_ARRIVED, at(30), None, "reply", {"data": {"accepted": 1}}))
+    (wait,) = bars_of(events)
+    assert (wait.outcome, wait.end, wait.took) == ("ok", at(30), "30.0 s")
+    events[-1:] = [Event(5, h.TIMER_FIRED, at(86400), 0, "reply", {})]
+    (wait,) = bars_of(events)
+    assert (wait.outcome, wait.detail, wait.took) == ("failed", "timed out", "24.0 h")
+
+
+def test_a_page_asked_out_of_range_or_not_a_number_is_the_nearest_page() -> None:
+    assert (pager("tp", 450, 200, None).page, pager("tp", 450, 200, "last").page) == (1, 3)
+    assert [pager("tp", 450, 200, x).page for x in ("0", "-2", "abc", "9" * 5000)] == [1, 1, 1, 3]
+    last = pager("hp", 450, 200, "3")
+    assert (last.first, last.last_index, last.rows(list(range(450)))[0]) == (400, 450, 400)
+    assert pager("sp", 0, 50, "2").pages == 1  # an empty list has its one page
