@@ -26,8 +26,9 @@ from sagaloop.engine import state as s
 from sagaloop.errors import RunNotFoundError, SagaloopError
 from sagaloop.sagas.app import App
 from sagaloop.sagas.approvals import KEY_PREFIX
-from sagaloop.ui import story, views
+from sagaloop.ui import views
 from sagaloop.ui.security import Guard, csrf_ok, new_csrf
+from sagaloop.ui.story import event_of, file_name, history_document, pretty
 
 HERE = Path(__file__).parent
 HTMX = "htmx.min.js"
@@ -52,9 +53,9 @@ DONE = {
     "cancelled": "Cancellation requested: the run stops at its next suspension point and "
     "compensates its completed steps.",
     "retried": "Retry requested: the run resumes.",
-    "event": "Event sent.",
     "forked": "Forked: this new run keeps what the commands before the position did and goes "
     "on from there with the code as it is now.",
+    "event": "Event sent.",
 }
 """What the page says after an action (chosen by key: no text travels in the address)."""
 
@@ -94,7 +95,7 @@ def create_app(
         autoescape=True,
         undefined=jinja2.StrictUndefined,
     )
-    env.filters["pretty"] = views.pretty
+    env.filters["pretty"] = pretty
     env.filters["when"] = views.when
     env.filters["q"] = lambda value: urlencode({"id": value})
     app_name = app.name if app is not None else client.app_name
@@ -235,10 +236,10 @@ def create_app(
         """The run's whole history as ``sagaloop export`` writes it, to download."""
         try:
             run_id = run_id_of(request)
-            text = json.dumps(story.history_document(client, run_id), indent=2, ensure_ascii=False)
+            text = json.dumps(history_document(client, run_id), indent=2, ensure_ascii=False)
         except (SagaloopError, Refused) as e:
             return failed(request, e)
-        disposition = f'attachment; filename="{story.file_name(run_id)}"'
+        disposition = f'attachment; filename="{file_name(run_id)}"'
         return Response(
             text, media_type="application/json", headers={"content-disposition": disposition}
         )
@@ -248,7 +249,7 @@ def create_app(
         try:
             run_id = run_id_of(request)
             seq = request.query_params.get("seq", "")
-            event = story.event_of(client, run_id, int(seq)) if seq.isdigit() else None
+            event = event_of(client, run_id, int(seq)) if seq.isdigit() else None
             if event is None:
                 raise Refused(404, f"run {run_id!r} has no event {seq!r}")
         except (SagaloopError, Refused) as e:

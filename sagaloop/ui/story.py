@@ -64,6 +64,8 @@ class Shown:
 
 
 def pretty(value: Any) -> str:
+    """A JSON value as indented JSON (the templates' ``pretty`` filter, and every value the
+    run page shows)."""
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 

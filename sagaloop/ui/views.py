@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,18 +22,13 @@ from sagaloop.engine import state as s
 from sagaloop.engine.history import Event
 from sagaloop.engine.ports import ApprovalRow, RunRecord
 from sagaloop.sagas.approvals import KEY_PREFIX, OPEN_STATUSES, ApprovalRequest, call_id_of
-from sagaloop.ui.story import Story, story, wait_words
+from sagaloop.ui.story import Story, pretty, story, wait_words
 from sagaloop.ui.transcript import Request, requests_of
 
 AGES = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
 """The choices of the runs page's age filter: runs updated within this time."""
 LIMIT = 100
 USAGE_FIELDS = ("requests", "input_tokens", "output_tokens", "tool_calls", "cost")
-
-
-def pretty(value: Any) -> str:
-    """A JSON value as indented JSON (the templates' ``pretty`` filter)."""
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
 
 
 def when(value: datetime | None) -> str:
@@ -130,7 +125,7 @@ def run_version(client: Client, run: RunRecord) -> str:
     return version(run.run_id, run.status, run.last_seq, run.processed_seq, run.updated_at, claims)
 
 
-def run_view(client: Client, run_id: str, pages: Mapping[str, str | None] | None = None) -> RunView:
+def run_view(client: Client, run_id: str, pages: dict[str, str] | None = None) -> RunView:
     """The run page of ``run_id``; ``pages``: which page of its timeline, steps and history
     to show (``tp``, ``sp``, ``hp``: see :func:`sagaloop.ui.story.story`)."""
     run = client.get(run_id)  # first: the history read next is at least as new as its version
