@@ -347,6 +347,12 @@ def create_app(
         client.retry(f["run_id"])
         return "retried"
 
+    def do_fork(f: dict[str, str]) -> tuple[str, str]:
+        at = f.get("at", "")
+        if not at.isdigit():
+            raise Refused(400, "name the position to fork at: the # of a step")
+        return "forked", client.fork(f["run_id"], int(at))
+
     def do_event(f: dict[str, str]) -> str:
         name = f.get("name", "").strip()
         if not name:
@@ -354,12 +360,6 @@ def create_app(
         data = _json_field(f.get("data", ""), "the event's data")
         client.send_event(f["run_id"], name, data, event_id=f.get("event_id") or None)
         return "event"
-
-    def do_fork(f: dict[str, str]) -> tuple[str, str]:
-        at = f.get("at", "")
-        if not at.isdigit():
-            raise Refused(400, "name the position to fork at: the # of a step")
-        return "forked", client.fork(f["run_id"], int(at))
 
     def answer(f: dict[str, str]) -> tuple[str, str, str]:
         """(run id, call id, who) of an answer to an approval, once the hash the page showed
