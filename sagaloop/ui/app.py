@@ -28,6 +28,7 @@ from sagaloop.sagas.app import App
 from sagaloop.sagas.approvals import KEY_PREFIX
 from sagaloop.ui import ops, views
 from sagaloop.ui.security import Guard, csrf_ok, new_csrf
+from sagaloop.ui.story import event_of, file_name, history_document, pretty
 
 HERE = Path(__file__).parent
 HTMX = "htmx.min.js"
@@ -52,6 +53,8 @@ DONE = {
     "cancelled": "Cancellation requested: the run stops at its next suspension point and "
     "compensates its completed steps.",
     "retried": "Retry requested: the run resumes.",
+    "forked": "Forked: this new run keeps what the commands before the position did and goes "
+    "on from there with the code as it is now.",
     "event": "Event sent.",
     "resent": "Resent: the message is back on the queue it came from.",
 }
@@ -98,7 +101,7 @@ def create_app(
         autoescape=True,
         undefined=jinja2.StrictUndefined,
     )
-    env.filters["pretty"] = views.pretty
+    env.filters["pretty"] = pretty
     env.filters["when"] = views.when
     env.filters["q"] = lambda value: urlencode({"id": value})
     app_name = app.name if app is not None else client.app_name
@@ -199,14 +202,18 @@ def create_app(
         return run_id
 
     def of_run(
-        template: str, live_template: str, view_of: Callable[[Client, str], Any], **extra: Any
+        template: str,
+        live_template: str,
+        view_of: Callable[[Client, str, dict[str, str]], Any],
+        **extra: Any,
     ) -> tuple[Endpoint, Endpoint]:
-        """The page ``template`` of the view ``view_of(client, run_id)`` of the run ``?id=``,
-        and its live region ``live_template`` (204 while the run's version is ``?v=``)."""
+        """The page ``template`` of the view ``view_of(client, run_id, query)`` of the run
+        ``?id=``, and its live region ``live_template`` (204 while the run's version is
+        ``?v=``)."""
 
         def full(request: Request) -> Response:
             try:
-                view = view_of(client, run_id_of(request))
+                view = view_of(client, run_id_of(request), dict(request.query_params))
             except (SagaloopError, Refused) as e:
                 return failed(request, e)
             return page(request, template, view=view, **extra)
@@ -217,7 +224,7 @@ def create_app(
                 seen = request.query_params.get("v")
                 if seen == views.run_version(client, client.get(run_id)):
                     return Response(status_code=204)
-                view = view_of(client, run_id)
+                view = view_of(client, run_id, dict(request.query_params))
             except (SagaloopError, Refused) as e:
                 return failed(request, e)
             return page(request, live_template, view=view, **extra)
@@ -228,8 +235,32 @@ def create_app(
         "run.html", "_run_live.html", views.run_view, approval_prefix=KEY_PREFIX
     )
     transcript, transcript_live = of_run(
-        "transcript.html", "_transcript_live.html", views.transcript_view
+        "transcript.html", "_transcript_live.html", lambda c, r, q: views.transcript_view(c, r)
     )
+
+    def history_json(request: Request) -> Response:
+        """The run's whole history as ``sagaloop export`` writes it, to download."""
+        try:
+            run_id = run_id_of(request)
+            text = json.dumps(history_document(client, run_id), indent=2, ensure_ascii=False)
+        except (SagaloopError, Refused) as e:
+            return failed(request, e)
+        disposition = f'attachment; filename="{file_name(run_id)}"'
+        return Response(
+            text, media_type="application/json", headers={"content-disposition": disposition}
+        )
+
+    def value_page(request: Request) -> Response:
+        """The whole data of one event of a run (``?id=RUN&seq=N``): what a row cut."""
+        try:
+            run_id = run_id_of(request)
+            seq = request.query_params.get("seq", "")
+            event = event_of(client, run_id, int(seq)) if seq.isdigit() else None
+            if event is None:
+                raise Refused(404, f"run {run_id!r} has no event {seq!r}")
+        except (SagaloopError, Refused) as e:
+            return failed(request, e)
+        return page(request, "value.html", run_id=run_id, event=event)
 
     # --- approvals and dead letters ------------------------------------------------------------
 
@@ -290,12 +321,13 @@ def create_app(
         return fields
 
     def action(
-        handler: Callable[[dict[str, str]], str | None],
-        confirm: str | None = None,
+        handler: Callable[[dict[str, str]], str | tuple[str, str] | None],
+        confirm: str | Callable[[dict[str, str]], str] | None = None,
     ) -> Callable[[Request], Any]:
         """A POST endpoint: check the form, ask for confirmation (``confirm``: the question)
-        unless the form says ``confirmed``, call ``handler`` (it returns the ``done`` key),
-        then show the run (or the approvals page, for an answer given there)."""
+        unless the form says ``confirmed``, call ``handler`` (it returns the ``done`` key, or
+        the key and the run to show instead), then show the run (or the approvals page, for an
+        answer given there)."""
 
         async def endpoint(request: Request) -> Response:
             try:
@@ -304,15 +336,18 @@ def create_app(
                     return page(
                         request,
                         "confirm.html",
-                        question=confirm,
+                        question=confirm if isinstance(confirm, str) else confirm(fields),
                         fields=fields,
                         action=request.url.path,
                     )
                 done = await run_in_threadpool(handler, fields)
             except (SagaloopError, Refused) as e:
                 return failed(request, e)
+            shown = fields["run_id"]
+            if isinstance(done, tuple):
+                done, shown = done
             where = "/approvals?" if fields.get("next") == "approvals" else "/run?"
-            query = {} if where == "/approvals?" else {"id": fields["run_id"]}
+            query = {} if where == "/approvals?" else {"id": shown}
             if done:
                 query["done"] = done
             return RedirectResponse(where + urlencode(query), status_code=303)
@@ -327,6 +362,12 @@ def create_app(
     def do_retry(f: dict[str, str]) -> str:
         client.retry(f["run_id"])
         return "retried"
+
+    def do_fork(f: dict[str, str]) -> tuple[str, str]:
+        at = f.get("at", "")
+        if not at.isdigit():
+            raise Refused(400, "name the position to fork at: the # of a step")
+        return "forked", client.fork(f["run_id"], int(at))
 
     def do_event(f: dict[str, str]) -> str:
         name = f.get("name", "").strip()
@@ -411,6 +452,8 @@ def create_app(
         Route("/runs/live", runs_live),
         Route("/run", run_page),
         Route("/run/live", run_live),
+        Route("/run/history.json", history_json),
+        Route("/run/value", value_page),
         Route("/run/transcript", transcript),
         Route("/run/transcript/live", transcript_live),
         Route("/approvals", approvals),
@@ -434,6 +477,19 @@ def create_app(
             methods=["POST"],
         ),
         Route("/run/event", action(do_event), methods=["POST"]),
+        Route(
+            "/run/fork",
+            action(
+                do_fork,
+                lambda f: (
+                    f"Fork this run at position #{f.get('at')} (step {f.get('step')})? A "
+                    "new run keeps what the commands before it did (their recorded results, "
+                    "nothing run again) and runs this step and what follows with the code as it is "
+                    "now. This run is left as it is."
+                ),
+            ),
+            methods=["POST"],
+        ),
         Route("/approve", action(do_approve), methods=["POST"]),
         Route("/deny", action(do_deny), methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),

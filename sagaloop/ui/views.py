@@ -22,17 +22,13 @@ from sagaloop.engine import state as s
 from sagaloop.engine.history import Event
 from sagaloop.engine.ports import ApprovalRow, RunRecord
 from sagaloop.sagas.approvals import KEY_PREFIX, OPEN_STATUSES, ApprovalRequest, call_id_of
+from sagaloop.ui.story import Story, pretty, story, wait_words
 from sagaloop.ui.transcript import Request, requests_of
 
 AGES = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
 """The choices of the runs page's age filter: runs updated within this time."""
 LIMIT = 100
 USAGE_FIELDS = ("requests", "input_tokens", "output_tokens", "tool_calls", "cost")
-
-
-def pretty(value: Any) -> str:
-    """A JSON value as indented JSON (the templates' ``pretty`` filter)."""
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
 
 
 def when(value: datetime | None) -> str:
@@ -90,16 +86,6 @@ class Failure:
 
 
 @dataclasses.dataclass
-class HistoryLine:
-    seq: int
-    at: datetime
-    kind: str
-    name: str | None
-    pos: int | None
-    data: str
-
-
-@dataclasses.dataclass
 class UsageLine:
     name: str
     used: Any
@@ -123,7 +109,9 @@ class RunView:
     budget: dict[str, Any] | None
     requests: int
     """How many model requests its history holds (an agent run: it has a transcript)."""
-    history: list[HistoryLine]
+    story: Story
+    """Its timeline, steps with inputs and results, compensations, approvals' audit, child
+    runs and history, each paged (:mod:`sagaloop.ui.story`)."""
     version: str
 
 
@@ -137,7 +125,9 @@ def run_version(client: Client, run: RunRecord) -> str:
     return version(run.run_id, run.status, run.last_seq, run.processed_seq, run.updated_at, claims)
 
 
-def run_view(client: Client, run_id: str) -> RunView:
+def run_view(client: Client, run_id: str, pages: dict[str, str] | None = None) -> RunView:
+    """The run page of ``run_id``; ``pages``: which page of its timeline, steps and history
+    to show (``tp``, ``sp``, ``hp``: see :func:`sagaloop.ui.story.story`)."""
     run = client.get(run_id)  # first: the history read next is at least as new as its version
     events = client.history(run_id)
     now = client.clock.now()
@@ -155,16 +145,14 @@ def run_view(client: Client, run_id: str) -> RunView:
         run=run,
         tl=tl,
         final=final,
-        why=[_why_line(line) for line in tl.waiting_for],
+        why=[_why_line(line, tl) for line in tl.waiting_for],
         failures=_failures(events),
         approvals=approvals,
         published=published,
         usage=usage,
         budget=budget,
         requests=len(requests_of(events)),
-        history=[
-            HistoryLine(ev.seq, ev.at, ev.kind, ev.name, ev.pos, _short(ev.data)) for ev in events
-        ],
+        story=story(client, run, events, tl, now, pages or {}),
         version=run_version(client, run),
     )
 
@@ -251,8 +239,14 @@ def _run_approvals(client: Client, run: RunRecord, tl: Timeline) -> list[Approva
     return sorted(cards, key=lambda c: c.request.requested_at)
 
 
-def _why_line(line: str) -> str:
+def _why_line(line: str, tl: Timeline) -> str:
+    """A line of why the run waits, an approval's in words: "waiting for approval of
+    refund(cents=1250) (the approval below)", not the internal event name."""
     if line.startswith(f"waiting for event '{KEY_PREFIX}") and ", asking " in line:
+        name = line.removeprefix("waiting for event '").split("'", 1)[0]
+        wait = next((w for w in tl.waits if w.kind == "approval" and w.events == [name]), None)
+        if wait is not None:
+            return f"waiting for {wait_words(wait)} (the approval below)"
         return line.split(", asking ", 1)[0] + " (the approval below)"
     return line
 
@@ -300,11 +294,6 @@ def _usage(value: Any) -> tuple[list[UsageLine], dict[str, Any] | None]:
         if name in value
     ]
     return lines, budget
-
-
-def _short(data: Any, limit: int = 300) -> str:
-    text = json.dumps(data, ensure_ascii=False, default=str)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --- a run's transcript ---------------------------------------------------------------------

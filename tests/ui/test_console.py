@@ -168,7 +168,9 @@ def test_an_operator_approves_cancels_and_reads_errors_and_transcripts_by_clicki
     expect(approval.locator("pre.args")).to_contain_text('"order": "A-17"')
     expect(approval.locator("pre.args")).to_contain_text('"amount": 2500')
     expect(approval.locator("code.hash")).to_have_text(args_hash(REFUND))
-    expect(page.locator("ul.why")).to_contain_text("waiting for event 'approval:refund'")
+    expect(page.locator("ul.why")).to_contain_text(
+        'waiting for approval of refund(order="A-17", amount=2500)'
+    )
     page.screenshot(path=to / "approval.png")
 
     page.evaluate("window.notReloaded = true")
