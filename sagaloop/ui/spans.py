@@ -131,6 +131,8 @@ def bars_of(events: list[Event]) -> list[Bar]:
             if refused.kind == "wait" and pos in names_of and refused.outcome != "failed":
                 refused.end, refused.outcome, waits[pos] = None, "open", names_of[pos]
             refused.detail = f"refused: {str(ev.data.get('reason', ''))[:120]}"
+        elif ev.kind == h.TIMER_CANCELLED and pos is not None:  # what it raced came first
+            close(open_span.get(pos), ev.at, "ok", "cancelled: not needed")
         elif ev.kind == h.TIMER_FIRED and pos is not None:
             if waits.pop(pos, None) is not None:  # a wait's timeout
                 close(open_span.get(pos), ev.at, "failed", "timed out")

@@ -367,6 +367,24 @@ def test_a_wait_whose_event_was_refused_stays_open_until_one_fits() -> None:
     assert (wait.outcome, wait.detail, wait.took) == ("failed", "timed out", "24.0 h")
 
 
+def test_a_timer_the_code_cancelled_ends_its_bar_where_it_was_cancelled() -> None:
+    """``asyncio.wait_for`` whose event came first: its timer is recorded ``timer_cancelled``
+    and never fires; its bar ends there instead of staying open for ever."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    events = [
+        Event(1, h.RUN_STARTED, t0, None, "ask", {"input": None}),
+        Event(
+            2, h.TIMER_STARTED, t0, 0, "sleep", {"fire_at": (t0 + timedelta(hours=1)).isoformat()}
+        ),
+        Event(3, h.EVENT_WAITING, t0, 1, "reply", {}),
+        Event(4, h.EVENT_ARRIVED, t0 + timedelta(seconds=9), None, "reply", {"data": 1}),
+        Event(5, h.TIMER_CANCELLED, t0 + timedelta(seconds=9), 0, "sleep", {}),
+    ]
+    timer, wait = bars_of(events)
+    assert (timer.kind, timer.outcome, timer.took) == ("timer", "ok", "9.0 s")
+    assert (wait.outcome, wait.end) == ("ok", t0 + timedelta(seconds=9))
+
+
 def test_a_page_asked_out_of_range_or_not_a_number_is_the_nearest_page() -> None:
     assert (pager("tp", 450, 200, None).page, pager("tp", 450, 200, "last").page) == (1, 3)
     assert [pager("tp", 450, 200, x).page for x in ("0", "-2", "abc", "9" * 5000)] == [1, 1, 1, 3]
