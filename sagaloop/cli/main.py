@@ -13,7 +13,7 @@ import click
 from pythonjsonlogger.json import JsonFormatter
 
 from sagaloop.cli.common import Obj, app_option, errors, json_arg
-from sagaloop.cli.render import pending_text, printable, runs_text, stream_line, timeline_text
+from sagaloop.cli.render import TailLines, pending_text, printable, runs_text, timeline_text
 from sagaloop.engine.state import ALL_STATUSES
 
 if TYPE_CHECKING:  # imported where used: the client loads the store (SQLAlchemy)
@@ -456,8 +456,9 @@ def tail(obj: Obj, run_id: str, no_follow: bool, as_json: bool) -> None:
         from sagaloop.client import Client
 
         client = Client(obj.store(), streams=obj.streams())
+        lines = TailLines()
         for item in client.stream(run_id, follow=not no_follow):
-            click.echo(json.dumps(item, default=str) if as_json else stream_line(item))
+            click.echo(json.dumps(item, default=str) if as_json else lines.line(item))
 
 
 @cli.command("list")

@@ -3,6 +3,7 @@ stdout is a terminal, plain text when it is not (a pipe, a file, a test) or NO_C
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -148,22 +149,10 @@ def timeline_text(tl: Timeline) -> str:
         head.append(f"reason    {printable(tl.reason)}")
     if tl.cancel_reason is not None:
         head.append(f"cancel    requested: {printable(str(tl.cancel_reason))}")
-    rows = [
-        [
-            str(s.position),
-            s.step,
-            s.state,
-            str(s.attempts),
-            f"{s.duration_s:.3f} s" if s.duration_s is not None else "-",
-            s.worker or "-",
-            s.compensation or "-",
-            s.idempotency_key,
-        ]
-        for s in tl.steps
-    ]
+    rows = _command_rows(tl)
     parts = ["\n".join(head)]
     if rows:
-        headers = ["#", "step", "state", "tries", "took", "worker", "undo", "idempotency key"]
+        headers = ["#", "command", "state", "tries", "took", "worker", "undo", "idempotency key"]
         parts.append(text_table(headers, rows))
     errors = [
         f"  #{s.position} {printable(s.step)}: {printable(s.error)}"
@@ -216,6 +205,33 @@ def timeline_text(tl: Timeline) -> str:
     return "\n\n".join(parts)
 
 
+def _command_rows(tl: Timeline) -> list[list[str]]:
+    """A row per command of ``tl`` by position (a position skipped in this table is one no
+    command holds): a step with its attempts, duration, worker, undo and key; a wait, sleep,
+    publish or approval by what it names."""
+    steps = {s.position: s for s in tl.steps}
+    rows = []
+    for c in tl.commands or []:
+        x = steps.get(c.position)
+        if x is not None:
+            rows.append(
+                [
+                    str(x.position),
+                    x.step,
+                    x.state,
+                    str(x.attempts),
+                    f"{x.duration_s:.3f} s" if x.duration_s is not None else "-",
+                    x.worker or "-",
+                    x.compensation or "-",
+                    x.idempotency_key,
+                ]
+            )
+        else:
+            what = f"{c.command} {c.name!r}" if c.name else c.command
+            rows.append([str(c.position), what, c.state, "-", "-", "-", "-", "-"])
+    return rows
+
+
 def _why(line: str) -> str:
     """A line of "why it waits"; an approval's without the request, shown below it."""
     from sagaloop.sagas.approvals import KEY_PREFIX
@@ -262,14 +278,116 @@ def pending_text(windows: Sequence[Debounced]) -> str:
     return f"pending debounced starts:\n{text_table(head, rows)}"
 
 
+VALUE_LIMIT = 200
+"""The characters of JSON a value may take in a line of ``tail`` before it is cut (with
+``… (+N chars)``: :func:`sagaloop.client.values.clip_json`)."""
+
+
+class TailLines:
+    """The lines of ``sagaloop tail``, one per item: a history event numbered by its command's
+    position (``#3``, as ``status`` and ``fork --at`` number it; an event of no command, such
+    as an event arriving, has none), or an item a step streamed live (``~ step: text``). A
+    step's call reads ``name(args)`` and its outcome ``name -> result``; an agent's model
+    request reads as its new messages and its answer (text, ``tool call name(args)``, ``tool
+    result name: text``), parsed as the console's transcript parses them. Every line is
+    :func:`printable`: one item, one line."""
+
+    def __init__(self) -> None:
+        self.models: set[int] = set()
+        """The positions of model requests seen (their results read as answers)."""
+        self.systems: set[str] = set()
+        """The instructions shown already (frameworks send them with every request)."""
+
+    def line(self, item: dict[str, Any]) -> str:
+        if item.get("source") != "history":
+            data = item.get("data")
+            text = data.get("text") if isinstance(data, dict) else None
+            shown = text if isinstance(text, str) else short_json(data, VALUE_LIMIT)
+            return printable(f"~ {item.get('step')}: {shown}")
+        pos, kind, name = item.get("position"), str(item.get("kind")), item.get("name")
+        data = item.get("data")
+        data = data if isinstance(data, dict) else {}
+        head = f"#{pos} " if isinstance(pos, int) else ""
+        return printable(head + self._event(pos, kind, name, data))
+
+    def _event(self, pos: Any, kind: str, name: Any, data: dict[str, Any]) -> str:
+        from sagaloop.client.transcript import _delta, message_parts, response_parts
+
+        if kind == "step_scheduled":
+            delta = _delta(data.get("args"))
+            if delta is not None:
+                self.models.add(pos)
+                parts = [p for m in delta.get("append") or [] for p in message_parts(m)]
+                return f"model request {name}: {_parts(self._sent(parts))}"
+            return f"call {name}({_args(_tool_args(data.get('args')))})"
+        if kind == "step_completed" and pos in self.models:
+            return f"model answer {name}: {_parts(response_parts(data.get('result')))}"
+        if kind == "step_completed":
+            return f"{name} -> {short_json(data.get('result'), VALUE_LIMIT)}"
+        what = f"{kind} {name}" if name else kind
+        return f"{what} {short_json(data, VALUE_LIMIT)}" if data else what
+
+    def _sent(self, parts: list[Any]) -> list[Any]:
+        """What a model request sends that no line showed yet: the user's words, tool results
+        and instructions the first time; not what the model said before (its answer's line
+        showed it), which frameworks send back with every request."""
+        out = []
+        for part in parts:
+            if part.kind in ("assistant", "tool call", "thinking"):
+                continue
+            if part.kind == "system":
+                if part.text in self.systems:
+                    continue
+                self.systems.add(part.text)
+            out.append(part)
+        return out
+
+
+def _tool_args(args: Any) -> Any:
+    """An agent's tool step's arguments (``{"call": {"args": ..., "context": ...}}``): the
+    tool's own, without the run context; any other step's as they are."""
+    call = args.get("call") if isinstance(args, dict) and len(args) == 1 else None
+    if isinstance(call, dict) and "context" in call and isinstance(call.get("args"), dict):
+        return call["args"]
+    return args
+
+
+def _args(args: Any) -> str:
+    """A call's arguments (``{"name": value}``) as ``name=value, ...``, each value's JSON cut
+    at a value's edge."""
+    if not isinstance(args, dict) or not args:
+        return "" if args in (None, {}, []) else short_json(args, VALUE_LIMIT)
+    each = max(VALUE_LIMIT // len(args), 40)
+    return ", ".join(f"{k}={short_json(v, each)}" for k, v in args.items())
+
+
+def _parts(parts: Sequence[Any]) -> str:
+    """Transcript parts in one line: ``user: text``, ``tool call name(args)``, ``tool result
+    name: text``, ``assistant: text``; each text cut to the limit."""
+    shown = []
+    for p in parts:
+        text = _cut(" ".join(p.text.split()))
+        if p.kind in ("tool call", "other"):  # JSON (indented by the parser): compact, cut
+            with contextlib.suppress(ValueError):
+                text = short_json(json.loads(p.text), VALUE_LIMIT)
+        if p.kind == "tool call":
+            shown.append(f"tool call {p.label}({text})")
+        elif p.kind == "tool result":
+            shown.append(f"tool result {p.label}: {text}" if p.label else f"tool result: {text}")
+        else:
+            shown.append(f"{p.kind}: {text}")
+    return " | ".join(shown) or "-"
+
+
+def _cut(text: str) -> str:
+    """``text`` within :data:`VALUE_LIMIT` characters, cut at a word's end with a marker."""
+    if len(text) <= VALUE_LIMIT:
+        return text
+    kept = text[:VALUE_LIMIT].rsplit(" ", 1)[0] if " " in text[:VALUE_LIMIT] else text[:VALUE_LIMIT]
+    return f"{kept} … (+{len(text) - len(kept)} chars)"
+
+
 def stream_line(item: dict[str, Any]) -> str:
-    """One line of ``sagaloop tail``: a history event, or an item a step streamed live (its
-    line breaks escaped too, :func:`printable`: one item, one line)."""
-    if item.get("source") == "history":
-        name = f" {item['name']}" if item.get("name") else ""
-        line = f"#{item.get('seq')} {item.get('kind')}{name} {short_json(item.get('data'))}"
-        return printable(line)
-    data = item.get("data")
-    text = data.get("text") if isinstance(data, dict) else None
-    shown = text if isinstance(text, str) else short_json(data)
-    return printable(f"~ {item.get('step')}: {shown}")
+    """One line of ``sagaloop tail`` for ``item`` alone (:class:`TailLines` keeps what reads
+    a model request's answer as one)."""
+    return TailLines().line(item)

@@ -1,0 +1,190 @@
+"""What the CLI prints for an operator (issue 26): one numbering of positions in ``status``,
+``tail`` and ``fork --at``; values cut at a value's edge with a visible marker; ``tail`` reading
+an agent's model requests as the console's transcript reads them; and a non-determinism that
+says what to do."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_env import cli_database, run
+from pydantic_ai import Agent, models
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from sagaloop import App, SagaContext
+from sagaloop.agents.pydantic_ai import SagaAgent
+from sagaloop.client.values import clip_json
+from sagaloop.testing import Harness
+
+models.ALLOW_MODEL_REQUESTS = False
+
+APP = """
+from datetime import timedelta
+
+from sagaloop import App, SagaContext, StepContext
+
+app = App("numbers")
+
+
+@app.step
+def charge(ctx: StepContext, cents: int) -> dict:
+    return {"cents": cents, "note": "x" * 300}
+
+
+@app.saga(name="pay")
+async def pay(ctx: SagaContext, cents: int) -> int:
+    await ctx.call(charge, cents)                                    # 0
+    await ctx.wait_for_event("go", timeout=timedelta(days=1))        # 1
+    await ctx.sleep(timedelta(seconds=1))                            # 2
+    await ctx.call(charge, cents + 1)                                # 3
+    ctx.publish("progress", {"charged": cents, "log": ["abcdefghij"] * 40})  # 4
+    await ctx.approval("refund", {"cents": 5}, reason="lost")        # 5 (asked), 6 (its wait)
+    await ctx.call(charge, cents + 2)
+    return cents
+"""
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    db = cli_database(tmp_path, monkeypatch, "numbers_cli", APP)
+    import numbers_cli
+
+    env = Harness(numbers_cli.app, url=f"sqlite:///{db}")
+    env.start("pay", 250, run_id="r1")
+    env.run_until_idle(skip_time=False)
+    env.send_event("r1", "go", None)
+    env.run_until_idle()
+    yield env
+    env.close()
+
+
+def _table(text: str) -> list[list[str]]:
+    """The rows of ``status``'s table (plain: not a terminal), split on runs of spaces."""
+    lines = text.split("\n\n")[1].splitlines()
+    assert lines[0].split()[:3] == ["#", "command", "state"], lines[0]
+    return [re.split(r"\s{2,}", line) for line in lines[2:]]
+
+
+def test_status_tail_and_fork_number_the_commands_the_same_way(env: Harness) -> None:
+    status = run("status", "r1")
+    assert status.exit_code == 0, status.output
+    rows = _table(status.output)
+    assert [int(r[0]) for r in rows] == list(range(7)), "every position, none skipped"
+    assert [r[1] for r in rows] == [
+        "charge",
+        "wait_for_event 'go'",
+        "sleep",
+        "charge",
+        "publish 'progress'",
+        "approval 'refund'",
+        "wait_for_event 'approval:5'",
+    ]
+    assert rows[3][-1] == "r1/3/do", "the idempotency key holds the same position"
+    assert "approvals asked:\n  5: refund" in status.output, "the call id is its position"
+    commands = json.loads(run("status", "r1", "--json").output)["commands"]
+    assert [(c["position"], c["command"], c["state"]) for c in commands][:4] == [
+        (0, "call", "completed"),
+        (1, "wait_for_event", "ended"),
+        (2, "sleep", "ended"),
+        (3, "call", "completed"),
+    ]
+
+    tail = run("tail", "r1", "--no-follow").output.splitlines()
+    assert tail[0] == 'run_started pay {"input": 250}', "no command: no position"
+    assert "#3 call charge(cents=251)" in tail
+    assert any(line.startswith("#3 charge -> ") for line in tail)
+    assert "#2 timer_fired" in tail
+    numbered = {int(m.group(1)) for line in tail if (m := re.match(r"#(\d+) ", line))}
+    assert numbered == set(range(7))
+
+    forked = run("fork", "r1", "--at", "3", "--app", "numbers_cli", "--run-id", "f1")
+    assert forked.exit_code == 0, forked.output
+    kept = json.loads(run("status", "f1", "--json").output)["commands"]
+    assert [(c["position"], c["name"]) for c in kept] == [(0, "charge"), (1, "go"), (2, "")]
+
+
+def test_values_are_cut_at_a_value_s_edge_with_a_marker(env: Harness) -> None:
+    text = run("status", "r1").output
+    [line] = [x for x in text.splitlines() if x.startswith("  progress = ")]
+    shown, _, count = line.removeprefix("  progress = ").rpartition(" … (+")
+    assert shown.startswith('{"charged": 250, "log": ["abcdefghij", ')
+    assert shown.endswith('"abcdefghij", …]}'), "whole items, the rest one marker"
+    whole = json.dumps({"charged": 250, "log": ["abcdefghij"] * 40}, ensure_ascii=False)
+    assert count == f"{len(whole) - len(shown)} chars)"
+
+    tail = run("tail", "r1", "--no-follow").output
+    [result] = [x for x in tail.splitlines() if x.startswith("#0 charge -> ")]
+    assert re.search(r'"note": "x+…"\} … \(\+\d+ chars\)$', result), result
+    assert "..." not in tail
+
+
+@pytest.mark.parametrize(
+    ("value", "limit", "expected"),
+    [
+        ({"a": 1}, 200, '{"a": 1}'),
+        (list(range(100)), 40, "[0, 1, 2, 3, 4, 5, 6, …] … (+366 chars)"),
+        ({"a": "y" * 50, "b": 2}, 40, '{"a": "yyyyyyyyyyy…", …} … (+43 chars)'),
+        ("\x1b" * 50, 40, '"\\u001b\\u001b\\u001b…" … (+281 chars)'),
+        ({"deep": {"er": [1, 2, 3] * 20}}, 50, '{"deep": {"er": [1, 2, 3, 1, …]}} … (+165 chars)'),
+    ],
+)
+def test_clip_json_keeps_whole_tokens(value: Any, limit: int, expected: str) -> None:
+    """Whole numbers, keys and escapes; a string cut inside its quotes; within the limit."""
+    assert clip_json(value, limit) == expected
+    assert len(expected) <= limit
+
+
+def test_clip_json_pretty_prints_the_same_cut() -> None:
+    text = clip_json({"log": ["abcdefghij"] * 40}, 60, indent=2)
+    assert text.startswith('{\n  "log": [\n    "abcdefghij",\n')
+    assert text.endswith("    …\n  ]\n} … (+" + text.rpartition("(+")[2])
+
+
+def _answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    if len(messages) == 1:
+        return ModelResponse(
+            parts=[TextPart("I will refund it."), ToolCallPart("refund", {"cents": 1250})]
+        )
+    return ModelResponse(parts=[TextPart("Refunded 12.50.")])
+
+
+def test_tail_reads_an_agent_s_model_requests(tmp_path: Path) -> None:
+    app = App("agentic")
+    agent = Agent(FunctionModel(_answer), name="refunds", instructions="Be kind.")
+
+    @agent.tool_plain
+    def refund(cents: int) -> str:
+        return f"refunded {cents}"
+
+    saga_agent = SagaAgent(agent, app=app)
+
+    @app.saga(name="ask")
+    async def ask(ctx: SagaContext, prompt: str) -> str:
+        return str((await saga_agent.run(prompt)).output)
+
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    env = Harness(app, url=url)
+    try:
+        env.start("ask", "Where is my refund?", run_id="a1")
+        env.run_until_idle()
+        assert env.get("a1").status == "completed"
+        out = run("--database-url", url, "tail", "a1", "--no-follow").output.splitlines()
+    finally:
+        env.close()
+    model = "agent__refunds__model_request"
+    assert f"#0 model request {model}: system: Be kind. | user: Where is my refund?" in out
+    answer = 'assistant: I will refund it. | tool call refund({"cents": 1250})'
+    assert f"#0 model answer {model}: {answer}" in out
+    assert "#2 call agent__refunds__tool__refund(cents=1250)" in out, "the tool's arguments"
+    assert '#2 agent__refunds__tool__refund -> {"value": "refunded 1250"}' in out
+    assert f"#3 model request {model}: tool result refund: refunded 1250" in out, (
+        "what the request sends anew: not the answer above again, nor the instructions"
+    )
+    assert f"#3 model answer {model}: assistant: Refunded 12.50." in out
+    assert not any('"part_kind"' in line for line in out), "no raw framework JSON"
