@@ -43,6 +43,14 @@ class InputError(click.ClickException):
     exit_code = 2
 
 
+DIVERGED_FIX = (
+    "to fix: the code about to be deployed must issue the recorded command where a run "
+    "diverged: keep the old code path, or branch on ctx.patched('change-id') so runs that "
+    "passed there with the old code take it (docs/concepts/versioning.md)"
+)
+"""What ``replay`` says after the histories the code diverged from."""
+
+
 # --- export ----------------------------------------------------------------------------------
 
 
@@ -167,7 +175,8 @@ def replay(obj: Obj, files: Sequence[Path], app_spec: str | None) -> None:
             replay_history(app, events, run_id=run_id)
         except (NonDeterminismError, ActivationDeadlineError, ValueError) as e:
             diverged += 1
-            click.echo(printable(f"{path}: diverged: {' '.join(str(e).split())}"))
+            said = e.divergence if isinstance(e, NonDeterminismError) else str(e)
+            click.echo(printable(f"{path}: diverged: {' '.join(said.split())}"))
         except Exception as e:  # the last net: what the checks of _checked did not foresee
             broken += 1
             reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]
@@ -175,6 +184,8 @@ def replay(obj: Obj, files: Sequence[Path], app_spec: str | None) -> None:
         else:
             shown = f"{path}: ok (run {run_id or 'replay'!r}, {len(events)} events)"
             click.echo(printable(shown))
+    if diverged:
+        click.echo(DIVERGED_FIX)
     if broken or diverged:
         raise click.exceptions.Exit(InputError.exit_code if broken else 1)
 

@@ -191,18 +191,34 @@ def timeline_text(tl: Timeline) -> str:
         )
     shown = {k: v for k, v in tl.published.items() if k not in {w.events[0] for w in asked}}
     if shown:
-        values = [
-            f"  {printable(key)} = {printable(short_json(value, 120))}"
-            for key, value in sorted(shown.items())
-        ]
+        values = [f"  {printable(key)} = {_value(value)}" for key, value in sorted(shown.items())]
         parts.append("published:\n" + "\n".join(values))
     if tl.status == "completed":
-        parts.append("output: " + printable(json.dumps(tl.output)))
+        parts.append("output: " + _value(tl.output, indent=""))
     elif tl.error:
         error = printable(f"error: {tl.error.get('type')}: {tl.error.get('message')}")
         trace = tl.error.get("traceback")
         parts.append(error + (f"\n{_indent(str(trace))}" if trace else ""))
     return "\n\n".join(parts)
+
+
+LINE_VALUE = 100
+"""A value whose JSON is this long or shorter is shown on one line; a longer one is
+pretty-printed, cut at :data:`STATUS_VALUE` characters of JSON."""
+STATUS_VALUE = 600
+
+
+def _value(value: Any, indent: str = "    ") -> str:
+    """A published value or an output for ``status``: its JSON on one line when short, else
+    pretty-printed from there (each next line after ``indent``), cut at a value's edge with
+    ``… (+N chars)`` past :data:`STATUS_VALUE` characters (``--json`` has it whole)."""
+    from sagaloop.client.values import clip_json
+
+    line = clip_json(value, LINE_VALUE)
+    if len(line) <= LINE_VALUE and "… (+" not in line:
+        return printable(line)
+    first, *rest = clip_json(value, STATUS_VALUE, indent=2).splitlines()
+    return "\n".join([printable(first), *(indent + printable(x) for x in rest)])
 
 
 def _command_rows(tl: Timeline) -> list[list[str]]:

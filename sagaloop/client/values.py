@@ -10,6 +10,9 @@ from typing import Any
 MORE = "\x00…\x00"
 """What stands for the items left out, until the JSON is written (then ``…``)."""
 _MORE_JSON = json.dumps(MORE, ensure_ascii=False)
+MIN_CUT = 16
+"""The fewest characters of a string inside a list or object kept when it is cut: with less
+room the whole string is left out (a value alone is cut to what fits)."""
 
 
 def clip_json(value: Any, limit: int = 200, *, indent: int | None = None) -> str:
@@ -20,8 +23,8 @@ def clip_json(value: Any, limit: int = 200, *, indent: int | None = None) -> str
     shown. ``indent``: pretty-printed (the budget is the compact form's)."""
     whole = json.dumps(value, ensure_ascii=False, default=str)
     if len(whole) <= limit:
-        return whole if indent is None else json.dumps(value, ensure_ascii=False, indent=indent)
-    kept = _clip(json.loads(whole), max(limit - 16, 8))[0]
+        return whole if indent is None else _written(json.loads(whole), indent)
+    kept = _clip(json.loads(whole), max(limit - 16, 8), least=1)[0]
     compact, text = _written(kept, None), _written(kept, indent)
     return f"{text} … (+{max(len(whole) - len(compact), 1)} chars)"
 
@@ -37,9 +40,10 @@ def _size(value: Any) -> int:
     return len(json.dumps(value, ensure_ascii=False))
 
 
-def _clip(value: Any, room: int) -> tuple[Any, int, bool]:
+def _clip(value: Any, room: int, least: int = MIN_CUT) -> tuple[Any, int, bool]:
     """``value`` cut to ``room`` characters of compact JSON: (what is kept, its length, whether
-    it is whole). What cannot be kept at all is :data:`MORE`."""
+    it is whole). What cannot be kept at all is :data:`MORE`; a string is cut if at least
+    ``least`` of its characters fit."""
     size = _size(value)
     if size <= room:
         return value, size, True
@@ -49,7 +53,7 @@ def _clip(value: Any, room: int) -> tuple[Any, int, bool]:
             mid = (low + high + 1) // 2
             low, high = (mid, high) if _size(value[:mid]) + 1 <= room else (low, mid - 1)
         keep = low
-        if keep > 0:
+        if keep >= least:  # else a stub, less legible than "…"
             cut = value[:keep] + "…"
             return cut, _size(cut), False
     if isinstance(value, list) and room >= 5:
@@ -71,6 +75,9 @@ def _clip_items(items: list[tuple[Any, Any]], room: int, *, keyed: bool) -> tupl
         left = room - used - head - (0 if i == len(items) - 1 else 3)  # ", …" for the rest
         part, size, whole = _clip(item, left) if left > 0 else (MORE, 1, False)
         if part is MORE:
+            if keyed and left > 0:  # the key, and "…" for its value
+                kept.append((key, MORE))
+                used += head + 1
             break
         kept.append((key, part))
         used += head + size

@@ -17,7 +17,7 @@ from pydantic_ai import Agent, models
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from sagaloop import App, SagaContext
+from sagaloop import App, SagaContext, StepContext
 from sagaloop.agents.pydantic_ai import SagaAgent
 from sagaloop.client.values import clip_json
 from sagaloop.testing import Harness
@@ -43,7 +43,7 @@ async def pay(ctx: SagaContext, cents: int) -> int:
     await ctx.wait_for_event("go", timeout=timedelta(days=1))        # 1
     await ctx.sleep(timedelta(seconds=1))                            # 2
     await ctx.call(charge, cents + 1)                                # 3
-    ctx.publish("progress", {"charged": cents, "log": ["abcdefghij"] * 40})  # 4
+    ctx.publish("progress", {"charged": cents, "log": ["abcdefghij"] * 60})  # 4
     await ctx.approval("refund", {"cents": 5}, reason="lost")        # 5 (asked), 6 (its wait)
     await ctx.call(charge, cents + 2)
     return cents
@@ -111,12 +111,15 @@ def test_status_tail_and_fork_number_the_commands_the_same_way(env: Harness) -> 
 
 def test_values_are_cut_at_a_value_s_edge_with_a_marker(env: Harness) -> None:
     text = run("status", "r1").output
-    [line] = [x for x in text.splitlines() if x.startswith("  progress = ")]
-    shown, _, count = line.removeprefix("  progress = ").rpartition(" … (+")
-    assert shown.startswith('{"charged": 250, "log": ["abcdefghij", ')
-    assert shown.endswith('"abcdefghij", …]}'), "whole items, the rest one marker"
-    whole = json.dumps({"charged": 250, "log": ["abcdefghij"] * 40}, ensure_ascii=False)
-    assert count == f"{len(whole) - len(shown)} chars)"
+    published = text.split("published:\n", 1)[1].split("\n\n")[0].splitlines()
+    assert published[:3] == ["  progress = {", '      "charged": 250,', '      "log": [']
+    assert published[3:-3] == ['        "abcdefghij",'] * len(published[3:-3])
+    assert published[-3:-1] == ["        …", "      ]"], "whole items, the rest one marker"
+    assert re.fullmatch(r"    \} … \(\+\d+ chars\)", published[-1]), published[-1]
+    whole = json.dumps({"charged": 250, "log": ["abcdefghij"] * 60}, ensure_ascii=False)
+    shown = "".join(x.strip() for x in published).removeprefix("progress = ")
+    shown = shown.rpartition(" … (+")[0].replace(",", ", ")  # the compact form's
+    assert len(whole) - len(shown) == int(published[-1].split("(+")[1].split()[0])
 
     tail = run("tail", "r1", "--no-follow").output
     [result] = [x for x in tail.splitlines() if x.startswith("#0 charge -> ")]
@@ -129,7 +132,8 @@ def test_values_are_cut_at_a_value_s_edge_with_a_marker(env: Harness) -> None:
     [
         ({"a": 1}, 200, '{"a": 1}'),
         (list(range(100)), 40, "[0, 1, 2, 3, 4, 5, 6, …] … (+366 chars)"),
-        ({"a": "y" * 50, "b": 2}, 40, '{"a": "yyyyyyyyyyy…", …} … (+43 chars)'),
+        ({"a": "y" * 50, "b": 2}, 50, '{"a": "yyyyyyyyyyyyyyyyyyyyy…", …} … (+33 chars)'),
+        ({"a": "y" * 50, "b": 2}, 30, '{"a": …, …} … (+56 chars)'),
         ("\x1b" * 50, 40, '"\\u001b\\u001b\\u001b…" … (+281 chars)'),
         ({"deep": {"er": [1, 2, 3] * 20}}, 50, '{"deep": {"er": [1, 2, 3, 1, …]}} … (+165 chars)'),
     ],
@@ -141,7 +145,7 @@ def test_clip_json_keeps_whole_tokens(value: Any, limit: int, expected: str) -> 
 
 
 def test_clip_json_pretty_prints_the_same_cut() -> None:
-    text = clip_json({"log": ["abcdefghij"] * 40}, 60, indent=2)
+    text = clip_json({"log": ["abcdefghij"] * 60}, 60, indent=2)
     assert text.startswith('{\n  "log": [\n    "abcdefghij",\n')
     assert text.endswith("    …\n  ]\n} … (+" + text.rpartition("(+")[2])
 
@@ -188,3 +192,48 @@ def test_tail_reads_an_agent_s_model_requests(tmp_path: Path) -> None:
     )
     assert f"#3 model answer {model}: assistant: Refunded 12.50." in out
     assert not any('"part_kind"' in line for line in out), "no raw framework JSON"
+
+
+def _version(new_order: bool) -> App:
+    app = App("versions")  # the same name: the same queues and runs
+
+    @app.step
+    def a(ctx: StepContext) -> str:
+        return "A"
+
+    @app.step
+    def b(ctx: StepContext) -> str:
+        return "B"
+
+    @app.saga(name="two")
+    async def two(ctx: SagaContext) -> list[str]:
+        if new_order:
+            return [await ctx.call(b), await ctx.call(a), await ctx.wait_for_event("go")]
+        first = await ctx.call(a)
+        await ctx.wait_for_event("go")
+        return [first, await ctx.call(b)]
+
+    return app
+
+
+def test_a_non_determinism_says_what_changed_and_what_to_do(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    old = Harness(_version(new_order=False), url=url)
+    old.start("two", run_id="v1")
+    old.run_until_idle(skip_time=False)
+    old.close()
+    new = Harness(_version(new_order=True), url=url, clock=old.clock)
+    try:
+        new.send_event("v1", "go")
+        new.run_until_idle()
+        reason = new.get("v1").reason or ""
+    finally:
+        new.close()
+    assert reason.startswith(
+        "run 'v1': non-deterministic saga code: the history has call('a') at position 0, "
+        "the code now issues call('b') at position 0; to fix: "
+    ), reason
+    assert "ctx.patched('change-id')" in reason and "docs/concepts/versioning.md" in reason
+    assert reason.endswith("then `sagaloop retry v1` resumes a parked run where it was")
+    shown = run("--database-url", url, "status", "v1").output
+    assert "sagaloop retry v1" in shown
