@@ -19,6 +19,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from sagaloop import App, SagaContext, StepContext
 from sagaloop.agents.pydantic_ai import SagaAgent
+from sagaloop.cli.demo import _Demo
 from sagaloop.client.values import clip_json
 from sagaloop.testing import Harness
 
@@ -158,7 +159,9 @@ def _answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     return ModelResponse(parts=[TextPart("Refunded 12.50.")])
 
 
-def test_tail_reads_an_agent_s_model_requests(tmp_path: Path) -> None:
+def _agent_run(url: str) -> Harness:
+    """A harness on ``url`` holding the completed run ``a1`` of an agent named ``refunds``
+    that calls the tool ``refund`` once (close it)."""
     app = App("agentic")
     agent = Agent(FunctionModel(_answer), name="refunds", instructions="Be kind.")
 
@@ -172,15 +175,17 @@ def test_tail_reads_an_agent_s_model_requests(tmp_path: Path) -> None:
     async def ask(ctx: SagaContext, prompt: str) -> str:
         return str((await saga_agent.run(prompt)).output)
 
-    url = f"sqlite:///{tmp_path / 'a.db'}"
     env = Harness(app, url=url)
-    try:
-        env.start("ask", "Where is my refund?", run_id="a1")
-        env.run_until_idle()
-        assert env.get("a1").status == "completed"
-        out = run("--database-url", url, "tail", "a1", "--no-follow").output.splitlines()
-    finally:
-        env.close()
+    env.start("ask", "Where is my refund?", run_id="a1")
+    env.run_until_idle()
+    assert env.get("a1").status == "completed"
+    return env
+
+
+def test_tail_reads_an_agent_s_model_requests(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    _agent_run(url).close()
+    out = run("--database-url", url, "tail", "a1", "--no-follow").output.splitlines()
     model = "agent__refunds__model_request"
     assert f"#0 model request {model}: system: Be kind. | user: Where is my refund?" in out
     answer = 'assistant: I will refund it. | tool call refund({"cents": 1250})'
@@ -192,6 +197,23 @@ def test_tail_reads_an_agent_s_model_requests(tmp_path: Path) -> None:
     )
     assert f"#3 model answer {model}: assistant: Refunded 12.50." in out
     assert not any('"part_kind"' in line for line in out), "no raw framework JSON"
+
+
+def test_the_demo_names_a_step_as_status_does(tmp_path: Path) -> None:
+    """The demo's timeline shows the step's one name (as status, tail, export and the console
+    show it), numbered by position."""
+    env = _agent_run(f"sqlite:///{tmp_path / 'd.db'}")
+    shown: list[str] = []
+    demo = _Demo.__new__(_Demo)  # its processes are not needed to print a timeline
+    demo.client = env.client
+    demo._line = shown.append  # type: ignore[method-assign]
+    try:
+        demo._print_changes("a1", env.status("a1"), {})
+    finally:
+        env.close()
+    assert shown[0].startswith("#0  agent__refunds__model_request completed  -> refund: "), shown
+    assert shown[1].startswith("#2  agent__refunds__tool__refund completed"), shown
+    assert not any(re.search(r"(?<!__)model_request", line) for line in shown), shown
 
 
 def _version(new_order: bool) -> App:
