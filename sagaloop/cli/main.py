@@ -330,7 +330,14 @@ def _client(obj: Obj, app: App | None = None) -> Client:
 @click.option("--event", "event_name", help="Also deliver this event, in the same transaction.")
 @click.option("--data", "event_data", help="The --event's data as JSON.")
 @click.option("--event-id", help="Starts with the same --event-id deliver the event once.")
-@app_option
+@click.option(
+    "--app",
+    "app_spec",
+    help="The app: MODULE or MODULE:ATTRIBUTE (or $SAGALOOP_APP). Needed, and its code "
+    "imported: it names the engine that starts the run, validates the input against the "
+    "saga's model before anything is written, and sends a debounced saga's start to its "
+    "window (none of which the command can know without the code).",
+)
 @click.pass_obj
 def start(
     obj: Obj,
@@ -363,8 +370,11 @@ def start(
 @click.option(
     "--app",
     "app_spec",
-    help="Check the event with the app's declared events (MODULE or MODULE:ATTRIBUTE); "
-    "without it, with what the run recorded.",
+    help="The app (MODULE or MODULE:ATTRIBUTE): validates the event against the saga's "
+    "declared events and models before sending (its code imported). Without it (faster: no "
+    "code imported), the event is checked against what the run recorded (the names it "
+    "declares, the open wait), and the engine validates the rest: data that does not fit is "
+    "refused and recorded, and `sagaloop status` shows why.",
 )
 @click.pass_obj
 def send_event(

@@ -208,3 +208,15 @@ def test_settings_are_read_from_the_environment_in_any_case() -> None:
             value,
             said,
         )
+
+
+def test_the_help_says_what_app_is_for_where_it_is_optional() -> None:
+    """``send-event`` runs without importing the app's code, and says what the engine does
+    then; ``start`` says why it needs the code."""
+    send = " ".join(CliRunner().invoke(cli, ["send-event", "--help"]).output.split())
+    assert "validates the event against the saga's declared events and models" in send
+    assert "Without it (faster: no code imported)" in send
+    assert "the engine validates the rest: data that does not fit is refused and recorded" in send
+    start = " ".join(CliRunner().invoke(cli, ["start", "--help"]).output.split())
+    assert "validates the input against the saga's model before anything is written" in start
+    assert "sends a debounced saga's start to its window" in start
