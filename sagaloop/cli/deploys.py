@@ -317,11 +317,13 @@ def _check_event(index: int, event: Any) -> None:
 @click.argument("run_id")
 @click.option(
     "--at",
+    "--from",
     "position",
     type=int,
     required=True,
-    help="The command position to cut at: what the commands before it did is kept, the code "
-    "goes on from there (the # of `sagaloop status`, the positions of `sagaloop export`).",
+    help="The command position to cut at (--from is the same): what the commands before it "
+    "did is kept, the code goes on from there (the # of `sagaloop status` and `sagaloop "
+    "tail`, the positions of `sagaloop export`).",
 )
 @click.option("--run-id", "new_run_id", help="The new run's id (default: a random one).")
 @app_option

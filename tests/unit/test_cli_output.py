@@ -104,7 +104,7 @@ def test_status_tail_and_fork_number_the_commands_the_same_way(env: Harness) -> 
     numbered = {int(m.group(1)) for line in tail if (m := re.match(r"#(\d+) ", line))}
     assert numbered == set(range(7))
 
-    forked = run("fork", "r1", "--at", "3", "--app", "numbers_cli", "--run-id", "f1")
+    forked = run("fork", "r1", "--from", "3", "--app", "numbers_cli", "--run-id", "f1")
     assert forked.exit_code == 0, forked.output
     kept = json.loads(run("status", "f1", "--json").output)["commands"]
     assert [(c["position"], c["name"]) for c in kept] == [(0, "charge"), (1, "go"), (2, "")]
