@@ -221,13 +221,16 @@ def timeline(run: RunRecord, events: list[Event], now: datetime) -> Timeline:
             if ev.kind == h.EVENT_REJECTED
         ],
         accepts=sorted(st.declared or ()),
-        commands=_commands(events, {line.position: line.state for line in lines}),
+        commands=_commands(st, events, {line.position: line.state for line in lines}),
     )
 
 
-def _commands(events: list[Event], steps: dict[int, str]) -> list[CommandLine]:
-    """The commands of ``events`` by position, with their state: a step's ``steps`` gives."""
-    settled = settled_commands(events)
+def _commands(st: RunState, events: list[Event], steps: dict[int, str]) -> list[CommandLine]:
+    """The commands of ``events`` by position, with their state: a step's as ``steps`` says;
+    a sleep is open while ``st`` holds it (a timer the code stopped waiting for, or a call's
+    timeout once the call ended, has ended), a wait until it is resolved, a child run until
+    its outcome is recorded."""
+    settled = settled_commands(events) | {w.pos for w in st.waits.values() if w.resolved}
     found: dict[int, CommandLine] = {}
     for ev in events:
         if ev.kind not in h.COMMAND_KINDS or ev.pos is None or ev.pos in found:
@@ -239,7 +242,8 @@ def _commands(events: list[Event], steps: dict[int, str]) -> list[CommandLine]:
             value = ev.data.get("value")
             action = value.get("action") if isinstance(value, dict) else None
             command, name = "approval", str(action or name)
-        state = steps.get(ev.pos) or _state(ev.kind, ev.pos in settled)
+        ended = ev.pos not in st.sleeps if ev.kind == h.TIMER_STARTED else ev.pos in settled
+        state = steps.get(ev.pos) or _state(ev.kind, ended)
         found[ev.pos] = CommandLine(ev.pos, command, name, state)
     return [found[pos] for pos in sorted(found)]
 

@@ -110,6 +110,21 @@ def test_status_tail_and_fork_number_the_commands_the_same_way(env: Harness) -> 
     assert [(c["position"], c["name"]) for c in kept] == [(0, "charge"), (1, "go"), (2, "")]
 
 
+def test_an_open_wait_and_sleep_are_said_to_be_open(env: Harness) -> None:
+    env.start("pay", 1, run_id="r2")
+    env.run_until_idle(skip_time=False)
+    assert [r[:3] for r in _table(run("status", "r2").output)] == [
+        ["0", "charge", "completed"],
+        ["1", "wait_for_event 'go'", "waiting"],
+    ]
+    env.send_event("r2", "go", None)
+    env.run_until_idle(skip_time=False)
+    assert [r[:3] for r in _table(run("status", "r2").output)][1:] == [
+        ["1", "wait_for_event 'go'", "ended"],
+        ["2", "sleep", "sleeping"],
+    ]
+
+
 def test_values_are_cut_at_a_value_s_edge_with_a_marker(env: Harness) -> None:
     text = run("status", "r1").output
     published = text.split("published:\n", 1)[1].split("\n\n")[0].splitlines()
