@@ -10,12 +10,13 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported where used: ``sagaloop --help`` loads none of the client nor store
     from sagaloop.client.timeline import Timeline
+    from sagaloop.engine.history import Event
     from sagaloop.engine.ports import Debounced, RunRecord
 
 STYLES = {
@@ -304,13 +305,17 @@ class TailLines:
     position (``#3``, as ``status`` and ``fork --at`` number it; an event of no command, such
     as an event arriving, has none), or an item a step streamed live (``~ step: text``). A
     step's call reads ``name(args)`` and its outcome ``name -> result``; an agent's model
-    request reads as its new messages and its answer (text, ``tool call name(args)``, ``tool
-    result name: text``), parsed as the console's transcript parses them. Every line is
-    :func:`printable`: one item, one line."""
+    request reads as what it sends anew and its answer (text, ``tool call name(args)``, ``tool
+    result name: text``), as the console's transcript reads them
+    (:func:`sagaloop.ui.transcript.requests_of`; without the ``ui`` extra, as any step). Every
+    line is :func:`printable`: one item, one line."""
 
     def __init__(self) -> None:
-        self.models: set[int] = set()
-        """The positions of model requests seen (their results read as answers)."""
+        self.requests: dict[int, tuple[str, list[Event]]] = {}
+        """Each model request's conversation and events so far, by position."""
+        self.answered: dict[str, list[Event]] = {}
+        """The events of each conversation's last answered request (what the next sends
+        back is not shown again)."""
         self.systems: set[str] = set()
         """The instructions shown already (frameworks send them with every request)."""
 
@@ -324,24 +329,35 @@ class TailLines:
         data = item.get("data")
         data = data if isinstance(data, dict) else {}
         head = f"#{pos} " if isinstance(pos, int) else ""
-        return printable(head + self._event(pos, kind, name, data))
+        model = self._model(item, pos, kind, data) if isinstance(pos, int) else None
+        return printable(head + (model or _event(kind, name, data)))
 
-    def _event(self, pos: Any, kind: str, name: Any, data: dict[str, Any]) -> str:
-        from sagaloop.client.transcript import _delta, message_parts, response_parts
+    def _model(self, item: dict[str, Any], pos: int, kind: str, data: dict[str, Any]) -> str | None:
+        """The line of a model request's event (scheduled or completed), else None."""
+        if kind not in (STEP_SCHEDULED, STEP_COMPLETED):
+            return None
+        requests_of = _requests_of()
+        if requests_of is None:
+            return None
+        from sagaloop.engine.history import Event  # the engine's record: light, no I/O
 
-        if kind == "step_scheduled":
-            delta = _delta(data.get("args"))
-            if delta is not None:
-                self.models.add(pos)
-                parts = [p for m in delta.get("append") or [] for p in message_parts(m)]
-                return f"model request {name}: {_parts(self._sent(parts))}"
-            return f"call {name}({_args(_tool_args(data.get('args')))})"
-        if kind == "step_completed" and pos in self.models:
-            return f"model answer {name}: {_parts(response_parts(data.get('result')))}"
-        if kind == "step_completed":
-            return f"{name} -> {short_json(data.get('result'), VALUE_LIMIT)}"
-        what = f"{kind} {name}" if name else kind
-        return f"{what} {short_json(data, VALUE_LIMIT)}" if data else what
+        at = item.get("at") or datetime.fromtimestamp(0, UTC)
+        ev = Event(int(item.get("seq") or 0), kind, at, pos, item.get("name"), data)
+        if kind == STEP_SCHEDULED:
+            alone = requests_of([ev])
+            if not alone:
+                return None  # a step that is not a model request
+            conversation = alone[0].conversation
+            request = requests_of([*self.answered.get(conversation, []), ev])[-1]
+            self.requests[pos] = (conversation, [ev])
+            return f"model request {ev.name}: {_parts(self._sent(request.new))}"
+        if pos not in self.requests:
+            return None
+        conversation, events = self.requests.pop(pos)
+        events.append(ev)
+        self.answered[conversation] = events
+        answer = requests_of(events)[-1].response
+        return f"model answer {ev.name}: {_parts(answer)}"
 
     def _sent(self, parts: list[Any]) -> list[Any]:
         """What a model request sends that no line showed yet: the user's words, tool results
@@ -357,6 +373,29 @@ class TailLines:
                 self.systems.add(part.text)
             out.append(part)
         return out
+
+
+STEP_SCHEDULED, STEP_COMPLETED = "step_scheduled", "step_completed"
+
+
+def _requests_of() -> Callable[[list[Event]], list[Any]] | None:
+    """:func:`sagaloop.ui.transcript.requests_of`, or None without the ``ui`` extra."""
+    try:
+        from sagaloop.ui.transcript import requests_of
+    except ImportError:  # the console's dependencies are not installed
+        return None
+    return requests_of
+
+
+def _event(kind: str, name: Any, data: dict[str, Any]) -> str:
+    """A history event other than a model request's: a step's call and result, or ``kind
+    name {data}``."""
+    if kind == STEP_SCHEDULED:
+        return f"call {name}({_args(_tool_args(data.get('args')))})"
+    if kind == STEP_COMPLETED:
+        return f"{name} -> {short_json(data.get('result'), VALUE_LIMIT)}"
+    what = f"{kind} {name}" if name else kind
+    return f"{what} {short_json(data, VALUE_LIMIT)}" if data else what
 
 
 def _tool_args(args: Any) -> Any:

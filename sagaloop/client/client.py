@@ -493,7 +493,7 @@ class Client:
     def stream(
         self, run_id: str, *, follow: bool = True, poll: float = 0.2, timeout: float | None = None
     ) -> Iterator[dict[str, Any]]:
-        """Follow a run: first what its history holds (``{"source": "history", "seq",
+        """Follow a run: first what its history holds (``{"source": "history", "seq", "at",
         "position", "kind", "name", "data"}``; ``position``: the command's, or None), then,
         while ``follow`` and until the run finishes, its new history events and what its
         steps stream live (``{"source": "live", "step", "position", "attempt", "data"}``: an
@@ -512,6 +512,7 @@ class Client:
                     yield {
                         "source": "history",
                         "seq": ev.seq,
+                        "at": ev.at,
                         "position": ev.pos,
                         "kind": ev.kind,
                         "name": ev.name,
