@@ -19,6 +19,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from sagaloop import App, SagaContext, StepContext
 from sagaloop.agents.pydantic_ai import SagaAgent
+from sagaloop.cli import render
 from sagaloop.cli.demo import _Demo
 from sagaloop.client.values import clip_json
 from sagaloop.testing import Harness
@@ -212,6 +213,18 @@ def test_tail_reads_an_agent_s_model_requests(tmp_path: Path) -> None:
     )
     assert f"#3 model answer {model}: assistant: Refunded 12.50." in out
     assert not any('"part_kind"' in line for line in out), "no raw framework JSON"
+
+
+def test_without_the_console_s_parser_a_model_request_reads_as_a_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    _agent_run(url).close()
+    monkeypatch.setattr(render, "_requests_of", lambda: None)  # the ui extra missing
+    out = run("--database-url", url, "tail", "a1", "--no-follow").output.splitlines()
+    assert out[1].startswith("#0 call agent__refunds__model_request(request={"), out[1]
+    assert re.search(r"… \(\+\d+ chars\)\)$", out[1]), "cut, its parenthesis closed"
+    assert out[2].startswith('#0 agent__refunds__model_request -> {"response": {"parts": [')
 
 
 def test_the_demo_names_a_step_as_status_does(tmp_path: Path) -> None:
