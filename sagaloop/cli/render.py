@@ -225,11 +225,13 @@ def _value(value: Any, indent: str = "    ") -> str:
 def _command_rows(tl: Timeline) -> list[list[str]]:
     """A row per command of ``tl`` by position (a position skipped in this table is one no
     command holds): a step with its attempts, duration, worker, undo and key; a wait, sleep,
-    publish or approval by what it names."""
+    publish or approval by what it names (a timeline made without its commands: its steps)."""
     steps = {s.position: s for s in tl.steps}
+    positions = [c.position for c in tl.commands] or sorted(steps)
+    commands = {c.position: c for c in tl.commands}
     rows = []
-    for c in tl.commands or []:
-        x = steps.get(c.position)
+    for position in positions:
+        x, c = steps.get(position), commands.get(position)
         if x is not None:
             rows.append(
                 [
@@ -243,7 +245,7 @@ def _command_rows(tl: Timeline) -> list[list[str]]:
                     x.idempotency_key,
                 ]
             )
-        else:
+        elif c is not None:
             what = f"{c.command} {c.name!r}" if c.name else c.command
             rows.append([str(c.position), what, c.state, "-", "-", "-", "-", "-"])
     return rows
