@@ -22,6 +22,8 @@ COMMANDS: dict[str, Sequence[str]] = {
     "sagaloop --help": ("-m", "sagaloop", "--help"),
     "sagaloop status --help": ("-m", "sagaloop", "status", "--help"),
     "sagaloop list --help": ("-m", "sagaloop", "list", "--help"),
+    "sagaloop approve --help": ("-m", "sagaloop", "approve", "--help"),
+    "sagaloop fork --help": ("-m", "sagaloop", "fork", "--help"),
     "sagaloop schema": ("-m", "sagaloop", "schema"),
     "sagaloop list (SQLite)": ("-m", "sagaloop", "list"),
 }

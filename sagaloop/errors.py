@@ -205,12 +205,18 @@ class MessageError(SagaloopError):
 
 
 class NonDeterminismError(SagaloopError):
-    """Replaying the saga code issued a different command than the history recorded."""
+    """Replaying the saga code issued a different command than the history recorded. Its
+    message says what the history has and what the code issues now, then, with ``fix``, what
+    to do (``divergence``: the message without it)."""
 
-    def __init__(self, message: str, *, run_id: str = "", position: int = -1) -> None:
-        super().__init__(message)
+    def __init__(
+        self, message: str, *, run_id: str = "", position: int = -1, fix: str = ""
+    ) -> None:
+        super().__init__(f"{message}; {fix}" if fix else message)
         self.run_id = run_id
         self.position = position
+        self.divergence = message
+        self.fix = fix
 
 
 class SagaDeterminismViolation(SagaloopError):

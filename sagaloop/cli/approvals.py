@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import shlex
+from typing import TYPE_CHECKING
 
 import click
 
 from sagaloop.cli.common import Obj, errors, json_arg
-from sagaloop.cli.render import printable, text_table
-from sagaloop.client import Client
-from sagaloop.client.timeline import short_json
-from sagaloop.sagas.approvals import PendingApproval
+from sagaloop.cli.render import printable, short_json, text_table
+
+if TYPE_CHECKING:  # imported where used: the client loads the store, not for --help
+    from sagaloop.client import Client
+    from sagaloop.sagas.approvals import PendingApproval
 
 
 def approvals_text(pending: list[PendingApproval]) -> str:
@@ -47,7 +49,7 @@ def approvals(obj: Obj, run_id: str | None, limit: int, after: str | None, as_js
     """List the approvals that runs wait for (pending or escalated), oldest first, a page at
     a time. Each one's request_id is what an answer sent by other means must name."""
     with errors():
-        pending = Client(obj.store()).approvals(run_id, after=after, limit=limit)
+        pending = _client(obj).approvals(run_id, after=after, limit=limit)
     if as_json:
         click.echo(json.dumps([p.model_dump(mode="json") for p in pending], indent=2))
         return
@@ -73,7 +75,7 @@ def approve(obj: Obj, run_id: str, call_id: str, args_json: str | None, by: str 
             param_hint="--args",
         )
     with errors():
-        Client(obj.store()).approve(run_id, call_id, args=args, by=by)
+        _client(obj).approve(run_id, call_id, args=args, by=by)
     edited = " with edited arguments" if args is not None else ""
     click.echo(printable(f"approved{edited}: run {run_id}, call {call_id}"))
 
@@ -87,5 +89,11 @@ def approve(obj: Obj, run_id: str, call_id: str, args_json: str | None, by: str 
 def deny(obj: Obj, run_id: str, call_id: str, reason: str, by: str | None) -> None:
     """Deny the approval CALL_ID that the run RUN_ID waits for."""
     with errors():
-        Client(obj.store()).deny(run_id, call_id, reason=reason, by=by)
+        _client(obj).deny(run_id, call_id, reason=reason, by=by)
     click.echo(printable(f"denied: run {run_id}, call {call_id}"))
+
+
+def _client(obj: Obj) -> Client:
+    from sagaloop.client import Client  # SQLAlchemy: loaded when a command runs
+
+    return Client(obj.store())

@@ -107,22 +107,18 @@ class Obj:
 def load_settings(given: dict[str, Any]) -> Settings:
     """The settings: ``given`` (the command line's) over the environment. A value that does not
     fit is a usage error naming the variable (or option) to fix, not a traceback."""
-    import pydantic
-
-    from sagaloop.cli.settings import Settings
+    from sagaloop.cli.settings import SettingError, Settings  # plain Python: no pydantic
 
     try:
-        return Settings(**given)
-    except pydantic.ValidationError as e:
-        error = e.errors()[0]
-        field = str(error["loc"][0]) if error["loc"] else ""
+        return Settings.read(given)
+    except SettingError as e:
+        field = e.field
         variable = f"SAGALOOP_{field.upper()}"
         if field in given:
             where = OPTIONS.get(field, variable)
         else:
             where = f"{variable} ({OPTIONS[field]})" if field in OPTIONS else variable
-        message = error["msg"].removeprefix("Value error, ")
-        raise click.BadParameter(f"{error['input']!r:.80}: {message}", param_hint=where) from None
+        raise click.BadParameter(f"{e.value!r:.80}: {e.message}", param_hint=where) from None
 
 
 @contextmanager

@@ -231,8 +231,7 @@ class _Demo:
                 note = f"  ({line.error})"
             state = f"{line.state}, {line.compensation}" if line.compensation else line.state
             key = (line.position, line.state, line.compensation)
-            name = "model_request" if line.step == MODEL_STEP else line.step
-            rows.append((line.position, key, f"{name:<18} {state}{note}"))
+            rows.append((line.position, key, f"{line.step:<18} {state}{note}"))
         for ev in history:
             if ev.kind == h.EVENT_WAITING and ev.pos is not None and ev.name:
                 label, done, what = "wait_for_event", "event arrived", ev.name
@@ -313,7 +312,7 @@ def _run_demo(demo: _Demo) -> None:
     )
 
     _heading(2, "The agent works: each step as the timeline records it")
-    _say(f"each model request is the step {MODEL_STEP} (shown as model_request):")
+    _say(f"each model request is the step {MODEL_STEP}, numbered as `sagaloop status` does:")
     _say("its answer is recorded and never asked again; the tools it calls are the app's steps")
     seen1: dict[Any, Any] = {}
     tl = demo.watch(

@@ -12,21 +12,23 @@ import re
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from sagaloop.cli.common import Obj, app_option, errors
 from sagaloop.cli.render import printable
-from sagaloop.client import Client
 from sagaloop.engine import history as h
 from sagaloop.engine.history import Event
 from sagaloop.engine.state import ALL_STATUSES, FINAL_STATUSES
 from sagaloop.errors import ActivationDeadlineError, NonDeterminismError
-from sagaloop.sagas.convert import MAX_VALUE_DEPTH
-from sagaloop.testing.histories import history_document, read_history
-from sagaloop.testing.histories import replay as replay_history
 
+if TYPE_CHECKING:  # imported where used: the client loads the store, not for --help
+    from sagaloop.client import Client
+
+MAX_VALUE_DEPTH = 100
+"""How deep a history's values may nest (``sagaloop.sagas.convert.MAX_VALUE_DEPTH``, which
+imports pydantic: the same figure, checked equal by tests/unit/test_cli_startup.py)."""
 IN_FLIGHT = tuple(x for x in ALL_STATUSES if x not in FINAL_STATUSES)
 """The statuses ``export --all`` takes by default: the runs a deploy replays."""
 MAX_RUNS = 1_000_000
@@ -41,6 +43,14 @@ class InputError(click.ClickException):
     """A file that is not a history: exit status 2 (1 says that a history diverged)."""
 
     exit_code = 2
+
+
+DIVERGED_FIX = (
+    "to fix: the code about to be deployed must issue the recorded command where a run "
+    "diverged: keep the old code path, or branch on ctx.patched('change-id') so runs that "
+    "passed there with the old code take it (docs/concepts/versioning.md)"
+)
+"""What ``replay`` says after the histories the code diverged from."""
 
 
 # --- export ----------------------------------------------------------------------------------
@@ -96,6 +106,8 @@ def export(
     if all_runs and output is None:
         raise click.UsageError("--all writes a file per run: name their folder with -o DIR")
     with errors():
+        from sagaloop.client import Client  # SQLAlchemy: loaded when the command runs
+
         client = Client(obj.store())
         if run_id is not None:
             text = _document(client, run_id)
@@ -120,6 +132,8 @@ def export(
 
 
 def _document(client: Client, run_id: str) -> str:
+    from sagaloop.testing.histories import history_document
+
     run = client.get(run_id)
     document = history_document(run, client.history(run_id))
     return json.dumps(document, indent=2, ensure_ascii=False)
@@ -158,6 +172,8 @@ def replay(obj: Obj, files: Sequence[Path], app_spec: str | None) -> None:
     *.json files) against the app's code as it is now, the deploy gate. Prints a line per
     file: ok, or the first divergence. Exit status 1 if a history diverged, 2 if a file is not
     a history. Needs no database."""
+    from sagaloop.testing.histories import replay as replay_history  # the app's code: pydantic
+
     histories = [(path, *_read(path)) for path in _files(files)]
     with errors():
         app = obj.app(app_spec)
@@ -167,7 +183,8 @@ def replay(obj: Obj, files: Sequence[Path], app_spec: str | None) -> None:
             replay_history(app, events, run_id=run_id)
         except (NonDeterminismError, ActivationDeadlineError, ValueError) as e:
             diverged += 1
-            click.echo(printable(f"{path}: diverged: {' '.join(str(e).split())}"))
+            said = e.divergence if isinstance(e, NonDeterminismError) else str(e)
+            click.echo(printable(f"{path}: diverged: {' '.join(said.split())}"))
         except Exception as e:  # the last net: what the checks of _checked did not foresee
             broken += 1
             reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]
@@ -175,6 +192,8 @@ def replay(obj: Obj, files: Sequence[Path], app_spec: str | None) -> None:
         else:
             shown = f"{path}: ok (run {run_id or 'replay'!r}, {len(events)} events)"
             click.echo(printable(shown))
+    if diverged:
+        click.echo(DIVERGED_FIX)
     if broken or diverged:
         raise click.exceptions.Exit(InputError.exit_code if broken else 1)
 
@@ -193,6 +212,8 @@ def _files(paths: Sequence[Path]) -> list[Path]:
 
 
 def _read(path: Path) -> tuple[list[Event], str | None]:
+    from sagaloop.testing.histories import read_history
+
     try:
         text = path.read_bytes()
     except OSError as e:
@@ -296,11 +317,13 @@ def _check_event(index: int, event: Any) -> None:
 @click.argument("run_id")
 @click.option(
     "--at",
+    "--from",
     "position",
     type=int,
     required=True,
-    help="The command position to cut at: what the commands before it did is kept, the code "
-    "goes on from there (the # of `sagaloop status`, the positions of `sagaloop export`).",
+    help="The command position to cut at (--from is the same): what the commands before it "
+    "did is kept, the code goes on from there (the # of `sagaloop status` and `sagaloop "
+    "tail`, the positions of `sagaloop export`).",
 )
 @click.option("--run-id", "new_run_id", help="The new run's id (default: a random one).")
 @app_option
@@ -312,5 +335,7 @@ def fork(
     (recorded results reused, nothing before it run again) and print its id: the app's code
     as it is now goes on from there."""
     with errors():
+        from sagaloop.client import Client
+
         app = obj.app(app_spec)
         click.echo(Client(obj.store(), app).fork(run_id, position, run_id=new_run_id))

@@ -13,7 +13,7 @@ import click
 from pythonjsonlogger.json import JsonFormatter
 
 from sagaloop.cli.common import Obj, app_option, errors, json_arg
-from sagaloop.cli.render import pending_text, printable, runs_text, stream_line, timeline_text
+from sagaloop.cli.render import TailLines, pending_text, printable, runs_text, timeline_text
 from sagaloop.engine.state import ALL_STATUSES
 
 if TYPE_CHECKING:  # imported where used: the client loads the store (SQLAlchemy)
@@ -330,7 +330,14 @@ def _client(obj: Obj, app: App | None = None) -> Client:
 @click.option("--event", "event_name", help="Also deliver this event, in the same transaction.")
 @click.option("--data", "event_data", help="The --event's data as JSON.")
 @click.option("--event-id", help="Starts with the same --event-id deliver the event once.")
-@app_option
+@click.option(
+    "--app",
+    "app_spec",
+    help="The app: MODULE or MODULE:ATTRIBUTE (or $SAGALOOP_APP). Needed, and its code "
+    "imported: it names the engine that starts the run, validates the input against the "
+    "saga's model before anything is written, and sends a debounced saga's start to its "
+    "window (none of which the command can know without the code).",
+)
 @click.pass_obj
 def start(
     obj: Obj,
@@ -363,8 +370,11 @@ def start(
 @click.option(
     "--app",
     "app_spec",
-    help="Check the event with the app's declared events (MODULE or MODULE:ATTRIBUTE); "
-    "without it, with what the run recorded.",
+    help="The app (MODULE or MODULE:ATTRIBUTE): validates the event against the saga's "
+    "declared events and models before sending (its code imported). Without it (faster: no "
+    "code imported), the event is checked against what the run recorded (the names it "
+    "declares, the open wait), and the engine validates the rest: data that does not fit is "
+    "refused and recorded, and `sagaloop status` shows why.",
 )
 @click.pass_obj
 def send_event(
@@ -456,8 +466,9 @@ def tail(obj: Obj, run_id: str, no_follow: bool, as_json: bool) -> None:
         from sagaloop.client import Client
 
         client = Client(obj.store(), streams=obj.streams())
+        lines = TailLines()
         for item in client.stream(run_id, follow=not no_follow):
-            click.echo(json.dumps(item, default=str) if as_json else stream_line(item))
+            click.echo(json.dumps(item, default=str) if as_json else lines.line(item))
 
 
 @cli.command("list")

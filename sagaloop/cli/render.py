@@ -3,18 +3,20 @@ stdout is a terminal, plain text when it is not (a pipe, a file, a test) or NO_C
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import re
 import shutil
 import sys
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported where used: ``sagaloop --help`` loads none of the client nor store
     from sagaloop.client.timeline import Timeline
+    from sagaloop.engine.history import Event
     from sagaloop.engine.ports import Debounced, RunRecord
 
 STYLES = {
@@ -148,22 +150,10 @@ def timeline_text(tl: Timeline) -> str:
         head.append(f"reason    {printable(tl.reason)}")
     if tl.cancel_reason is not None:
         head.append(f"cancel    requested: {printable(str(tl.cancel_reason))}")
-    rows = [
-        [
-            str(s.position),
-            s.step,
-            s.state,
-            str(s.attempts),
-            f"{s.duration_s:.3f} s" if s.duration_s is not None else "-",
-            s.worker or "-",
-            s.compensation or "-",
-            s.idempotency_key,
-        ]
-        for s in tl.steps
-    ]
+    rows = _command_rows(tl)
     parts = ["\n".join(head)]
     if rows:
-        headers = ["#", "step", "state", "tries", "took", "worker", "undo", "idempotency key"]
+        headers = ["#", "command", "state", "tries", "took", "worker", "undo", "idempotency key"]
         parts.append(text_table(headers, rows))
     errors = [
         f"  #{s.position} {printable(s.step)}: {printable(s.error)}"
@@ -202,18 +192,63 @@ def timeline_text(tl: Timeline) -> str:
         )
     shown = {k: v for k, v in tl.published.items() if k not in {w.events[0] for w in asked}}
     if shown:
-        values = [
-            f"  {printable(key)} = {printable(short_json(value, 120))}"
-            for key, value in sorted(shown.items())
-        ]
+        values = [f"  {printable(key)} = {_value(value)}" for key, value in sorted(shown.items())]
         parts.append("published:\n" + "\n".join(values))
     if tl.status == "completed":
-        parts.append("output: " + printable(json.dumps(tl.output)))
+        parts.append("output: " + _value(tl.output, indent=""))
     elif tl.error:
         error = printable(f"error: {tl.error.get('type')}: {tl.error.get('message')}")
         trace = tl.error.get("traceback")
         parts.append(error + (f"\n{_indent(str(trace))}" if trace else ""))
     return "\n\n".join(parts)
+
+
+LINE_VALUE = 100
+"""A value whose JSON is this long or shorter is shown on one line; a longer one is
+pretty-printed, cut at :data:`STATUS_VALUE` characters of JSON."""
+STATUS_VALUE = 600
+
+
+def _value(value: Any, indent: str = "    ") -> str:
+    """A published value or an output for ``status``: its JSON on one line when short, else
+    pretty-printed from there (each next line after ``indent``), cut at a value's edge with
+    ``… (+N chars)`` past :data:`STATUS_VALUE` characters (``--json`` has it whole)."""
+    from sagaloop.client.values import clip_json
+
+    line = clip_json(value, LINE_VALUE)
+    if len(line) <= LINE_VALUE and "… (+" not in line:
+        return printable(line)
+    first, *rest = clip_json(value, STATUS_VALUE, indent=2).splitlines()
+    return "\n".join([printable(first), *(indent + printable(x) for x in rest)])
+
+
+def _command_rows(tl: Timeline) -> list[list[str]]:
+    """A row per command of ``tl`` by position (a position skipped in this table is one no
+    command holds): a step with its attempts, duration, worker, undo and key; a wait, sleep,
+    publish or approval by what it names (a timeline made without its commands: its steps)."""
+    steps = {s.position: s for s in tl.steps}
+    positions = [c.position for c in tl.commands] or sorted(steps)
+    commands = {c.position: c for c in tl.commands}
+    rows = []
+    for position in positions:
+        x, c = steps.get(position), commands.get(position)
+        if x is not None:
+            rows.append(
+                [
+                    str(x.position),
+                    x.step,
+                    x.state,
+                    str(x.attempts),
+                    f"{x.duration_s:.3f} s" if x.duration_s is not None else "-",
+                    x.worker or "-",
+                    x.compensation or "-",
+                    x.idempotency_key,
+                ]
+            )
+        elif c is not None:
+            what = f"{c.command} {c.name!r}" if c.name else c.command
+            rows.append([str(c.position), what, c.state, "-", "-", "-", "-", "-"])
+    return rows
 
 
 def _why(line: str) -> str:
@@ -262,14 +297,154 @@ def pending_text(windows: Sequence[Debounced]) -> str:
     return f"pending debounced starts:\n{text_table(head, rows)}"
 
 
+VALUE_LIMIT = 200
+"""The characters of JSON a value may take in a line of ``tail`` before it is cut (with
+``… (+N chars)``: :func:`sagaloop.client.values.clip_json`)."""
+
+
+class TailLines:
+    """The lines of ``sagaloop tail``, one per item: a history event numbered by its command's
+    position (``#3``, as ``status`` and ``fork --at`` number it; an event of no command, such
+    as an event arriving, has none), or an item a step streamed live (``~ step: text``). A
+    step's call reads ``name(args)`` and its outcome ``name -> result``; an agent's model
+    request reads as what it sends anew and its answer (text, ``tool call name(args)``, ``tool
+    result name: text``), as the console's transcript reads them
+    (:func:`sagaloop.ui.transcript.requests_of`; without the ``ui`` extra, as any step). Every
+    line is :func:`printable`: one item, one line."""
+
+    def __init__(self) -> None:
+        self.requests: dict[int, tuple[str, list[Event]]] = {}
+        """Each model request's conversation and events so far, by position."""
+        self.answered: dict[str, list[Event]] = {}
+        """The events of each conversation's last answered request (what the next sends
+        back is not shown again)."""
+        self.systems: set[str] = set()
+        """The instructions shown already (frameworks send them with every request)."""
+
+    def line(self, item: dict[str, Any]) -> str:
+        if item.get("source") != "history":
+            data = item.get("data")
+            text = data.get("text") if isinstance(data, dict) else None
+            shown = text if isinstance(text, str) else short_json(data, VALUE_LIMIT)
+            return printable(f"~ {item.get('step')}: {shown}")
+        pos, kind, name = item.get("position"), str(item.get("kind")), item.get("name")
+        data = item.get("data")
+        data = data if isinstance(data, dict) else {}
+        head = f"#{pos} " if isinstance(pos, int) else ""
+        model = self._model(item, pos, kind, data) if isinstance(pos, int) else None
+        return printable(head + (model or _event(kind, name, data)))
+
+    def _model(self, item: dict[str, Any], pos: int, kind: str, data: dict[str, Any]) -> str | None:
+        """The line of a model request's event (scheduled or completed), else None."""
+        if kind not in (STEP_SCHEDULED, STEP_COMPLETED):
+            return None
+        requests_of = _requests_of()
+        if requests_of is None:
+            return None
+        from sagaloop.engine.history import Event  # the engine's record: light, no I/O
+
+        at = item.get("at") or datetime.fromtimestamp(0, UTC)
+        ev = Event(int(item.get("seq") or 0), kind, at, pos, item.get("name"), data)
+        if kind == STEP_SCHEDULED:
+            alone = requests_of([ev])
+            if not alone:
+                return None  # a step that is not a model request
+            conversation = alone[0].conversation
+            request = requests_of([*self.answered.get(conversation, []), ev])[-1]
+            self.requests[pos] = (conversation, [ev])
+            return f"model request {ev.name}: {_parts(self._sent(request.new))}"
+        if pos not in self.requests:
+            return None
+        conversation, events = self.requests.pop(pos)
+        events.append(ev)
+        self.answered[conversation] = events
+        answer = requests_of(events)[-1].response
+        return f"model answer {ev.name}: {_parts(answer)}"
+
+    def _sent(self, parts: list[Any]) -> list[Any]:
+        """What a model request sends that no line showed yet: the user's words, tool results
+        and instructions the first time; not what the model said before (its answer's line
+        showed it), which frameworks send back with every request."""
+        out = []
+        for part in parts:
+            if part.kind in ("assistant", "tool call", "thinking"):
+                continue
+            if part.kind == "system":
+                if part.text in self.systems:
+                    continue
+                self.systems.add(part.text)
+            out.append(part)
+        return out
+
+
+STEP_SCHEDULED, STEP_COMPLETED = "step_scheduled", "step_completed"
+
+
+def _requests_of() -> Callable[[list[Event]], list[Any]] | None:
+    """:func:`sagaloop.ui.transcript.requests_of`, or None without the ``ui`` extra."""
+    try:
+        from sagaloop.ui.transcript import requests_of
+    except ImportError:  # the console's dependencies are not installed
+        return None
+    return requests_of
+
+
+def _event(kind: str, name: Any, data: dict[str, Any]) -> str:
+    """A history event other than a model request's: a step's call and result, or ``kind
+    name {data}``."""
+    if kind == STEP_SCHEDULED:
+        return f"call {name}({_args(_tool_args(data.get('args')))})"
+    if kind == STEP_COMPLETED:
+        return f"{name} -> {short_json(data.get('result'), VALUE_LIMIT)}"
+    what = f"{kind} {name}" if name else kind
+    return f"{what} {short_json(data, VALUE_LIMIT)}" if data else what
+
+
+def _tool_args(args: Any) -> Any:
+    """An agent's tool step's arguments (``{"call": {"args": ..., "context": ...}}``): the
+    tool's own, without the run context; any other step's as they are."""
+    call = args.get("call") if isinstance(args, dict) and len(args) == 1 else None
+    if isinstance(call, dict) and "context" in call and isinstance(call.get("args"), dict):
+        return call["args"]
+    return args
+
+
+def _args(args: Any) -> str:
+    """A call's arguments (``{"name": value}``) as ``name=value, ...``, each value's JSON cut
+    at a value's edge."""
+    if not isinstance(args, dict) or not args:
+        return "" if args in (None, {}, []) else short_json(args, VALUE_LIMIT)
+    each = max(VALUE_LIMIT // len(args), 40)
+    return ", ".join(f"{k}={short_json(v, each)}" for k, v in args.items())
+
+
+def _parts(parts: Sequence[Any]) -> str:
+    """Transcript parts in one line: ``user: text``, ``tool call name(args)``, ``tool result
+    name: text``, ``assistant: text``; each text cut to the limit."""
+    shown = []
+    for p in parts:
+        text = _cut(" ".join(p.text.split()))
+        if p.kind in ("tool call", "other"):  # JSON (indented by the parser): compact, cut
+            with contextlib.suppress(ValueError):
+                text = short_json(json.loads(p.text), VALUE_LIMIT)
+        if p.kind == "tool call":
+            shown.append(f"tool call {p.label}({text})")
+        elif p.kind == "tool result":
+            shown.append(f"tool result {p.label}: {text}" if p.label else f"tool result: {text}")
+        else:
+            shown.append(f"{p.kind}: {text}")
+    return " | ".join(shown) or "-"
+
+
+def _cut(text: str) -> str:
+    """``text`` within :data:`VALUE_LIMIT` characters, cut at a word's end with a marker."""
+    if len(text) <= VALUE_LIMIT:
+        return text
+    kept = text[:VALUE_LIMIT].rsplit(" ", 1)[0] if " " in text[:VALUE_LIMIT] else text[:VALUE_LIMIT]
+    return f"{kept} … (+{len(text) - len(kept)} chars)"
+
+
 def stream_line(item: dict[str, Any]) -> str:
-    """One line of ``sagaloop tail``: a history event, or an item a step streamed live (its
-    line breaks escaped too, :func:`printable`: one item, one line)."""
-    if item.get("source") == "history":
-        name = f" {item['name']}" if item.get("name") else ""
-        line = f"#{item.get('seq')} {item.get('kind')}{name} {short_json(item.get('data'))}"
-        return printable(line)
-    data = item.get("data")
-    text = data.get("text") if isinstance(data, dict) else None
-    shown = text if isinstance(text, str) else short_json(data)
-    return printable(f"~ {item.get('step')}: {shown}")
+    """One line of ``sagaloop tail`` for ``item`` alone (:class:`TailLines` keeps what reads
+    a model request's answer as one)."""
+    return TailLines().line(item)

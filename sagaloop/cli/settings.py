@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
+import math
 import os
 import sys
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
-
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sagaloop.errors import DeclarationError, SagaloopError
 
@@ -21,37 +21,100 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SAGALOOP_", extra="ignore")
+class SettingError(ValueError):
+    """A setting that does not fit: ``field`` (``lease``), the ``value`` given, and why."""
+
+    def __init__(self, field: str, value: Any, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.value = value
+        self.message = message
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The ``SAGALOOP_...`` environment variables (their names in any case), read by
+    :meth:`read`: plain Python, so that reading them imports nothing (``sagaloop --help`` and
+    the commands that do not run saga code start in well under 0.3 s, issue 26)."""
 
     database_url: str = "sqlite:///sagaloop.db"
     """SQLAlchemy URL of the store. The embedded default is a SQLite file in the current folder."""
     broker_url: str = "database"
     """``database`` (the outbox table is the queue), ``memory`` (one process only), an
     ``amqp://`` URL of RabbitMQ or a ``redis://`` URL of Redis (``--broker-url``)."""
-    lease: float = Field(default=60.0, gt=0, le=86_400)
-    """Seconds a claimed message stays invisible to other consumers; a worker renews it every
-    third of that while a step runs, so only a dead worker's messages are redelivered."""
+    lease: float = 60.0
+    """Seconds a claimed message stays invisible to other consumers (over 0, at most 86,400);
+    a worker renews it every third of that while a step runs, so only a dead worker's
+    messages are redelivered."""
     namespace: str = "sagaloop"
     """RabbitMQ: the exchange, and the prefix of every queue name."""
     queue_type: Literal["quorum", "classic"] = "quorum"
-    retention_days: float = Field(default=7.0, gt=0)
-    """Finished runs and inbox rows older than this are deleted by the engine."""
-    activation_deadline: float = Field(default=2.0, gt=0, le=3600)
-    """CPU seconds saga code may run without reaching an ``await`` before its run is parked."""
+    retention_days: float = 7.0
+    """Finished runs and inbox rows older than this (over 0) are deleted by the engine."""
+    activation_deadline: float = 2.0
+    """CPU seconds (over 0, at most 3,600) saga code may run without reaching an ``await``
+    before its run is parked."""
     crash_at: str = ""
     """Test only: crash points to arm (see sagaloop.runtime.crashpoints)."""
     app: str | None = None
     """The app to load, as ``module`` or ``module:attribute``."""
     log_format: Literal["text", "json"] = "text"
-    """Log lines on stderr as text, or as one JSON object each (``--log-format``)."""
-    verbose: int = Field(default=0, ge=0)
-    """1: sagaloop's DEBUG lines; 2: the drivers' too (``-v``, ``-v -v``)."""
+    """Log lines on stderr as text, or as one JSON object each (``--log-format``; any case)."""
+    verbose: int = 0
+    """1: sagaloop's DEBUG lines; 2: the drivers' too (``-v``, ``-v -v``; 0 or more)."""
 
-    @field_validator("log_format", mode="before")
     @classmethod
-    def _lower(cls, value: Any) -> Any:
-        return value.lower() if isinstance(value, str) else value
+    def read(
+        cls, given: dict[str, Any] | None = None, environ: Mapping[str, str] | None = None
+    ) -> Settings:
+        """The settings: ``given`` (the command line's, by field name) over the environment
+        (``SAGALOOP_<FIELD>``, in any case), over the defaults. SettingError for a value that
+        does not fit its field."""
+        given = given or {}
+        env = {k.upper(): v for k, v in (os.environ if environ is None else environ).items()}
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            variable = f"SAGALOOP_{field.name.upper()}"
+            if field.name in given:
+                values[field.name] = _parsed(field.name, given[field.name])
+            elif variable in env:
+                values[field.name] = _parsed(field.name, env[variable])
+        return cls(**values)
+
+
+_NUMBERS: dict[str, tuple[type[int] | type[float], float, float | None]] = {
+    "lease": (float, 0.0, 86_400.0),
+    "retention_days": (float, 0.0, None),
+    "activation_deadline": (float, 0.0, 3600.0),
+    "verbose": (int, -1.0, None),
+}
+"""A number's type, the value it must be over, and the one it may be at most."""
+_CHOICES = {"queue_type": ("quorum", "classic"), "log_format": ("text", "json")}
+
+
+def _parsed(field: str, value: Any) -> Any:
+    """``value`` (a string from the environment, or the command line's value) as ``field``
+    holds it; SettingError if it does not fit."""
+    if field in _NUMBERS:
+        kind, over, at_most = _NUMBERS[field]
+        try:
+            number = kind(value)
+        except (TypeError, ValueError):
+            what = "an integer" if kind is int else "a number"
+            raise SettingError(field, value, f"should be {what}") from None
+        if not number > over or math.isnan(number):
+            least = "0 or more" if kind is int else f"greater than {over:g}"
+            raise SettingError(field, value, f"should be {least}")
+        if at_most is not None and number > at_most:
+            raise SettingError(field, value, f"should be at most {at_most:g}")
+        return number
+    if field in _CHOICES:
+        word = value.lower() if field == "log_format" and isinstance(value, str) else value
+        if word not in _CHOICES[field]:
+            choices = " or ".join(repr(c) for c in _CHOICES[field])
+            raise SettingError(field, value, f"should be {choices}")
+        return word
+    return value
 
 
 def load_app(spec: str) -> App:

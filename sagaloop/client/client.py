@@ -434,11 +434,12 @@ class Client:
     def stream(
         self, run_id: str, *, follow: bool = True, poll: float = 0.2, timeout: float | None = None
     ) -> Iterator[dict[str, Any]]:
-        """Follow a run: first what its history holds (``{"source": "history", "seq", "kind",
-        "name", "data"}``), then, while ``follow`` and until the run finishes, its new history
-        events and what its steps stream live (``{"source": "live", "step", "position",
-        "attempt", "data"}``: an agent's model tokens, say; never recorded, so a reader that
-        was not listening gets the recorded result from the history only)."""
+        """Follow a run: first what its history holds (``{"source": "history", "seq", "at",
+        "position", "kind", "name", "data"}``; ``position``: the command's, or None), then,
+        while ``follow`` and until the run finishes, its new history events and what its
+        steps stream live (``{"source": "live", "step", "position", "attempt", "data"}``: an
+        agent's model tokens, say; never recorded, so a reader that was not listening gets
+        the recorded result from the history only)."""
         self.get(run_id)  # RunNotFoundError
         live = self.streams.subscribe(run_id) if follow and self.streams is not None else None
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -452,6 +453,8 @@ class Client:
                     yield {
                         "source": "history",
                         "seq": ev.seq,
+                        "at": ev.at,
+                        "position": ev.pos,
                         "kind": ev.kind,
                         "name": ev.name,
                         "data": ev.data,

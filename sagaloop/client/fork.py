@@ -186,7 +186,8 @@ def fork_run(client: Client, source: str, at: int, run_id: str | None) -> str:
         try:  # a fork the code as it is now cannot continue would park at once
             check_replay(client.app, saga, new_id, events, whole=False)
         except (NonDeterminismError, ActivationDeadlineError) as e:
-            reason = str(e).removeprefix(f"run {new_id!r}: ")
+            divergence = e.divergence if isinstance(e, NonDeterminismError) else str(e)
+            reason = divergence.removeprefix(f"run {new_id!r}: ")
             raise ValidationError(
                 f"cannot fork run {source!r} at position {at}: the saga code does not "
                 f"replay what the fork keeps ({reason}); fork at an earlier position"

@@ -4,10 +4,11 @@ idempotency key; the compensations; and the answer to "why is this run not movin
 from __future__ import annotations
 
 import dataclasses
-import json
 from datetime import datetime
 from typing import Any
 
+from sagaloop.client.fork import settled_commands
+from sagaloop.client.values import clip_json
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.contract import DO, UNDO, idempotency_key
@@ -34,6 +35,23 @@ class StepLine:
     compensation_key: str | None
     traceback: str | None = None
     """Where the last error was raised, while it stands (the step did not complete since)."""
+
+
+@dataclasses.dataclass
+class CommandLine:
+    """One command the saga code issued, at its position: the one numbering of a run that
+    ``status``, ``tail``, ``fork --at``, idempotency keys, approval call ids and the console
+    share (positions count every command: calls, waits, sleeps, publishes, approvals)."""
+
+    position: int
+    command: str
+    """``call``, ``sleep``, ``wait_for_event``, ``approval`` (an approval asked: its call id
+    is this position), ``publish``, ``patched``... (``sagaloop export``'s ``command``)."""
+    name: str
+    """The step, saga, event, timer or key it names, as the history stores it."""
+    state: str
+    """A step's state (as :attr:`StepLine.state`); a wait's, sleep's or child run's
+    ``waiting`` (``sleeping``) or ``ended``; else ``done``."""
 
 
 @dataclasses.dataclass
@@ -108,6 +126,9 @@ class Timeline:
     accepts: list[str] = dataclasses.field(default_factory=list)
     """The event names the saga declared it accepts (``@app.saga(events=...)``), as the run
     recorded them; empty if it declared none (any name)."""
+    commands: list[CommandLine] = dataclasses.field(default_factory=list)
+    """Every command of the run by position, steps and the rest (``steps`` holds the steps'
+    details): a position that ``status`` shows is one ``fork --at`` takes."""
 
     def to_json(self) -> dict[str, Any]:
         def conv(v: Any) -> Any:
@@ -200,7 +221,38 @@ def timeline(run: RunRecord, events: list[Event], now: datetime) -> Timeline:
             if ev.kind == h.EVENT_REJECTED
         ],
         accepts=sorted(st.declared or ()),
+        commands=_commands(st, events, {line.position: line.state for line in lines}),
     )
+
+
+def _commands(st: RunState, events: list[Event], steps: dict[int, str]) -> list[CommandLine]:
+    """The commands of ``events`` by position, with their state: a step's as ``steps`` says;
+    a sleep is open while ``st`` holds it (a timer the code stopped waiting for, or a call's
+    timeout once the call ended, has ended), a wait until it is resolved, a child run until
+    its outcome is recorded."""
+    settled = settled_commands(events) | {w.pos for w in st.waits.values() if w.resolved}
+    found: dict[int, CommandLine] = {}
+    for ev in events:
+        if ev.kind not in h.COMMAND_KINDS or ev.pos is None or ev.pos in found:
+            continue
+        command, name = h.COMMAND_LABEL.get(ev.kind, ev.kind), str(ev.name or "")
+        if name == command:  # a sleep's name
+            name = ""
+        if ev.kind == h.PUBLISHED and name.startswith(KEY_PREFIX):
+            value = ev.data.get("value")
+            action = value.get("action") if isinstance(value, dict) else None
+            command, name = "approval", str(action or name)
+        ended = ev.pos not in st.sleeps if ev.kind == h.TIMER_STARTED else ev.pos in settled
+        state = steps.get(ev.pos) or _state(ev.kind, ended)
+        found[ev.pos] = CommandLine(ev.pos, command, name, state)
+    return [found[pos] for pos in sorted(found)]
+
+
+def _state(kind: str, settled: bool) -> str:
+    """A command's state in a word, a step's aside (:func:`_state_word`)."""
+    if kind in (h.EVENT_WAITING, h.TIMER_STARTED, h.CHILD_STARTED):
+        return "ended" if settled else ("sleeping" if kind == h.TIMER_STARTED else "waiting")
+    return "done"
 
 
 def _kept(st: RunState) -> list[KeptLine]:
@@ -321,6 +373,6 @@ def _kept_why(st: RunState, name: str) -> str:
 
 
 def short_json(value: Any, limit: int = 200) -> str:
-    """``value`` as JSON, cut to ``limit`` characters for a line of status."""
-    text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """``value`` as JSON for a line of status, cut at a value's edge with a visible marker
+    when longer than ``limit`` (:func:`sagaloop.client.values.clip_json`)."""
+    return clip_json(value, limit)

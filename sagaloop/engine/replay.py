@@ -460,7 +460,10 @@ class Replayer:
     def _diverged(self, message: str, pos: int) -> None:
         if self.nondeterminism is None:
             self.nondeterminism = NonDeterminismError(
-                f"run {self.run_id!r}: {message}", run_id=self.run_id, position=pos
+                f"run {self.run_id!r}: {message}",
+                run_id=self.run_id,
+                position=pos,
+                fix=fix_for(self.run_id, pos),
             )
 
     def _raise_divergence(self) -> None:
@@ -574,4 +577,17 @@ def _diverged(run_id: str, pos: int | None, message: str) -> NonDeterminismError
         f"run {run_id!r}: non-deterministic saga code: {message}",
         run_id=run_id,
         position=-1 if pos is None else pos,
+        fix=fix_for(run_id, pos),
+    )
+
+
+def fix_for(run_id: str, pos: int | None) -> str:
+    """What to do about a divergence at ``pos``: the words that end a non-determinism's
+    message (``NonDeterminismError.fix``)."""
+    where = "there" if pos is None or pos < 0 else f"at position {pos}"
+    return (
+        f"to fix: make the saga code issue the recorded command {where} again for runs that "
+        "recorded it (keep the old code path, or branch on ctx.patched('change-id') so runs "
+        "that passed there with the old code take it: docs/concepts/versioning.md), deploy "
+        f"it, then `sagaloop retry {run_id}` resumes a parked run where it was"
     )

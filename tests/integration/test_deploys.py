@@ -115,8 +115,9 @@ def test_upgrade_with_runs_waiting_mid_saga(deployment: Deployment, tmp_path: Pa
         ]
         bad = d.cli("replay", str(histories), "--app", "deploy_v2_bad")
         assert bad.returncode == 1, bad.stdout + bad.stderr
-        lines = bad.stdout.splitlines()
+        *lines, fix = bad.stdout.splitlines()
         assert len(lines) == len(OLD)
+        assert fix.startswith("to fix: ") and "ctx.patched('change-id')" in fix, fix
         assert all(
             "diverged" in line
             and "the history has wait_for_event('paid') at position 1, the code now issues "

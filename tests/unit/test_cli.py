@@ -156,9 +156,10 @@ def test_tail_prints_what_the_history_holds(db: Path) -> None:
     run("start", "pay", "--input", order, "--run-id", "r-1", "--app", "cliapp")
     result = run("tail", "r-1", "--no-follow")
     assert result.exit_code == 0
-    assert result.output.startswith("#1 run_started pay")
+    assert result.output.startswith("run_started pay"), "an event of no command: no position"
     lines = [
         json.loads(x) for x in run("tail", "r-1", "--no-follow", "--json").output.split("\n") if x
     ]
     assert [x["kind"] for x in lines] == ["run_started"] and lines[0]["source"] == "history"
+    assert (lines[0]["seq"], lines[0]["position"]) == (1, None)
     assert_one_line_error(run("tail", "nope", "--no-follow"), "no run with id")

@@ -39,9 +39,18 @@ HEAVY = (
     "sagaloop.ui",
 )
 """What ``sagaloop --help`` loaded before issue 26 and needs none of."""
-STORE = ("sqlalchemy", "pika", "httpx", "sagaloop.client", "sagaloop.store", "sagaloop.runtime")
-"""What a command's ``--help`` needs none of (the settings' pydantic it may load: the group reads
-them, and reports a bad one, before the command's help)."""
+STORE = (
+    "sqlalchemy",
+    "pika",
+    "httpx",
+    "pydantic",
+    "pydantic_settings",
+    "sagaloop.client",
+    "sagaloop.store",
+    "sagaloop.runtime",
+)
+"""What a command's ``--help`` needs none of: the group reads the settings (and reports a bad
+one) before the command's help, without pydantic."""
 
 PROBE = """
 import json, sys
@@ -106,6 +115,9 @@ def test_import_sagaloop_loads_neither_pydantic_nor_sqlalchemy() -> None:
         ("cancel", "--help"),
         ("retry", "--help"),
         ("start", "--help"),
+        ("send-event", "--help"),
+        ("approve", "--help"),
+        ("fork", "--help"),
     ],
 )
 def test_a_command_s_help_does_not_open_the_store(args: tuple[str, ...]) -> None:
@@ -156,3 +168,55 @@ def test_the_commands_run_on_the_embedded_store(tmp_path: Path) -> None:
     code, modules, output = _started("approvals", cwd=tmp_path)
     assert (code in (0, None), output.strip()) == (True, "no approval is pending")
     assert "sagaloop.cli.approvals" in modules
+
+
+def test_the_cli_s_copy_of_the_nesting_limit_is_the_converter_s() -> None:
+    from sagaloop.cli import deploys
+    from sagaloop.sagas.convert import MAX_VALUE_DEPTH
+
+    assert deploys.MAX_VALUE_DEPTH == MAX_VALUE_DEPTH
+
+
+def test_settings_are_read_from_the_environment_in_any_case() -> None:
+    """Read without pydantic, as pydantic-settings read them: ``SAGALOOP_<FIELD>`` in any
+    case, the command line's over them, each checked."""
+    from sagaloop.cli.settings import SettingError, Settings
+
+    read = Settings.read(
+        {"verbose": 2},
+        {"sagaloop_lease": "5.5", "SAGALOOP_LOG_FORMAT": "JSON", "SAGALOOP_VERBOSE": "1"},
+    )
+    assert (read.lease, read.log_format, read.verbose, read.queue_type) == (
+        5.5,
+        "json",
+        2,
+        "quorum",
+    )
+    assert Settings.read({}, {}) == Settings()
+    for variable, value, said in [
+        ("SAGALOOP_LEASE", "soon", "should be a number"),
+        ("SAGALOOP_LEASE", "0", "should be greater than 0"),
+        ("SAGALOOP_LEASE", "86401", "should be at most 86400"),
+        ("SAGALOOP_ACTIVATION_DEADLINE", "nan", "should be greater than 0"),
+        ("SAGALOOP_VERBOSE", "-1", "should be 0 or more"),
+        ("SAGALOOP_QUEUE_TYPE", "Quorum", "should be 'quorum' or 'classic'"),
+    ]:
+        with pytest.raises(SettingError) as raised:
+            Settings.read({}, {variable: value})
+        assert (raised.value.field, raised.value.value, raised.value.message) == (
+            variable.removeprefix("SAGALOOP_").lower(),
+            value,
+            said,
+        )
+
+
+def test_the_help_says_what_app_is_for_where_it_is_optional() -> None:
+    """``send-event`` runs without importing the app's code, and says what the engine does
+    then; ``start`` says why it needs the code."""
+    send = " ".join(CliRunner().invoke(cli, ["send-event", "--help"]).output.split())
+    assert "validates the event against the saga's declared events and models" in send
+    assert "Without it (faster: no code imported)" in send
+    assert "the engine validates the rest: data that does not fit is refused and recorded" in send
+    start = " ".join(CliRunner().invoke(cli, ["start", "--help"]).output.split())
+    assert "validates the input against the saga's model before anything is written" in start
+    assert "sends a debounced saga's start to its window" in start

@@ -157,12 +157,14 @@ def test_replay_is_the_deploy_gate(env: Harness, tmp_path: Path) -> None:
     result = run("replay", str(tmp_path), "--app", "deploys_cli_bad")  # a folder: its files
     assert result.exit_code == 1
     lines = result.output.splitlines()
-    assert len(lines) == 3
+    assert len(lines) == 4
     assert lines[1] == (
         f"{tmp_path / 'o-1.json'}: diverged: run 'o-1': non-deterministic saga code: the "
         "history has wait_for_event('paid') at position 1, the code now issues "
         "call('check') at position 1"
     )
+    assert lines[3].startswith("to fix: the code about to be deployed must issue the recorded")
+    assert "ctx.patched('change-id')" in lines[3], "once, after the histories, what to do"
 
 
 def test_replay_refuses_what_is_not_a_history_with_status_2(env: Harness, tmp_path: Path) -> None:
