@@ -273,6 +273,19 @@ Table(
 )
 
 
+def _v10(conn: Connection) -> None:
+    """The runs listing's indexes: its orders and cursors, and (PostgreSQL) run id prefixes."""
+    conn.execute(text("CREATE INDEX sagaloop_runs_updated ON sagaloop_runs (updated_at, run_id)"))
+    conn.execute(text("CREATE INDEX sagaloop_runs_created ON sagaloop_runs (created_at, run_id)"))
+    if conn.dialect.name == "postgresql":
+        conn.execute(
+            text(
+                "CREATE INDEX sagaloop_runs_id_pattern ON sagaloop_runs "
+                "(run_id varchar_pattern_ops)"
+            )
+        )
+
+
 MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (1, _v1),
     (2, _v2),
@@ -283,6 +296,7 @@ MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (7, _v7),
     (8, _v8),
     (9, _v9),
+    (10, _v10),
 ]
 LATEST = MIGRATIONS[-1][0]
 
