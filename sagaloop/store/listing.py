@@ -33,7 +33,7 @@ from sagaloop.store.core import record
 
 TAIL = 8
 """How many of a run's newest history events ``run_waits`` reads for its open waits."""
-_ENDS = frozenset({h.EVENT_ARRIVED, h.TIMER_FIRED})
+_ENDS = frozenset({h.TIMER_FIRED, h.EVENT_TAKEN})
 
 
 def page_query(
@@ -119,7 +119,23 @@ def waits(conn: Connection, runs: Sequence[RunRecord]) -> dict[str, RunWaits]:
         ev = Event(row["seq"], row["kind"], row["at"], row["pos"], row["name"], row["data"] or {})
         events[row["run_id"]].append(ev)
     for run_id, tail in events.items():
-        ended = {e.pos for e in tail if e.kind in _ENDS}
-        open_ = [e for e in tail if e.kind == h.EVENT_WAITING and e.pos not in ended]
-        found[run_id].waits.extend(open_)
+        found[run_id].waits.extend(open_waits(tail))
     return found
+
+
+def open_waits(tail: Sequence[Event]) -> list[Event]:
+    """The ``event_waiting`` events of ``tail`` that no later event of it ended, as the run's
+    state ends them: a timer that fired or an event taken at the wait's position, an event
+    that arrived under one of its names (the earliest such wait)."""
+    waiting: dict[int | None, Event] = {}
+    for ev in tail:
+        if ev.kind == h.EVENT_WAITING:
+            waiting[ev.pos] = ev
+        elif ev.kind in _ENDS and ev.pos is not None:
+            waiting.pop(ev.pos, None)
+        elif ev.kind == h.EVENT_ARRIVED:
+            for pos, wait in sorted(waiting.items(), key=lambda item: item[0] or 0):
+                if ev.name in (wait.data.get("names") or [wait.name]):
+                    del waiting[pos]
+                    break
+    return list(waiting.values())

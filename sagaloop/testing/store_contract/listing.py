@@ -6,7 +6,7 @@ shows a run twice (nor skips one, in a ``created`` order)."""
 from __future__ import annotations
 
 import dataclasses
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -37,7 +37,7 @@ class ListingContract(ContractBase):
         return run
 
     @staticmethod
-    def _touch(store: Store, run: RunRecord, at: object) -> RunRecord:
+    def _touch(store: Store, run: RunRecord, at: datetime) -> RunRecord:
         moved = dataclasses.replace(run, updated_at=at)
         with store.transaction() as tx:
             assert store.save_run(tx, moved)
