@@ -145,7 +145,7 @@ def test_pages_walk_every_run_once_forward_and_back(env: Harness) -> None:
     before = client.get(link(back, "prev") or "").text
     assert shown(before) == ids[::-1][:50], "the 50 runs before"
     start = client.get(link(before, "prev") or "").text
-    assert shown(start) == [ids[5]] + ids[::-1][:49], "fewer than 50 before: the first page"
+    assert shown(start) == [ids[5], *ids[::-1][:49]], "fewer than 50 before: the first page"
     assert link(start, "prev") is None
 
 
