@@ -274,13 +274,17 @@ Table(
 
 
 def _v10(conn: Connection) -> None:
-    """The runs listing's indexes: its orders and cursors, and (PostgreSQL) run id prefixes."""
-    conn.execute(text("CREATE INDEX sagaloop_runs_updated ON sagaloop_runs (updated_at, run_id)"))
-    conn.execute(text("CREATE INDEX sagaloop_runs_created ON sagaloop_runs (created_at, run_id)"))
+    """The runs listing's indexes: its orders and cursors, and (PostgreSQL) run id prefixes.
+    ``IF NOT EXISTS``: a database that tests took back to an older version keeps them."""
+    for name, columns in (
+        ("sagaloop_runs_updated", "updated_at, run_id"),
+        ("sagaloop_runs_created", "created_at, run_id"),
+    ):
+        conn.execute(text(f"CREATE INDEX IF NOT EXISTS {name} ON sagaloop_runs ({columns})"))
     if conn.dialect.name == "postgresql":
         conn.execute(
             text(
-                "CREATE INDEX sagaloop_runs_id_pattern ON sagaloop_runs "
+                "CREATE INDEX IF NOT EXISTS sagaloop_runs_id_pattern ON sagaloop_runs "
                 "(run_id varchar_pattern_ops)"
             )
         )

@@ -153,10 +153,12 @@ def create_app(
 
     # --- runs --------------------------------------------------------------------------------
 
+    counts = runs.Counts()
+
     def runs_context(request: Request) -> dict[str, Any]:
         filters = runs.filters_of(request.query_params)
         return {
-            "view": runs.runs_page(client, filters),
+            "view": runs.runs_page(client, filters, counts),
             "filters": filters,
             "query": filters.query(after=filters.after, before=filters.before),
             "statuses": s.ALL_STATUSES,

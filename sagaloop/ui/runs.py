@@ -115,9 +115,27 @@ def stamp(client: Client) -> str:
     return hashlib.sha256(f"{last}|{minute}".encode()).hexdigest()[:16]
 
 
-def runs_page(client: Client, f: Filters) -> RunsPage:
+class Counts:
+    """The counts by status, kept while the stamp they were read under holds: paging and
+    searching a page that did not move does not count the runs again (a count is one scan of
+    an index of every run: 40 ms at 100,000 runs). Shared by the threads of one console."""
+
+    def __init__(self) -> None:
+        self._kept: tuple[str, str | None, dict[str, int]] | None = None
+
+    def of(self, client: Client, saga: str | None, taken: str) -> dict[str, int]:
+        kept = self._kept
+        if kept is not None and kept[:2] == (taken, saga):
+            return kept[2]
+        counted = client.count(saga=saga)
+        self._kept = (taken, saga, counted)
+        return counted
+
+
+def runs_page(client: Client, f: Filters, kept: Counts | None = None) -> RunsPage:
     """The page of runs the filters ask for (``after``/``before``: the page after or before a
-    cursor), with its counts by status, its links and its stamp."""
+    cursor), with its counts by status (from ``kept`` while the stamp holds), its links and
+    its stamp."""
     taken = stamp(client)  # before reading: a run moving meanwhile repaints at the next poll
     now = client.clock.now()
     since = now - AGES[f.age] if f.age else None
@@ -135,7 +153,7 @@ def runs_page(client: Client, f: Filters) -> RunsPage:
         Row(r, duration(r, now), waits_for(r, waits.get(r.run_id), now), pick_id(r.run_id))
         for r in runs
     ]
-    counted = client.count(saga=f.saga)
+    counted = (kept or Counts()).of(client, f.saga, taken)
     counts = [
         (name, counted.get(name, 0), "/runs?" + f.query(status=name)) for name in s.ALL_STATUSES
     ]
