@@ -73,7 +73,9 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     store = SqlStore(url)
     store.upgrade()
     base = {k: v for k, v in os.environ.items() if not k.startswith("SAGALOOP_")}
-    env = {**base, "SAGALOOP_DATABASE_URL": url, "PYTHONPATH": str(HERE)}
+    # this checkout's sagaloop, whichever the interpreter has installed
+    path = os.pathsep.join([str(HERE), str(HERE.parents[1])])
+    env = {**base, "SAGALOOP_DATABASE_URL": url, "PYTHONPATH": path}
     port = free_port()
     logs = [tmp / "dev.log", tmp / "ui.log"]
     commands = [
