@@ -492,8 +492,8 @@ class Client:
     ) -> list[RunRecord]:
         """Up to ``limit`` runs matching the filters, most recently updated first (see
         ``RunQueries.list_runs`` for each filter, the orders and what keyset paging
-        guarantees). The next page: ``after=run_cursor(runs[-1], order)``
-        (:func:`sagaloop.engine.listing.run_cursor`) when the page was full."""
+        guarantees). The next page: ``after=sagaloop.run_cursor(runs[-1], order)`` when the page
+        was full; ``order``: a :class:`sagaloop.RunOrder` or its value (``"-created"``...)."""
         if saga is not None:
             check_text(saga, "saga name")
         app = self.app_name if self.own_app_only else None
