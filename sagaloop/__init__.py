@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sagaloop.client import Client
+    from sagaloop.engine.listing import RunOrder, run_cursor
     from sagaloop.engine.state import ALL_STATUSES
     from sagaloop.errors import (
         ApplicationError,
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
         UpdateRefusedError,
         ValidationError,
     )
-    from sagaloop.engine.listing import RunOrder, run_cursor
     from sagaloop.runtime.assembly import Roles, Tuning
     from sagaloop.runtime.connect import connect
     from sagaloop.runtime.service import Service
