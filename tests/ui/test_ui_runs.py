@@ -246,3 +246,11 @@ def test_the_approvals_link_counts_the_open_approvals(env: Harness) -> None:
     waiting_refund(env, "refund-2")
     nav = client.get("/runs").text
     assert re.search(r'Approvals <span class="badge" title="open approvals">2</span>', nav)
+
+
+def test_a_cursor_that_is_not_one_is_refused_with_what_to_do(env: Harness) -> None:
+    many_runs(env, 3)
+    client = browser(env)
+    refused = client.get("/runs?after=garbage")
+    assert refused.status_code == 409 and "not a cursor of the runs listing" in refused.text
+    assert shown(client.get("/runs?sort=sideways").text) == ["bulk-002", "bulk-001", "bulk-000"]
