@@ -127,6 +127,7 @@ def measure(store: SqlStore, n: int, repeat: int) -> dict[str, dict[str, float] 
         page = scoped.list(limit=PAGE, after=cursor)
         cursor = run_cursor(page[-1], RunOrder.UPDATED_DESC)
     prefix = f"run-{n // 2:07}"[:-2]  # 100 runs share it
+    whole = f"run-{n // 3:07}"
     q = listing.page_query(
         dialect="postgresql",
         status=None,
@@ -169,6 +170,7 @@ def measure(store: SqlStore, n: int, repeat: int) -> dict[str, dict[str, float] 
         "store: id prefix (list_runs)": timed(
             lambda: scoped.list(limit=PAGE + 1, id_prefix=prefix), repeat
         ),
+        f"search a whole run id {whole!r}": timed(expect(200, f"/runs?q={whole}", console), repeat),
         "search input text (many match: one page read)": timed(
             expect(200, "/runs?q=O-7&field=input", console), max(repeat // 5, 3)
         ),
