@@ -85,9 +85,12 @@ def read_run_cursor(text: str, order: RunOrder) -> tuple[datetime, str]:
 @dataclasses.dataclass(frozen=True, slots=True)
 class RunWaits:
     """What a run's page reads to say what it waits for, without replaying its history: its
-    open approvals, its timers, and the waits among its newest events that no newer event
-    ended (``RunQueries.run_waits``)."""
+    open approvals, its timers, and the waits and steps among its newest events that no newer
+    event ended (``RunQueries.run_waits``)."""
 
     approvals: list[ApprovalRow] = dataclasses.field(default_factory=list)
     timers: list[Timer] = dataclasses.field(default_factory=list)
     waits: list[Event] = dataclasses.field(default_factory=list)
+    steps: list[Event] = dataclasses.field(default_factory=list)
+    """The ``step_scheduled`` / ``compensation_scheduled`` events among its newest events whose
+    attempt no newer event ended (queued or running)."""

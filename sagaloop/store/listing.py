@@ -120,7 +120,32 @@ def waits(conn: Connection, runs: Sequence[RunRecord]) -> dict[str, RunWaits]:
         events[row["run_id"]].append(ev)
     for run_id, tail in events.items():
         found[run_id].waits.extend(open_waits(tail))
+        found[run_id].steps.extend(open_steps(tail))
     return found
+
+
+_STEP_OPENS = {h.STEP_SCHEDULED: "step", h.COMPENSATION_SCHEDULED: "compensation"}
+_STEP_ENDS = {
+    h.STEP_COMPLETED: "step",
+    h.STEP_FAILED: "step",
+    h.STEP_HALTED: "step",
+    h.STEP_RETRYING: "step",
+    h.COMPENSATION_COMPLETED: "compensation",
+    h.COMPENSATION_FAILED: "compensation",
+    h.COMPENSATION_RETRYING: "compensation",
+}
+
+
+def open_steps(tail: Sequence[Event]) -> list[Event]:
+    """The steps and compensations scheduled in ``tail`` that no later event of it ended (a
+    retry waits on its timer, which ``run_waits`` reads)."""
+    scheduled: dict[tuple[str, int | None], Event] = {}
+    for ev in tail:
+        if ev.kind in _STEP_OPENS:
+            scheduled[(_STEP_OPENS[ev.kind], ev.pos)] = ev
+        elif ev.kind in _STEP_ENDS:
+            scheduled.pop((_STEP_ENDS[ev.kind], ev.pos), None)
+    return list(scheduled.values())
 
 
 def open_waits(tail: Sequence[Event]) -> list[Event]:

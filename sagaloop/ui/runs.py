@@ -218,7 +218,8 @@ def _at(when: datetime) -> str:
 
 def waits_for(run: RunRecord, waits: RunWaits | None, now: datetime) -> str:
     """What an unfinished run waits for, in words, from what ``run_waits`` read ("" for
-    none): its open approvals, its event waits, its sleeps and retries."""
+    none): its open approvals, its event waits, its steps queued or running, its sleeps and
+    retries."""
     if waits is None or run.status in s.FINAL_STATUSES:
         return ""
     said: list[str] = []
@@ -239,6 +240,10 @@ def waits_for(run: RunRecord, waits: RunWaits | None, now: datetime) -> str:
         timer = timers.pop((ev.pos, "wait"), None)
         until = f" until {_at(timer.fire_at)}" if timer else ""
         said.append("event " + " or ".join(repr(n) for n in names) + until)
+    for ev in waits.steps:
+        what = "step" if ev.kind == "step_scheduled" else "compensation of"
+        queue = ev.data.get("queue")
+        said.append(f"{what} {ev.name!r}" + (f" on {queue}" if queue else ""))
     for t in sorted(timers.values(), key=lambda t: t.fire_at):
         if t.kind == "sleep":
             said.append(f"sleep until {_at(t.fire_at)}")

@@ -16,6 +16,8 @@ from urllib.parse import urlencode
 import pytest
 from starlette.testclient import TestClient
 
+from sagaloop.engine import history as h
+from sagaloop.engine.history import NewEvent
 from sagaloop.engine.ports import RunRecord
 from sagaloop.testing import Harness
 from sagaloop.ui import create_app
@@ -254,3 +256,21 @@ def test_a_cursor_that_is_not_one_is_refused_with_what_to_do(env: Harness) -> No
     refused = client.get("/runs?after=garbage")
     assert refused.status_code == 409 and "not a cursor of the runs listing" in refused.text
     assert shown(client.get("/runs?sort=sideways").text) == ["bulk-002", "bulk-001", "bulk-000"]
+
+
+def test_a_running_run_says_which_step_it_waits_on(env: Harness) -> None:
+    at = env.clock.now()
+    run = RunRecord("busy-1", "console-shop", "charge", "running", 5, at, at)
+    events = [
+        NewEvent(h.RUN_STARTED, None, "charge", {}),
+        NewEvent(h.STEP_SCHEDULED, 0, "charge_card", {"queue": "payments"}),
+    ]
+    with env.store.transaction() as tx:
+        assert env.store.create_run(tx, run)
+        run.last_seq = run.processed_seq = env.store.append_events(tx, run.run_id, 0, events, at)[
+            -1
+        ].seq
+        assert env.store.save_run(tx, run)
+    page = browser(env).get("/runs").text
+    row = page[page.index("<code>busy-1</code>") :].split("</tr>")[0]
+    assert "step &#39;charge_card&#39; on payments" in row

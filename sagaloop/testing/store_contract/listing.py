@@ -183,9 +183,12 @@ class ListingContract(ContractBase):
             "requested_at": T0.isoformat(),
         }
         events = [
+            NewEvent(h.STEP_SCHEDULED, 0, "hold", {"queue": "default"}),
+            NewEvent(h.STEP_COMPLETED, 0, "hold", {"result": 1}),
             NewEvent(h.EVENT_WAITING, 1, "shipped", {}),
-            NewEvent(h.EVENT_ARRIVED, 1, "shipped", {}),
+            NewEvent(h.EVENT_ARRIVED, None, "shipped", {}),
             NewEvent(h.EVENT_WAITING, 2, "approval:2", {"timeout_at": T0.isoformat()}),
+            NewEvent(h.STEP_SCHEDULED, 3, "notify", {"queue": "mail"}),
         ]
         with store.transaction() as tx:
             store.publish_approval(tx, run, "2", request, now=T0)
@@ -201,5 +204,6 @@ class ListingContract(ContractBase):
             ("wait", 2, T0 + timedelta(hours=1))
         ]
         assert [(e.pos, e.name) for e in waits.waits] == [(2, "approval:2")], "the open wait"
+        assert [(e.pos, e.name) for e in waits.steps] == [(3, "notify")], "the open step"
         assert (found[idle.run_id].approvals, found[idle.run_id].waits) == ([], [])
         assert store.run_waits([]) == {}
