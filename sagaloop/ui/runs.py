@@ -258,9 +258,13 @@ def waits_for(run: RunRecord, waits: RunWaits | None, now: datetime) -> str:
 
 
 def pending_approvals(client: Client) -> str:
-    """The open approvals of the client's runs, counted up to ``FLAGGED`` ("" for none)."""
+    """The open approvals of the client's runs, counted up to ``FLAGGED`` ("" for none, and
+    when the store cannot say: a page that tells a store error still shows)."""
     app = client.app_name if client.own_app_only else None
-    n = len(client.store.open_approvals(app=app, limit=FLAGGED))
+    try:
+        n = len(client.store.open_approvals(app=app, limit=FLAGGED))
+    except SagaloopError:
+        return ""
     return "" if n == 0 else f"{FLAGGED - 1}+" if n >= FLAGGED else str(n)
 
 

@@ -19,6 +19,7 @@ from starlette.testclient import TestClient
 from sagaloop.engine import history as h
 from sagaloop.engine.history import NewEvent
 from sagaloop.engine.ports import RunRecord
+from sagaloop.errors import StoreError
 from sagaloop.testing import Harness
 from sagaloop.ui import create_app
 from tests.ui import console_app
@@ -274,3 +275,17 @@ def test_a_running_run_says_which_step_it_waits_on(env: Harness) -> None:
     page = browser(env).get("/runs").text
     row = page[page.index("<code>busy-1</code>") :].split("</tr>")[0]
     assert "step &#39;charge_card&#39; on payments" in row
+
+
+def test_a_store_error_is_a_page_that_says_so(
+    env: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = browser(env)
+
+    def down(**kwargs: Any) -> Any:
+        raise StoreError("the database is unreachable")
+
+    monkeypatch.setattr(env.store, "open_approvals", down)
+    monkeypatch.setattr(env.store, "list_runs", down)
+    page = client.get("/runs")
+    assert page.status_code == 409 and "the database is unreachable" in page.text
