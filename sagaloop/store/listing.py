@@ -9,13 +9,15 @@ each filter and order meets an index.
   on SQLite the range ``prefix <= run_id < prefix'`` of the primary key (SQLite compares
   text as UTF-8 bytes, which is code point order).
 - ``input_text``: ``ILIKE '%text%'`` on the stored input's JSON text (``lower() LIKE`` on
-  SQLite). No index serves it: the database walks the order's index and tests each run's input
+  SQLite), case-insensitive for ASCII letters; a character beyond ASCII is matched as the
+  stored JSON escapes it. No index serves it: the database walks the order's index and tests each run's input
   until the page is full, so its cost grows with the runs it must pass over (all of them, when
   fewer than a page match).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -61,7 +63,8 @@ def page_query(
     if id_prefix:
         q = q.where(_prefix(dialect, id_prefix))
     if input_text:
-        q = q.where(r.input.cast(sa.Text).ilike("%" + _escape(input_text) + "%", escape="\\"))
+        pattern = "%" + _escape(_as_stored(input_text)) + "%"
+        q = q.where(r.input.cast(sa.Text).ilike(pattern, escape="\\"))
     if updated_since is not None:
         q = q.where(r.updated_at >= updated_since)
     at = r[order.column]
@@ -73,6 +76,13 @@ def page_query(
     if order.descending:
         return q.order_by(at.desc(), r.run_id.desc()).limit(limit)
     return q.order_by(at.asc(), r.run_id.asc()).limit(limit)
+
+
+def _as_stored(text: str) -> str:
+    """``text`` as the stored JSON spells it: a character beyond ASCII as its ``\\uXXXX``
+    escape (``JSONText`` writes ASCII-only JSON); quotes stay, so that ``"order":"B-2"``
+    finds a member."""
+    return "".join(c if ord(c) < 128 else json.dumps(c)[1:-1] for c in text)
 
 
 def _escape(text: str) -> str:

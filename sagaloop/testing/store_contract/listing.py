@@ -89,6 +89,8 @@ class ListingContract(ContractBase):
         assert _ids(store.list_runs(input_text="paris", app="app")) == [paris.run_id]
         assert _ids(store.list_runs(input_text='"n":1')) == [paris.run_id], "the JSON text"
         assert _ids(store.list_runs(input_text="100%")) == [rome.run_id], "% is literal"
+        zurich = self._add(store, new_id("r"), input={"city": "Zürich ✓"}, saga="trip")
+        assert _ids(store.list_runs(input_text="zürich ✓")) == [zurich.run_id], "beyond ASCII"
         assert store.list_runs(input_text="1000") == []
         assert _ids(store.list_runs(input_text="trip", saga="trip")) == [], "input, not saga"
         assert _ids(store.list_runs(input_text="o", status="completed")) == [rome.run_id]
