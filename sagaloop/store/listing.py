@@ -10,9 +10,9 @@ each filter and order meets an index.
   text as UTF-8 bytes, which is code point order).
 - ``input_text``: ``ILIKE '%text%'`` on the stored input's JSON text (``lower() LIKE`` on
   SQLite), case-insensitive for ASCII letters; a character beyond ASCII is matched as the
-  stored JSON escapes it. No index serves it: the database walks the order's index and tests each run's input
-  until the page is full, so its cost grows with the runs it must pass over (all of them, when
-  fewer than a page match).
+  stored JSON escapes it. No index serves it: the database walks the order's index and tests
+  each run's input until the page is full, so its cost grows with the runs it must pass over
+  (all of them, when fewer than a page match).
 """
 
 from __future__ import annotations
