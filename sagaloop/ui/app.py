@@ -193,9 +193,11 @@ def create_app(
         """Cancel or retry the ticked runs, once confirmed; the result says which were done
         and which refused, and why."""
         try:
-            body = await request.body()
-            if len(body) > MAX_FORM:
-                raise Refused(413, f"the form is over {MAX_FORM // 1024} KiB")
+            body = b""
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_FORM:
+                    raise Refused(413, f"the form is over {MAX_FORM // 1024} KiB")
             try:
                 bulk = runs.bulk_form(body, csrf)
             except runs.BulkRefused as e:

@@ -206,6 +206,11 @@ def test_bulk_without_the_pages_csrf_token_is_refused(env: Harness) -> None:
     assert env.get("refund-1").status == "waiting"
     csrf = csrf_of(client.get("/runs").text)
     assert post(client, [("csrf", csrf), ("action", "cancel")]).status_code == 400
+    ticked = [("run_id", f"run-{n:06}") for n in range(201)]
+    too_many = post(client, [("csrf", csrf), ("action", "cancel"), *ticked])
+    assert too_many.status_code == 400 and "at most 200" in too_many.text
+    huge = post(client, [("csrf", csrf), ("action", "cancel"), ("reason", "x" * 300_000)])
+    assert huge.status_code == 413
 
 
 def test_an_unchanged_poll_is_204_or_304_and_reads_no_listing(
