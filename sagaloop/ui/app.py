@@ -100,6 +100,8 @@ def create_app(
 
     def page(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
         done = request.query_params.get("done")
+        if "approvals_open" not in context:  # the header's count: a whole page's
+            context["approvals_open"] = "" if template[0] == "_" else runs.pending_approvals(client)
         html = env.get_template(template).render(
             csrf=csrf,
             app_name=app_name,
@@ -107,7 +109,6 @@ def create_app(
             refresh=f"{max(round(refresh * 1000), 100)}ms",
             htmx_config=json.dumps(HTMX_CONFIG),
             flash=DONE.get(done or ""),
-            approvals_open="" if template.startswith("_") else runs.pending_approvals(client),
             **context,
         )
         return HTMLResponse(html, status_code=status)
@@ -183,7 +184,11 @@ def create_app(
                 return Response(status_code=204, headers={"etag": etag})
             if request.headers.get("if-none-match") == etag:
                 return Response(status_code=304, headers={"etag": etag})
-            response = page(request, "_runs_live.html", **runs_context(request))
+            counted = runs.pending_approvals(client)
+            context = runs_context(request)
+            response = page(
+                request, "_runs_live.html", live=True, approvals_open=counted, **context
+            )
         except SagaloopError as e:
             return failed(request, e)
         response.headers["etag"] = etag  # read before the page: a later move shows next poll

@@ -67,6 +67,7 @@ def test_an_operator_finds_runs_and_cancels_a_selection(
     before = live.get_attribute("hx-get")
     client.start("refund", {"order": "Z-4", "amount": 400}, run_id="refund-z4")
     expect(page.locator("table.runs tbody tr")).to_have_count(4)
+    expect(page.locator("header nav .badge")).to_have_text("4")  # the header's count too
     assert live.get_attribute("hx-get") != before, "the region was sent again"
     expect(page.get_by_label("select run refund-z1")).to_be_checked()
     expect(page.get_by_label("select run refund-z3")).to_be_checked()

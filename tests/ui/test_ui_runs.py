@@ -253,7 +253,13 @@ def test_the_approvals_link_counts_the_open_approvals(env: Harness) -> None:
     waiting_refund(env, "refund-1")
     waiting_refund(env, "refund-2")
     nav = client.get("/runs").text
-    assert re.search(r'Approvals <span class="badge" title="open approvals">2</span>', nav)
+    badge = '<span class="badge" title="open approvals">2</span>'
+    assert f'Approvals<span id="approvals-open"> {badge}</span>' in nav
+    assert nav.count('id="approvals-open"') == 1
+    live = client.get("/runs/live?v=moved").text
+    assert f'<span id="approvals-open" hx-swap-oob="true"> {badge}</span>' in live, (
+        "the live region brings the header's count along"
+    )
 
 
 def test_a_cursor_that_is_not_one_is_refused_with_what_to_do(env: Harness) -> None:
