@@ -104,8 +104,8 @@ def last_update(conn: Connection, app: str | None) -> datetime | None:
     q = sa.select(sa.func.max(t.runs.c.updated_at))
     if app is not None:
         q = q.where(t.runs.c.app == app)
-    value = conn.execute(q).scalar()
-    return t.UTCDateTime().process_result_value(value, conn.dialect) if value else None
+    last: datetime | None = conn.execute(q).scalar()  # max() keeps the column's UTC type
+    return last
 
 
 def waits(conn: Connection, runs: Sequence[RunRecord]) -> dict[str, RunWaits]:

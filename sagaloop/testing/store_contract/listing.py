@@ -169,7 +169,8 @@ class ListingContract(ContractBase):
         run = self._add(store, new_id("l"), created_at=T0)
         self._add(store, new_id("l"), app="other", created_at=T0 + timedelta(seconds=1))
         assert store.last_run_update() == T0 + timedelta(seconds=1)
-        assert store.last_run_update(app="app") == T0
+        last = store.last_run_update(app="app")
+        assert last == T0 and last.utcoffset() == timedelta(0), "an aware UTC time"
         self._touch(store, run, T0 + timedelta(seconds=9))
         assert store.last_run_update(app="app") == T0 + timedelta(seconds=9)
         assert store.last_run_update(app="nobody") is None
