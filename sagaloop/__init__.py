@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sagaloop.client import Client
+    from sagaloop.engine.listing import RunOrder, run_cursor
     from sagaloop.engine.state import ALL_STATUSES
     from sagaloop.errors import (
         ApplicationError,
@@ -74,6 +75,7 @@ _LAZY = {
     "Roles": "sagaloop.runtime.assembly",
     "RunFinishedError": "sagaloop.errors",
     "RunNotFoundError": "sagaloop.errors",
+    "RunOrder": "sagaloop.engine.listing",
     "RunStateError": "sagaloop.errors",
     "SagaContext": "sagaloop.sagas",
     "SagaDef": "sagaloop.sagas",
@@ -91,6 +93,7 @@ _LAZY = {
     "connect": "sagaloop.runtime.connect",
     "current_saga": "sagaloop.sagas",
     "current_step": "sagaloop.runtime.steps",
+    "run_cursor": "sagaloop.engine.listing",
 }
 """Where each public name is defined: imported on first use, so that ``import sagaloop`` (and
 ``sagaloop --help``, which imports the package first) loads neither pydantic nor SQLAlchemy,
@@ -135,6 +138,7 @@ __all__ = [
     "Roles",
     "RunFinishedError",
     "RunNotFoundError",
+    "RunOrder",
     "RunStateError",
     "SagaContext",
     "SagaDef",
@@ -153,4 +157,5 @@ __all__ = [
     "connect",
     "current_saga",
     "current_step",
+    "run_cursor",
 ]

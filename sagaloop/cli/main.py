@@ -477,13 +477,46 @@ def tail(obj: Obj, run_id: str, no_follow: bool, as_json: bool) -> None:
 )
 @click.option("--saga", help="Only runs of this saga.")
 @click.option("--limit", default=50, type=click.IntRange(1, 10_000), show_default=True)
+@click.option("--search", help="Only runs whose id starts with this.")
+@click.option("--input", "input_text", help="Only runs whose input's JSON text contains this.")
+@click.option(
+    "--sort",
+    type=click.Choice(["-updated", "updated", "-created", "created"]),  # RunOrder's values
+    default="-updated",
+    show_default=True,
+    help="By last update or creation; a leading '-': newest first.",
+)
+@click.option("--after", help="The cursor a previous page printed: the page after it.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @click.pass_obj
-def list_runs(obj: Obj, status_: str | None, saga: str | None, limit: int, as_json: bool) -> None:
-    """List runs, newest first, with counts by status."""
+def list_runs(
+    obj: Obj,
+    status_: str | None,
+    saga: str | None,
+    limit: int,
+    search: str | None,
+    input_text: str | None,
+    sort: str,
+    after: str | None,
+    as_json: bool,
+) -> None:
+    """List runs, newest first, with counts by status. A full page prints the cursor of the
+    next one (--after)."""
+    from sagaloop.engine.listing import run_cursor, run_order
+
     with errors():
         client = _client(obj)
-        runs = client.list(status=status_, saga=saga, limit=limit)
+        order = run_order(sort)
+        runs = client.list(
+            status=status_,
+            saga=saga,
+            limit=limit,
+            id_prefix=search,
+            input_text=input_text,
+            order=order,
+            after=after,
+        )
+        more = run_cursor(runs[-1], order) if len(runs) == limit else None
         counts = client.store.count_runs(saga=saga)
         pending = client.pending(saga) if status_ is None else []
     if as_json:
@@ -499,6 +532,8 @@ def list_runs(obj: Obj, status_: str | None, saga: str | None, limit: int, as_js
             for r in runs
         ]
         out: dict[str, Any] = {"runs": rows, "counts": counts}
+        if more:
+            out["next"] = more
         if pending:  # debounced starts whose run has not started: not runs yet
             out["pending"] = [
                 {
@@ -515,6 +550,8 @@ def list_runs(obj: Obj, status_: str | None, saga: str | None, limit: int, as_js
         click.echo(json.dumps(out, indent=2))
     else:
         click.echo(runs_text(runs, counts))
+        if more:
+            click.echo(f"next page: --after {more}")
         if pending:
             click.echo("\n" + pending_text(pending))
 

@@ -27,6 +27,7 @@ from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.event_fit import check_event
 from sagaloop.engine.history import Event, NewEvent
+from sagaloop.engine.listing import RunOrder, run_order
 from sagaloop.engine.messages import (
     Envelope,
     EventPayload,
@@ -419,12 +420,35 @@ class Client:
         return served(found, run.app, self.store, now)  # a queue nobody consumes; no engine
 
     def list(
-        self, *, status: str | None = None, saga: str | None = None, limit: int = 100
+        self,
+        *,
+        status: str | None = None,
+        saga: str | None = None,
+        limit: int = 100,
+        id_prefix: str | None = None,
+        input_text: str | None = None,
+        updated_since: datetime | None = None,
+        order: RunOrder | str = RunOrder.UPDATED_DESC,
+        after: str | None = None,
     ) -> list[RunRecord]:
+        """Up to ``limit`` runs matching the filters, most recently updated first (see
+        ``RunQueries.list_runs`` for each filter, the orders and what keyset paging
+        guarantees). The next page: ``after=sagaloop.run_cursor(runs[-1], order)`` when the page
+        was full; ``order``: a :class:`sagaloop.RunOrder` or its value (``"-created"``...)."""
         if saga is not None:
             check_text(saga, "saga name")
         app = self.app_name if self.own_app_only else None
-        return self.store.list_runs(status=status, saga=saga, app=app, limit=limit)
+        return self.store.list_runs(
+            status=status,
+            saga=saga,
+            app=app,
+            limit=limit,
+            id_prefix=id_prefix or None,
+            input_text=input_text or None,
+            updated_since=updated_since,
+            order=run_order(order),
+            after=after or None,
+        )
 
     def count(self, *, saga: str | None = None) -> dict[str, int]:
         """How many runs (of ``saga``, if given) there are in each status."""

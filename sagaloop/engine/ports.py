@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from sagaloop.engine.history import Event, NewEvent
+from sagaloop.engine.listing import RunOrder, RunWaits
 from sagaloop.engine.messages import Envelope
 from sagaloop.engine.records import (  # the records the ports take and return: re-exported
     ApprovalRow,
@@ -173,7 +174,40 @@ class RunQueries(Protocol):
         saga: str | None = None,
         app: str | None = None,
         limit: int = 100,
-    ) -> list[RunRecord]: ...
+        id_prefix: str | None = None,
+        input_text: str | None = None,
+        updated_since: datetime | None = None,
+        order: RunOrder = RunOrder.UPDATED_DESC,
+        after: str | None = None,
+    ) -> list[RunRecord]:
+        """Up to ``limit`` runs that match every filter given, in ``order``: of ``app``, of
+        ``saga``, in ``status``, whose id starts with ``id_prefix``, whose stored input's JSON
+        text contains ``input_text`` (case-insensitive; an input kept in the payload table, over
+        the inline size, is not searched), updated at or after ``updated_since``; after the
+        cursor ``after`` (:func:`~sagaloop.engine.listing.run_cursor` of the last run of the
+        previous page, made for the same ``order``).
+
+        Keyset paging: a page holds the runs strictly after the cursor's (time, run id) in the
+        order, read when the page is asked, never skipping by an offset. Walking the pages of a
+        ``created`` order, every run that exists throughout comes exactly once, whatever
+        updates meanwhile. Walking most-recently-updated first (the default), every run that
+        is not updated during the walk comes exactly once and no run comes twice: a run
+        updated meanwhile moves ahead of the cursor, onto a fresh first page. Walking least
+        recently updated first, a run updated meanwhile moves to the end and may come again
+        there."""
+        ...
+
+    def last_run_update(self, *, app: str | None = None) -> datetime | None:
+        """The newest ``updated_at`` of the runs of ``app`` (None: of every app); None when
+        there is no run. One read of an index's end: what a live listing polls."""
+        ...
+
+    def run_waits(self, runs: Sequence[RunRecord]) -> dict[str, RunWaits]:
+        """For each of ``runs`` (a page of them): its open approvals, its timers and the waits
+        among its newest history events, read in a few indexed queries, with no history
+        replayed."""
+        ...
+
     def count_runs(self, *, saga: str | None = None, app: str | None = None) -> dict[str, int]: ...
     def count_running(self, app: str, *, started: bool, at_most: int) -> int:
         """Runs of ``app`` that are ``running``, counted up to ``at_most``: those an engine

@@ -273,6 +273,23 @@ Table(
 )
 
 
+def _v10(conn: Connection) -> None:
+    """The runs listing's indexes: its orders and cursors, and (PostgreSQL) run id prefixes.
+    ``IF NOT EXISTS``: a database that tests took back to an older version keeps them."""
+    for name, columns in (
+        ("sagaloop_runs_updated", "updated_at, run_id"),
+        ("sagaloop_runs_created", "created_at, run_id"),
+    ):
+        conn.execute(text(f"CREATE INDEX IF NOT EXISTS {name} ON sagaloop_runs ({columns})"))
+    if conn.dialect.name == "postgresql":
+        conn.execute(
+            text(
+                "CREATE INDEX IF NOT EXISTS sagaloop_runs_id_pattern ON sagaloop_runs "
+                "(run_id varchar_pattern_ops)"
+            )
+        )
+
+
 MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (1, _v1),
     (2, _v2),
@@ -283,6 +300,7 @@ MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (7, _v7),
     (8, _v8),
     (9, _v9),
+    (10, _v10),
 ]
 LATEST = MIGRATIONS[-1][0]
 

@@ -15,8 +15,9 @@ import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from sagaloop.engine.history import Event, NewEvent, number
+from sagaloop.engine.listing import RunOrder, RunWaits, run_order
 from sagaloop.engine.ports import Maintenance, RunQueries, RunRecord, RunStore
-from sagaloop.store import approvals, limits, payloads
+from sagaloop.store import approvals, limits, listing, payloads
 from sagaloop.store import tables as t
 from sagaloop.store.core import SqlCore, conn_of, record
 
@@ -83,13 +84,37 @@ class SqlRuns(SqlCore, RunStore, RunQueries, Maintenance):
         saga: str | None = None,
         app: str | None = None,
         limit: int = 100,
+        id_prefix: str | None = None,
+        input_text: str | None = None,
+        updated_since: datetime | None = None,
+        order: RunOrder = RunOrder.UPDATED_DESC,
+        after: str | None = None,
     ) -> list[RunRecord]:
-        q = sa.select(t.runs).order_by(t.runs.c.updated_at.desc()).limit(limit)
-        q = _of(q, app=app, saga=saga, status=status)
+        """One SELECT on the order's index (``listing.py`` says which filter uses which)."""
+        q = listing.page_query(
+            dialect=self.dialect,
+            status=status,
+            saga=saga,
+            app=app,
+            limit=limit,
+            id_prefix=id_prefix,
+            input_text=input_text,
+            updated_since=updated_since,
+            order=run_order(order),
+            after=after,
+        )
         with self._read() as conn:
             return payloads.resolve_runs(
                 conn, [record(RunRecord, r) for r in conn.execute(q).mappings()]
             )
+
+    def last_run_update(self, *, app: str | None = None) -> datetime | None:
+        with self._read() as conn:
+            return listing.last_update(conn, app)
+
+    def run_waits(self, runs: Sequence[RunRecord]) -> dict[str, RunWaits]:
+        with self._read() as conn:
+            return listing.waits(conn, runs)
 
     def count_running(self, app: str, *, started: bool, at_most: int) -> int:
         """Counted in the (app, status, processed_seq) index, a limited subquery."""

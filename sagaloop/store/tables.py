@@ -86,7 +86,14 @@ runs = Table(
     Index("sagaloop_runs_saga", "saga", "status"),
     # the start backlog (processed_seq = 0) and the runs an engine's start window counts
     Index("sagaloop_runs_app", "app", "status", "processed_seq"),
+    # the runs listing's orders and keyset cursors, and its live poll's max(updated_at)
+    Index("sagaloop_runs_updated", "updated_at", "run_id"),
+    Index("sagaloop_runs_created", "created_at", "run_id"),
 )
+# the listing's run id prefix search (LIKE 'prefix%') whatever the database's collation
+Index(
+    "sagaloop_runs_id_pattern", runs.c.run_id, postgresql_ops={"run_id": "varchar_pattern_ops"}
+).ddl_if(dialect="postgresql")
 
 history = Table(
     "sagaloop_history",

@@ -26,7 +26,7 @@ from sagaloop.engine import state as s
 from sagaloop.errors import RunNotFoundError, SagaloopError
 from sagaloop.sagas.app import App
 from sagaloop.sagas.approvals import KEY_PREFIX
-from sagaloop.ui import ops, views
+from sagaloop.ui import ops, runs, views
 from sagaloop.ui.security import Guard, csrf_ok, new_csrf
 from sagaloop.ui.story import event_of, file_name, history_document, pretty
 
@@ -109,6 +109,8 @@ def create_app(
 
     def page(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
         done = request.query_params.get("done")
+        if "approvals_open" not in context:  # the header's count: a whole page's
+            context["approvals_open"] = "" if template[0] == "_" else runs.pending_approvals(client)
         html = env.get_template(template).render(
             csrf=csrf,
             app_name=app_name,
@@ -161,37 +163,65 @@ def create_app(
 
     # --- runs --------------------------------------------------------------------------------
 
-    def run_filters(request: Request) -> dict[str, str | None]:
-        q = request.query_params
-        status = q.get("status") or None
-        age = q.get("age") or None
-        return {
-            "saga": (q.get("saga") or "").strip() or None,
-            "status": status if status in s.ALL_STATUSES else None,
-            "age": age if age in views.AGES else None,
-        }
+    counts = runs.Counts()
 
     def runs_context(request: Request) -> dict[str, Any]:
-        filters = run_filters(request)
-        view = views.run_list(client, **filters)
-        query = {k: v for k, v in filters.items() if v}
-        counts = [
-            (name, n, "/runs?" + urlencode({**query, "status": name}))
-            for name, n in view.counts.items()
-        ]
+        filters = runs.filters_of(request.query_params)
         return {
-            "view": view,
-            "counts": counts,
+            "view": runs.runs_page(client, filters, counts),
             "filters": filters,
-            "query": urlencode(query),
+            "query": filters.query(after=filters.after, before=filters.before),
             "statuses": s.ALL_STATUSES,
-            "ages": list(views.AGES),
+            "ages": list(runs.AGES),
+            "fields": runs.FIELDS,
             "sagas": sagas,
+            "actions": runs.ACTIONS,
         }
 
-    runs, runs_live = listing(
-        "runs.html", "_runs_live.html", runs_context, lambda context: context["view"].version
-    )
+    def runs_page(request: Request) -> Response:
+        try:
+            return page(request, "runs.html", **runs_context(request))
+        except SagaloopError as e:
+            return failed(request, e)
+
+    def runs_live(request: Request) -> Response:
+        """204 (htmx) or 304 (``If-None-Match``) while no run moved: one indexed read."""
+        try:
+            stamp = runs.stamp(client)
+            etag = f'"{stamp}"'
+            if request.query_params.get("v") == stamp:
+                return Response(status_code=204, headers={"etag": etag})
+            if request.headers.get("if-none-match") == etag:
+                return Response(status_code=304, headers={"etag": etag})
+            counted = runs.pending_approvals(client)
+            context = runs_context(request)
+            response = page(
+                request, "_runs_live.html", live=True, approvals_open=counted, **context
+            )
+        except SagaloopError as e:
+            return failed(request, e)
+        response.headers["etag"] = etag  # read before the page: a later move shows next poll
+        return response
+
+    async def runs_bulk(request: Request) -> Response:
+        """Cancel or retry the ticked runs, once confirmed; the result says which were done
+        and which refused, and why."""
+        try:
+            body = b""
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_FORM:
+                    raise Refused(413, f"the form is over {MAX_FORM // 1024} KiB")
+            try:
+                bulk = runs.bulk_form(body, csrf)
+            except runs.BulkRefused as e:
+                raise Refused(e.status, e.message) from None
+            if dict(parse_qsl(body.decode("utf-8", errors="replace"))).get("confirmed") != "1":
+                return page(request, "runs_confirm.html", bulk=bulk, fields=runs.bulk_fields(bulk))
+            result = await run_in_threadpool(runs.do_bulk, client, bulk)
+        except (SagaloopError, Refused) as e:
+            return failed(request, e)
+        return page(request, "runs_done.html", result=result)
 
     # --- one run -----------------------------------------------------------------------------
 
@@ -448,8 +478,9 @@ def create_app(
 
     routes = [
         Route("/", lambda request: RedirectResponse("/runs", status_code=303)),
-        Route("/runs", runs),
+        Route("/runs", runs_page),
         Route("/runs/live", runs_live),
+        Route("/runs/bulk", runs_bulk, methods=["POST"]),
         Route("/run", run_page),
         Route("/run/live", run_live),
         Route("/run/history.json", history_json),

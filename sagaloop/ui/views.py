@@ -8,7 +8,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sagaloop.agents.budgets import USAGE_KEY
@@ -25,9 +25,6 @@ from sagaloop.sagas.approvals import KEY_PREFIX, OPEN_STATUSES, ApprovalRequest,
 from sagaloop.ui.story import Story, pretty, story, wait_words
 from sagaloop.ui.transcript import Request, requests_of
 
-AGES = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
-"""The choices of the runs page's age filter: runs updated within this time."""
-LIMIT = 100
 USAGE_FIELDS = ("requests", "input_tokens", "output_tokens", "tool_calls", "cost")
 
 
@@ -44,29 +41,8 @@ def version(*parts: Any) -> str:
 # --- runs ----------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class RunList:
-    runs: list[RunRecord]
-    counts: dict[str, int]
-    total: int
-    version: str
-
-
 APPROVALS_PAGE = 50
 """How many approvals a page of the console shows."""
-
-
-def run_list(client: Client, *, saga: str | None, status: str | None, age: str | None) -> RunList:
-    """The newest runs (by last update) that match the filters, and the counts by status of
-    the saga filter's runs (of every run without it)."""
-    runs = client.list(status=status, saga=saga, limit=LIMIT)
-    if age in AGES:
-        since = client.clock.now() - AGES[age]
-        runs = [r for r in runs if r.updated_at >= since]  # the list is newest first
-    counts = client.count(saga=saga)
-    ordered = {name: counts.get(name, 0) for name in s.ALL_STATUSES}
-    stamp = version([(r.run_id, r.status, r.updated_at) for r in runs], counts)
-    return RunList(runs, ordered, sum(counts.values()), stamp)
 
 
 # --- one run -------------------------------------------------------------------------------

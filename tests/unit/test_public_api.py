@@ -47,6 +47,9 @@ def test_exported_names_are_pinned() -> None:
             "UpdateFailedError",
             "UpdateRefusedError",
             "DEFAULT_CANCEL_GRACE",
+            # issue 26: paging through runs (Client.list)
+            "RunOrder",
+            "run_cursor",
         ]
     )
     assert sorted(sagaloop.testing.__all__) == [

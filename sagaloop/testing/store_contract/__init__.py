@@ -33,6 +33,7 @@ more detail.
 
 from __future__ import annotations
 
+from sagaloop.testing.store_contract.listing import ListingContract
 from sagaloop.testing.store_contract.messages import MessageContract
 from sagaloop.testing.store_contract.retention import RetentionContract
 from sagaloop.testing.store_contract.runs import RunContract
@@ -41,8 +42,11 @@ from sagaloop.testing.store_contract.timers import TimerContract
 __all__ = ["StoreContract"]
 
 
-class StoreContract(RunContract, TimerContract, MessageContract, RetentionContract):
+class StoreContract(
+    RunContract, ListingContract, TimerContract, MessageContract, RetentionContract
+):
     """The contract tests. Subclass it as ``TestXxx`` and provide a ``store`` fixture. Its
     parts, one module each by store role: ``runs`` (runs and history), ``timers``,
-    ``messages`` (inbox, outbox queue, rate limits) and ``retention`` (prune, large payloads).
+    ``listing`` (the runs listing's search, orders and pages), ``messages`` (inbox, outbox
+    queue, rate limits) and ``retention`` (prune, large payloads).
     """
