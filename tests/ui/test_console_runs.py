@@ -17,6 +17,7 @@ from sagaloop.testing.wait import eventually
 from tests.ui.test_console import Console, shots
 from tests.ui.test_console import browser as browser  # the fixtures
 from tests.ui.test_console import console as console
+from tests.ui.test_console import expected_errors as expected_errors
 from tests.ui.test_console import page as page
 
 pytestmark = pytest.mark.browser

@@ -12,11 +12,11 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from sagaloop.testing.wait import eventually
-from tests.ui.test_console import REFUND, Console, browser, console, page, shots
+from tests.ui.test_console import REFUND, Console, browser, console, expected_errors, page, shots
 
 pytestmark = pytest.mark.browser
 
-__all__ = ["browser", "console", "page"]  # the fixtures, from test_console
+__all__ = ["browser", "console", "expected_errors", "page"]  # the fixtures, from test_console
 
 
 def forks_of(console: Console, run_id: str) -> list[str]:

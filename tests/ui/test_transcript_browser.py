@@ -17,12 +17,12 @@ from sagaloop import App
 from sagaloop.agents.openai_agents import SagaRunner
 from sagaloop.testing import Harness
 from sagaloop.ui.server import serve_in_thread
-from tests.ui.test_console import browser, free_port, page, shots
+from tests.ui.test_console import browser, expected_errors, free_port, page, shots
 from tests.unit import test_agents_openai as oa
 
 pytestmark = pytest.mark.browser
 
-__all__ = ["browser", "page"]  # the fixtures, from test_console
+__all__ = ["browser", "expected_errors", "page"]  # the fixtures, from test_console
 
 
 def test_the_transcript_marks_the_call_that_needed_approval(page: Page, tmp_path: Path) -> None:

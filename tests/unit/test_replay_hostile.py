@@ -14,6 +14,7 @@ import pytest
 from cli_env import run
 from test_deploys_cli import env, waiting  # noqa: F401  (the fixture and its helper)
 
+from sagaloop.cli.deploys import DIVERGED_FIX
 from sagaloop.testing import Harness
 
 Doc = dict[str, Any]
@@ -134,7 +135,8 @@ def test_an_edited_history_diverges_in_one_line(
 ) -> None:
     path, result = replayed(env, tmp_path, case, EDITED[case])
     assert result.exit_code == 1, result.output[-2000:]
-    assert result.output.startswith(f"{path}: diverged: ") and result.output.count("\n") == 1
+    said, fix = result.output.splitlines()  # the divergence, then once what to do about it
+    assert said.startswith(f"{path}: diverged: ") and fix == DIVERGED_FIX
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
@@ -158,12 +160,12 @@ def test_what_the_checks_miss_is_still_one_line_and_exit_2(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from sagaloop.cli import deploys
+    from sagaloop.testing import histories
 
     def explode(*args: Any, **kwargs: Any) -> None:
         raise KeyError("input")
 
-    monkeypatch.setattr(deploys, "replay_history", explode)
+    monkeypatch.setattr(histories, "replay", explode)  # imported by `replay` when it runs
     path, result = replayed(env, tmp_path, "unforeseen", lambda doc: doc)
     assert result.exit_code == 2, result.output
     assert result.output == f"{path}: not a history sagaloop can replay: KeyError: 'input'\n"
