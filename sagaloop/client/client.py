@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar, overload
 
 from sagaloop import tracing
-from sagaloop.client import events, updates
+from sagaloop.client import completion, events, updates
 from sagaloop.client.admission import START_BACKLOG, limit_from_env
 from sagaloop.client.approvals import answer_approval
 from sagaloop.client.checks import check_message, check_text, same_json, to_json
@@ -277,6 +277,23 @@ class Client:
         waits, also that of a run already ``cancelling`` (its cleanup is cut short)."""
         payload: dict[str, Any] = {"reason": reason, **({"now": True} if now else {})}
         self._send(self._message("cancel", run_id, payload), live=True)
+
+    def complete_step(self, token: str, result: Any = None) -> None:
+        """Complete a step attempt handed off with ``ctx.complete_async()``, naming it by its
+        ``ctx.task_token``, with ``result``. Refused (``StepAttemptGoneError``, nothing sent)
+        when the attempt no longer waits (completed already, timed out, its run ended); a
+        repeated call not yet taken is taken once. See :mod:`sagaloop.client.completion`."""
+        completion.complete(self, token, result)
+
+    def fail_step(self, token: str, error: str, *, non_retryable: bool = False) -> None:
+        """Fail a handed-off step attempt with the message ``error``: the step's retry policy
+        applies (``non_retryable``: it fails for good). Refused as :meth:`complete_step` is."""
+        completion.fail(self, token, error, non_retryable=non_retryable)
+
+    def heartbeat_step(self, token: str, details: Any = None) -> None:
+        """Say a handed-off step attempt is still worked on: its ``heartbeat_timeout`` starts
+        again. ``StepCancelled`` when its run is being cancelled."""
+        completion.heartbeat(self, token, details)
 
     def retry(self, run_id: str) -> None:
         """Resume a run in ``needs_attention`` once its cause is fixed."""

@@ -47,6 +47,9 @@ def test_exported_names_are_pinned() -> None:
             "UpdateFailedError",
             "UpdateRefusedError",
             "DEFAULT_CANCEL_GRACE",
+            # steps completed from outside (async completion)
+            "CompleteAsync",
+            "StepAttemptGoneError",
         ]
     )
     assert sorted(sagaloop.testing.__all__) == [
