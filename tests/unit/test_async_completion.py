@@ -147,9 +147,7 @@ def test_an_attempt_not_completed_in_time_fails_in_doubt_and_is_retried(harness:
     retrying = next(e for e in events if e.kind == h.STEP_RETRYING)
     assert retrying.data["error"]["type"] == "StepTimeoutError"
     assert retrying.data["in_doubt"] is True
-    assert next(e for e in events if e.kind == h.STEP_HEARTBEAT).data["details"] == {
-        "progress": 50
-    }
+    assert next(e for e in events if e.kind == h.STEP_HEARTBEAT).data["details"] == {"progress": 50}
     with pytest.raises(StepAttemptGoneError, match="timed out or was retried"):
         harness.client.complete_step(tokens[0], "too late")
     harness.client.complete_step(tokens[1], "done")
@@ -178,7 +176,7 @@ def test_a_repeated_completion_is_taken_once(harness: Harness) -> None:
     harness.run_until_idle()
     assert harness.result(run_id) == "first"
     assert kinds(harness, run_id).count(h.STEP_COMPLETED) == 1
-    with pytest.raises(StepAttemptGoneError, match="completed already|is completed"):
+    with pytest.raises(StepAttemptGoneError, match="its run is completed"):
         harness.client.complete_step(tokens[0], Receipt(code="again"))
 
 
