@@ -47,7 +47,7 @@ def _waiting(client: Client, token: str) -> tuple[handoff.TaskToken, RunRecord, 
     for event in client.store.load_history(None, run.run_id):
         state.apply(event)
     pos, attempt = found.position, found.attempt
-    if handoff.waiting(state, pos, attempt) and run.status not in s.FINAL_STATUSES:
+    if handoff.current(state, pos, attempt) and run.status not in s.FINAL_STATUSES:
         return found, run, state
     step = state.steps.get(pos)
     if run.status in s.FINAL_STATUSES:
@@ -59,7 +59,7 @@ def _waiting(client: Client, token: str) -> tuple[handoff.TaskToken, RunRecord, 
     elif step.status == s.DONE:
         why = "it was completed already"
     else:
-        why = f"the attempt is {step.status} (it was failed, or timed out)"
+        why = f"the step is {step.status} (the attempt was failed, or timed out)"
     raise StepAttemptGoneError(
         f"attempt {attempt} of the step at position {pos} of run {run.run_id!r} no longer "
         f"waits to be completed from outside: {why}. Nothing was sent.",

@@ -79,6 +79,15 @@ def waiting(st: s.RunState, pos: int, attempt: int) -> bool:
     )
 
 
+def current(st: s.RunState, pos: int, attempt: int) -> bool:
+    """Whether ``attempt`` is the current attempt of the step at ``pos`` and in flight: what a
+    completion from outside may settle. Its hand-off need not be recorded yet: the outside
+    system may act on the token before the worker's ``handed_off`` reply reaches the engine
+    (whichever comes second is then a late reply, or a heartbeat)."""
+    step = st.steps.get(pos)
+    return step is not None and step.status == s.SCHEDULED and step.attempt == attempt
+
+
 def reply_events(
     app: App, st: s.RunState, pos: int, attempt: int, reply: StepReply
 ) -> list[NewEvent]:

@@ -63,6 +63,24 @@ def unplain(ctx: StepContext, what: str, result: str) -> None:
     ctx.complete_async()  # refused: a compensation cannot be handed off
 
 
+@app.step()
+def completes_itself(ctx: StepContext, what: str) -> str:
+    """The outside system acts on the token before the hand-off reaches the engine."""
+    tokens.append(ctx.task_token)
+    assert outside_client is not None
+    outside_client.complete_step(ctx.task_token, f"{what} at once")
+    outside_client.heartbeat_step(ctx.task_token)  # before the hand-off too: taken as one
+    ctx.complete_async()
+
+
+outside_client: Any = None
+
+
+@app.saga()
+async def quick_outside(ctx: SagaContext, what: str) -> str:
+    return await ctx.call(completes_itself, what)
+
+
 @app.saga()
 async def outside(ctx: SagaContext, what: str) -> str:
     receipt = await ctx.call(ask_outside, what)
@@ -235,3 +253,16 @@ def test_a_handed_off_history_replays(harness: Harness) -> None:
     harness.run_until_idle()
     exported: Any = history_to_json(harness.history(run_id))
     replay(app, exported, run_id=run_id)
+
+
+def test_a_completion_before_the_hand_off_is_recorded_is_taken(harness: Harness) -> None:
+    global outside_client
+    outside_client = harness.client
+    try:
+        run_id = harness.start(quick_outside, "paid")
+        harness.run_until_idle()
+    finally:
+        outside_client = None
+    assert harness.result(run_id) == "paid at once"
+    kinds_seen = kinds(harness, run_id)
+    assert kinds_seen.count(h.STEP_COMPLETED) == 1, kinds_seen
