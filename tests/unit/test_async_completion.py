@@ -53,6 +53,27 @@ def ask_with_timeout(ctx: StepContext, what: str) -> str:
     ctx.complete_async()
 
 
+@app.step(transactional=True, retry=RetryPolicy(max_attempts=1))
+def in_transaction(ctx: StepContext, what: str) -> str:
+    ctx.complete_async()  # refused: its writes commit with its outcome
+
+
+@app.step(local=True)
+def local_outside(ctx: StepContext, what: str) -> str:
+    tokens.append(ctx.task_token)
+    ctx.complete_async()
+
+
+@app.saga()
+async def transactional_hands_off(ctx: SagaContext, what: str) -> str:
+    return await ctx.call(in_transaction, what)
+
+
+@app.saga()
+async def local_hands_off(ctx: SagaContext, what: str) -> str:
+    return await ctx.call(local_outside, what)
+
+
 @app.step()
 def plain(ctx: StepContext, what: str) -> str:
     return what
@@ -266,3 +287,19 @@ def test_a_completion_before_the_hand_off_is_recorded_is_taken(harness: Harness)
     assert harness.result(run_id) == "paid at once"
     kinds_seen = kinds(harness, run_id)
     assert kinds_seen.count(h.STEP_COMPLETED) == 1, kinds_seen
+
+
+def test_a_transactional_step_cannot_hand_off(harness: Harness) -> None:
+    run_id = harness.start(transactional_hands_off, "x")
+    harness.run_until_idle()
+    with pytest.raises(SagaFailedError, match="complete_async\\(\\) is for the body"):
+        harness.result(run_id)
+
+
+def test_an_in_process_step_hands_off_too(harness: Harness) -> None:
+    run_id = harness.start(local_hands_off, "x")
+    harness.run_until_idle()
+    assert h.STEP_HANDED_OFF in kinds(harness, run_id)
+    harness.client.complete_step(tokens[0], "done outside")
+    harness.run_until_idle()
+    assert harness.result(run_id) == "done outside"
