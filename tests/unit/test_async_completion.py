@@ -24,6 +24,8 @@ from sagaloop import (
 )
 from sagaloop.engine import history as h
 from sagaloop.engine.handoff import TaskToken
+from sagaloop.engine.messages import step_queue
+from sagaloop.engine.transport import Delivery
 from sagaloop.testing import Harness, history_to_json, replay
 
 app = App("async-completion")
@@ -303,3 +305,25 @@ def test_an_in_process_step_hands_off_too(harness: Harness) -> None:
     harness.client.complete_step(tokens[0], "done outside")
     harness.run_until_idle()
     assert harness.result(run_id) == "done outside"
+
+
+def test_a_redelivered_task_does_not_run_the_body_again(harness: Harness) -> None:
+    """The worker's inbox stores the ``handed_off`` reply like any other: a copy of the task
+    (a relay that published it twice) gets that reply again, and hands off nothing new."""
+    first: list[bytes] = []
+
+    def keep(role: str, delivery: Delivery) -> None:
+        if role == "worker":
+            first.append(delivery.body)
+
+    harness.crash_hook = keep
+    run_id = harness.start(outside, "refund")
+    harness.run_until_idle()
+    harness.broker.publish_raw(step_queue(app.name, ask_outside.queue), first[0], trusted=True)  # type: ignore[attr-defined]
+    harness.run_until_idle()
+    assert len(first) == 2, "the copy was delivered to the worker"
+    assert bodies == [1] and len(tokens) == 1
+    assert kinds(harness, run_id).count(h.STEP_HANDED_OFF) == 1
+    harness.client.complete_step(tokens[0], Receipt(code="once"))
+    harness.run_until_idle()
+    assert harness.result(run_id) == "once"
