@@ -279,20 +279,16 @@ class Client:
         self._send(self._message("cancel", run_id, payload), live=True)
 
     def complete_step(self, token: str, result: Any = None) -> None:
-        """Complete a step attempt handed off with ``ctx.complete_async()``, naming it by its
-        ``ctx.task_token``, with ``result``. Refused (``StepAttemptGoneError``, nothing sent)
-        when the attempt no longer waits (completed already, timed out, its run ended); a
-        repeated call not yet taken is taken once. See :mod:`sagaloop.client.completion`."""
+        """Complete the attempt a step handed off (``ctx.complete_async()``) by its
+        ``ctx.task_token``: :func:`sagaloop.client.completion.complete`."""
         completion.complete(self, token, result)
 
     def fail_step(self, token: str, error: str, *, non_retryable: bool = False) -> None:
-        """Fail a handed-off step attempt with the message ``error``: the step's retry policy
-        applies (``non_retryable``: it fails for good). Refused as :meth:`complete_step` is."""
+        """Fail a handed-off attempt: :func:`sagaloop.client.completion.fail`."""
         completion.fail(self, token, error, non_retryable=non_retryable)
 
     def heartbeat_step(self, token: str, details: Any = None) -> None:
-        """Say a handed-off step attempt is still worked on: its ``heartbeat_timeout`` starts
-        again. ``StepCancelled`` when its run is being cancelled."""
+        """A handed-off attempt is still worked on: :func:`sagaloop.client.completion.heartbeat`."""
         completion.heartbeat(self, token, details)
 
     def retry(self, run_id: str) -> None:

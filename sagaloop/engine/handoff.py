@@ -21,7 +21,6 @@ import binascii
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
@@ -141,10 +140,3 @@ def timeout_error(app: App, st: s.RunState, pos: int) -> ErrorInfo:
         f"completed from outside {' or '.join(limits) or 'in time'}; the outside system may "
         "still have acted (in doubt)",
     )
-
-
-def describe(data: dict[str, Any]) -> str:
-    """How a status line names the token of ``step_handed_off`` data (its start: the rest is
-    in ``sagaloop history``)."""
-    token = str(data.get("token") or "")
-    return token if len(token) <= 24 else token[:24] + "..."
