@@ -19,6 +19,7 @@ from sagaloop import (
     SagaContext,
     SagaFailedError,
     StepAttemptGoneError,
+    StepCancelled,
     StepContext,
     ValidationError,
 )
@@ -242,6 +243,10 @@ def test_a_cancelled_run_refuses_a_completion(harness: Harness) -> None:
     run_id = harness.start(outside, "refund")
     harness.run_until_idle()
     harness.cancel(run_id)
+    harness.run_until_idle()
+    assert harness.get(run_id).status == "compensating"  # its step in flight is handed off
+    with pytest.raises(StepCancelled, match="being cancelled"):
+        harness.client.heartbeat_step(tokens[0])  # how the outside system learns it
     harness.client.fail_step(tokens[0], "stopped: the run is cancelled")
     harness.run_until_idle()
     assert harness.get(run_id).status == "cancelled"
