@@ -6,10 +6,12 @@ off, and a retry hands off again with a new token."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 from pydantic import BaseModel
 
 from sagaloop import (
@@ -23,11 +25,12 @@ from sagaloop import (
     StepContext,
     ValidationError,
 )
+from sagaloop.cli import main
 from sagaloop.engine import history as h
 from sagaloop.engine.handoff import TaskToken
 from sagaloop.engine.messages import step_queue
 from sagaloop.engine.transport import Delivery
-from sagaloop.testing import Harness, history_to_json, replay
+from sagaloop.testing import Harness, VirtualClock, history_to_json, replay
 
 app = App("async-completion")
 tokens: list[str] = []
@@ -332,3 +335,39 @@ def test_a_redelivered_task_does_not_run_the_body_again(harness: Harness) -> Non
     harness.client.complete_step(tokens[0], Receipt(code="once"))
     harness.run_until_idle()
     assert harness.result(run_id) == "once"
+
+
+def test_the_cli_fails_and_completes_by_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokens.clear()
+    bodies.clear()
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    monkeypatch.setenv("SAGALOOP_DATABASE_URL", url)
+    # the CLI's messages are stamped with the real time: the harness's clock starts there
+    harness = Harness(app, url=url, clock=VirtualClock(datetime.now(UTC)))
+    try:
+        run_id = harness.start(outside, "refund")
+        harness.run_until_idle(skip_time=False)
+
+        def cli(*args: str) -> Result:
+            return CliRunner().invoke(main.cli, ["complete-step", *args], catch_exceptions=False)
+
+        both = cli(tokens[0], "--result", "1", "--fail", "no")
+        assert both.exit_code != 0 and "not both" in both.output
+        alone = cli(tokens[0], "--non-retryable")
+        assert alone.exit_code != 0 and "goes with --fail" in alone.output
+        bad = cli("nonsense!")
+        assert bad.exit_code != 0 and "not a sagaloop task token" in bad.output
+        failed = cli(tokens[0], "--fail", "the partner refused")
+        assert failed.exit_code == 0, failed.output
+        harness.run_until_idle()  # the retry, 1 s later: a new attempt hands off again
+        assert bodies == [1, 2]
+        done = cli(tokens[1], "--result", '{"code": "from the shell"}')
+        assert done.exit_code == 0, done.output
+        harness.run_until_idle()
+        assert harness.result(run_id) == "from the shell"
+        late = cli(tokens[0], "--result", '{"code": "late"}')
+        assert late.exit_code != 0 and "no longer waits" in late.output
+    finally:
+        harness.close()
