@@ -291,6 +291,27 @@ class StepCancelled(SagaloopError):
     and let it propagate."""
 
 
+class CompleteAsync(BaseException):
+    """Raised by ``ctx.complete_async()`` in a step's body: the attempt is handed off to an
+    outside system, which completes it later through the client (``Client.complete_step``,
+    ``Client.fail_step``, ``sagaloop complete-step``) with the attempt's ``ctx.task_token``.
+    Its reply says ``handed_off``; no result is recorded until then. A ``BaseException``, like
+    Temporal's ``CompleteAsyncError``, so that a step's ``except Exception`` lets it through."""
+
+
+class StepAttemptGoneError(RunStateError):
+    """A completion (``Client.complete_step``/``fail_step``/``heartbeat_step``) named a step
+    attempt that is no longer waiting to be completed from outside: it was completed already,
+    timed out and retried (a new attempt has a new token), or its run was cancelled or ended.
+    Nothing was sent."""
+
+    def __init__(self, message: str, *, run_id: str, position: int, attempt: int) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.position = position
+        self.attempt = attempt
+
+
 class StepFailedError(SagaloopError):
     """Raised inside saga code by ``await ctx.call(...)`` when the step failed for good."""
 

@@ -40,6 +40,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
         "sagaloop.cli.approvals",
         "Approve the approval CALL_ID that the run RUN_ID waits for.",
     ),
+    "complete-step": (
+        "sagaloop.cli.completion",
+        "Complete the step attempt TOKEN names (its ctx.task_token) with --result, or fail it "
+        "with --fail (the step's retry policy applies).",
+    ),
     "dead-letters": (
         "sagaloop.cli.dead_letters",
         "List, show, resend and purge the dead letters of the configured broker: RabbitMQ's "

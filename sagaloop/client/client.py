@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar, overload
 
 from sagaloop import tracing
-from sagaloop.client import events, updates
+from sagaloop.client import completion, events, updates
 from sagaloop.client.admission import START_BACKLOG, limit_from_env
 from sagaloop.client.approvals import answer_approval
 from sagaloop.client.checks import check_message, check_text, same_json, to_json
@@ -278,6 +278,19 @@ class Client:
         waits, also that of a run already ``cancelling`` (its cleanup is cut short)."""
         payload: dict[str, Any] = {"reason": reason, **({"now": True} if now else {})}
         self._send(self._message("cancel", run_id, payload), live=True)
+
+    def complete_step(self, token: str, result: Any = None) -> None:
+        """Complete the attempt a step handed off (``ctx.complete_async()``) by its
+        ``ctx.task_token``: :func:`sagaloop.client.completion.complete`."""
+        completion.complete(self, token, result)
+
+    def fail_step(self, token: str, error: str, *, non_retryable: bool = False) -> None:
+        """Fail a handed-off attempt: :func:`sagaloop.client.completion.fail`."""
+        completion.fail(self, token, error, non_retryable=non_retryable)
+
+    def heartbeat_step(self, token: str, details: Any = None) -> None:
+        """A handed-off attempt is still worked on: :func:`sagaloop.client.completion.heartbeat`."""
+        completion.heartbeat(self, token, details)
 
     def retry(self, run_id: str) -> None:
         """Resume a run in ``needs_attention`` once its cause is fixed."""

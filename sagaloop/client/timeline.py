@@ -148,6 +148,8 @@ class Timeline:
 def _state_word(x: s.StepState) -> str:
     if x.status == s.DONE:
         return "reconciled" if x.reconciled else "completed"
+    if x.status == s.SCHEDULED and x.handed_off == x.attempt:
+        return "handed off"
     if x.status == s.SCHEDULED:
         return "in doubt" if x.in_doubt else "scheduled"
     if x.status == s.RETRYING:
@@ -324,7 +326,12 @@ def _why(st: RunState, run: RunRecord, queues: dict[Any, Any], now: datetime) ->
     elif run.processed_seq < run.last_seq:
         why.append("queued for the engine")
     for x in sorted(st.steps.values(), key=lambda v: v.pos):
-        if x.status == s.SCHEDULED:
+        if x.status == s.SCHEDULED and x.handed_off == x.attempt and x.beat_at is not None:
+            why.append(  # ctx.complete_async(): Client.complete_step / sagaloop complete-step
+                f"waiting for step {x.name!r} (attempt {x.attempt}) to be completed from "
+                f"outside (task token {x.token}) for {_ago(now, x.beat_at)}"
+            )
+        elif x.status == s.SCHEDULED:
             since = x.attempts[-1].at if x.attempts else x.scheduled_at
             why.append(
                 f"step {x.name!r} (attempt {x.attempt}) queued or running on "

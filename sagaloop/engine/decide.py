@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sagaloop.engine import cancelling, updates
+from sagaloop.engine import cancelling, handoff, updates
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.contract import (
@@ -102,8 +102,10 @@ def result_events(
     worker = {"worker": reply.worker}
     name = step_state.name
     if direction == DO:
-        if step_state.status not in s.IN_FLIGHT or step_state.attempt != attempt:
-            return []  # a late or duplicate reply
+        if step_state.status != s.SCHEDULED or step_state.attempt != attempt:
+            return []  # a late or duplicate reply (retrying: this attempt failed already)
+        if outcome == Outcome.HANDED_OFF:  # ctx.complete_async(), or a heartbeat from outside
+            return handoff.reply_events(app, st, pos, attempt, reply)
         if outcome == Outcome.COMPLETED:
             data = {"result": reply.result, "reconciled": reply.reconciled}
             if reply.reconciled and reply.took_s is not None:  # the attempt's time
@@ -118,6 +120,8 @@ def result_events(
             ]
     else:
         if step_state.comp_status not in s.IN_FLIGHT or step_state.comp_attempt != attempt:
+            return []
+        if outcome == Outcome.HANDED_OFF:  # a compensation cannot be handed off (refused)
             return []
         if outcome == Outcome.COMPLETED:
             return [NewEvent(h.COMPENSATION_COMPLETED, pos, name, {**worker})]
@@ -234,6 +238,20 @@ def timer_events(st: RunState, pos: int, kind: str, attempt: int) -> list[NewEve
     if kind == TimerKind.CANCEL_GRACE and st.cancelling is not None and st.cancel_reason is None:
         return cancelling.grace_expired_events(st)
     return []  # stale: what the timer was for has already happened
+
+
+def attempt_timeout_events(
+    app: App, st: RunState, pos: int, attempt: int, *, now: datetime
+) -> list[NewEvent]:
+    """The ``attempt_timeout`` timer of a handed-off attempt fired: if that attempt still waits
+    to be completed from outside, it fails as a timeout, in doubt, and the step's retry policy
+    applies (see :mod:`sagaloop.engine.handoff`); otherwise nothing (stale)."""
+    if not handoff.waiting(st, pos, attempt):
+        return []
+    error = handoff.timeout_error(app, st, pos)
+    cancelled = st.cancel_reason is not None or st.abandoned(pos)
+    step_state = st.steps[pos]
+    return failure_events(app, step_state, DO, attempt, error, {}, now=now, cancelling=cancelled)
 
 
 def rejected_start_events(reason: str) -> list[NewEvent]:
@@ -433,6 +451,10 @@ def effects_of(
             fire_at = step_state.comp_retry_at
         assert fire_at is not None
         effects.timers.append(Timer(st.run_id, ev.pos, timer_kind, fire_at, attempt))
+    elif kind in (h.STEP_HANDED_OFF, h.STEP_HEARTBEAT):  # its timeout, if it has one
+        assert ev.pos is not None
+        if (timer := handoff.timer(app, st, ev.pos)) is not None:
+            effects.timers.append(timer)
     elif kind == h.EVENT_SENT:
         assert ev.pos is not None and ev.name is not None
         target = str(ev.data["run_id"])

@@ -28,6 +28,14 @@ class EventKind(StrEnum):
     STEP_COMPLETED = "step_completed"
     STEP_FAILED = "step_failed"
     STEP_HALTED = "step_halted"
+    STEP_HANDED_OFF = "step_handed_off"
+    """The step's body handed its attempt (``data``: ``attempt``, ``token``, ``worker``) to an
+    outside system (``ctx.complete_async()``): it stays in flight until completed or failed
+    through the client with its task token, or until its timeout. Bookkeeping, never fed."""
+    STEP_HEARTBEAT = "step_heartbeat"
+    """The outside system holding a handed-off attempt said it is alive
+    (``Client.heartbeat_step``; ``data``: ``attempt``, ``details``): its
+    ``heartbeat_timeout`` starts again. Bookkeeping, never fed."""
     TIMER_STARTED = "timer_started"
     TIMER_FIRED = "timer_fired"
     TIMER_CANCELLED = "timer_cancelled"
@@ -120,6 +128,8 @@ STEP_DISPATCHED: Final[str] = EventKind.STEP_DISPATCHED
 STEP_COMPLETED: Final[str] = EventKind.STEP_COMPLETED
 STEP_FAILED: Final[str] = EventKind.STEP_FAILED
 STEP_HALTED: Final[str] = EventKind.STEP_HALTED
+STEP_HANDED_OFF: Final[str] = EventKind.STEP_HANDED_OFF
+STEP_HEARTBEAT: Final[str] = EventKind.STEP_HEARTBEAT
 TIMER_STARTED: Final[str] = EventKind.TIMER_STARTED
 TIMER_FIRED: Final[str] = EventKind.TIMER_FIRED
 TIMER_CANCELLED: Final[str] = EventKind.TIMER_CANCELLED

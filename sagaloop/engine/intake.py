@@ -18,6 +18,7 @@ from sagaloop.engine.messages import (
     Envelope,
     EventPayload,
     StepReply,
+    TimerKind,
     TimerPayload,
     UndoRun,
     UpdatePayload,
@@ -81,6 +82,12 @@ def triggers(env: Envelope, app: App, store: Store, clock: Clock) -> list[Trigge
         if (timer_pos := env.position) is None:
             raise MessageError("timer needs position")
         kind, timer_attempt = TimerPayload.parse(env).kind, env.attempt or 0
+        if kind == TimerKind.ATTEMPT_TIMEOUT:  # a handed-off attempt's timeout
+            return [
+                lambda st: decide.attempt_timeout_events(
+                    app, st, timer_pos, timer_attempt, now=clock.now()
+                )
+            ]
         return [lambda st: decide.timer_events(st, timer_pos, kind, timer_attempt)]
     raise MessageError(f"message type {env.type!r} is not for the engine")
 

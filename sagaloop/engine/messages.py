@@ -269,6 +269,11 @@ class Outcome(StrEnum):
     FAILED = "failed"
     HALTED = "halted"
     """Not run, or given up on: the run is parked until a person retries it."""
+    HANDED_OFF = "handed_off"
+    """The step's body handed the attempt to an outside system (``ctx.complete_async()``): the
+    attempt stays in flight until a ``step_result`` that ``Client.complete_step`` or
+    ``Client.fail_step`` sends for its task token (completed or failed), or until the step's
+    ``timeout``/``heartbeat_timeout`` fails it (``attempt_timeout`` timer)."""
 
 
 class InternalPayload(BaseModel):
@@ -343,6 +348,10 @@ class TimerKind(StrEnum):
     UNDO_RETRY = "undo_retry"
     CANCEL_GRACE = "cancel_grace"
     """The end of a cancelled run's ``cancel_grace`` (its position is ``-1``: no command)."""
+    ATTEMPT_TIMEOUT = "attempt_timeout"
+    """The end of the step's ``timeout`` (from the attempt's dispatch) or ``heartbeat_timeout``
+    (from its hand-off or last ``Client.heartbeat_step``) for an attempt handed off to an
+    outside system: if it is still handed off, it fails as a timeout, in doubt."""
 
 
 class TimerPayload(InternalPayload):

@@ -98,6 +98,13 @@ class StepState:
     comp_in_doubt: bool = False
     comp_retry_at: datetime | None = None
     comp_error: dict[str, Any] | None = None
+    handed_off: int | None = None
+    """The attempt the step's body handed to an outside system (``step_handed_off``), while
+    that attempt waits to be completed from outside; None otherwise."""
+    token: str | None = None
+    """The task token of the handed-off attempt (``StepContext.task_token``)."""
+    beat_at: datetime | None = None
+    """When the handed-off attempt was handed off or last heartbeated from outside."""
     child: str | None = None
     """The child run's id, when this is a saga awaited as a child run (``ctx.call(saga)``):
     compensating it undoes the child run as a whole."""
@@ -257,6 +264,11 @@ class RunState:
             st.status, st.error, st.completed_seq = HALTED, d["error"], ev.seq
             st.in_doubt = d.get("in_doubt", True)  # parked by a failure: maybe not in doubt
             self._close_attempt(st, ev, "halted", d["error"])
+        elif kind == h.STEP_HANDED_OFF:
+            st = self.step(ev)
+            st.handed_off, st.token, st.beat_at = d["attempt"], d.get("token"), ev.at
+        elif kind == h.STEP_HEARTBEAT:
+            self.step(ev).beat_at = ev.at
         elif kind == h.TIMER_STARTED:
             assert ev.pos is not None
             self.sleeps[ev.pos] = datetime.fromisoformat(d["fire_at"])
@@ -403,6 +415,7 @@ class RunState:
 
     @staticmethod
     def _close_attempt(st: StepState, ev: Event, outcome: str, error: Any) -> None:
+        st.handed_off = st.token = st.beat_at = None  # the attempt is over, handed off or not
         if st.attempts and not st.attempts[-1].outcome:
             last = st.attempts[-1]
             last.outcome, last.error, last.finished_at = outcome, error, ev.at

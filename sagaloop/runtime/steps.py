@@ -27,14 +27,16 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from types import CodeType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from sagaloop import tracing
 from sagaloop.engine.contract import DO, UNENCODABLE_RESULT, halts_in_doubt, idempotency_key
+from sagaloop.engine.handoff import TaskToken
 from sagaloop.engine.history import Event
 from sagaloop.engine.messages import Envelope, Outcome, StepReply, StepTask
 from sagaloop.engine.ports import Streams
 from sagaloop.errors import (
+    CompleteAsync,
     ErrorInfo,
     NotAppliedError,
     SagaloopError,
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("sagaloop.step")
 COMPLETED, FAILED, HALTED = Outcome.COMPLETED, Outcome.FAILED, Outcome.HALTED
+HANDED_OFF = Outcome.HANDED_OFF
 
 
 class StepTimeoutError(SagaloopError):
@@ -98,6 +101,11 @@ class _StepContext(StepContext):
         self.abandoned = False
         """Set when the attempt ran past its timeout: its outcome is dropped, and
         ``heartbeat()`` tells it to stop."""
+        self.app_name = ""
+        """The app of the run: part of :attr:`task_token`."""
+        self.may_hand_off = False
+        """Set while the step's own body runs (not its compensation or reconcile function), if
+        it is not transactional: :meth:`complete_async` is allowed."""
         self.deadline: float | None = None
         """When all attempts must be over (monotonic), from the step's ``schedule_to_close``."""
         if schedule_deadline is not None:
@@ -132,6 +140,20 @@ class _StepContext(StepContext):
         if self.transaction is not None:
             return self._history(run_id or self.run_id, self.transaction)
         return self._history(run_id or self.run_id)
+
+    @property
+    def task_token(self) -> str:
+        position, attempt = self.position, self.attempt
+        return TaskToken(self.app_name, self.run_id, position, attempt).encode()
+
+    def complete_async(self) -> NoReturn:
+        if not self.may_hand_off:
+            raise ValidationError(
+                f"step {self.step!r}: ctx.complete_async() is for the body of a step that is not "
+                "transactional; a compensation, a reconcile function and a transactional step "
+                "(its writes commit with its outcome) must return or raise"
+            )
+        raise CompleteAsync(f"step {self.step!r} (attempt {self.attempt}) handed off")
 
     def heartbeat(self, details: Any = None) -> None:
         self.last_beat = time.monotonic()
@@ -404,6 +426,7 @@ class StepRunner:
             env, step, in_doubt, beat, self.history, self.streams, task.schedule_deadline
         )
         ctx.transaction = transaction
+        ctx.app_name = self.app.name
         started = time.monotonic()
         try:
             args = step.signature.args_from_json(task.args, what=f"step {step.name!r}")
@@ -414,6 +437,14 @@ class StepRunner:
                     done = self._undo(step, ctx, args, task.result, in_doubt, inline)
         except (CrashPointRaised, AttemptNotStarted):
             raise  # a simulated death of the process (tests), or nothing ran: no reply
+        except CompleteAsync:  # ctx.complete_async(): an outside system completes it
+            ctx.logger.info(
+                "run %s: step %r handed off (%s): waiting to be completed from outside",
+                ctx.run_id,
+                step.name,
+                _attempt_of(step, ctx.attempt),
+            )
+            return StepReply(direction=direction, worker=self.worker, outcome=HANDED_OFF)
         except BaseException as e:  # step code's, whatever it raises: see the module's doc
             info = _error_of(step, e)
             if transaction is not None:
@@ -469,7 +500,11 @@ class StepRunner:
                 _note(ctx, logging.DEBUG, "in doubt", "idempotent, so run again")
         elif in_doubt:
             _note(ctx, logging.INFO, "run again although in doubt", "`sagaloop retry` forced it")
-        value = self._call(step, inline, step.fn, ctx, **args)
+        ctx.may_hand_off = not step.transactional
+        try:
+            value = self._call(step, inline, step.fn, ctx, **args)
+        finally:
+            ctx.may_hand_off = False
         return {
             "outcome": COMPLETED,
             "result": step.result.to_json(value, what=f"result of step {step.name!r}"),

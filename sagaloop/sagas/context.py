@@ -421,6 +421,29 @@ class StepContext(abc.ABC):
         undone, or the attempt was superseded: stop then (``finally`` runs). Cheap: it looks
         at the run at most once a second."""
 
+    @property
+    def task_token(self) -> str:
+        """The opaque token of this attempt (URL-safe text): give it to the outside system that
+        will complete the attempt after :meth:`complete_async` (``Client.complete_step``,
+        ``Client.fail_step``, ``sagaloop complete-step``). Each attempt has its own: a token of
+        an attempt that timed out and was retried is refused."""
+        raise ValidationError(
+            f"step {self.step!r} has no task token here: only a step run by a worker (or the "
+            "in-process lane) can be completed from outside"
+        )
+
+    def complete_async(self) -> NoReturn:
+        """Hand this attempt to an outside system and end the body without a result: raises
+        ``CompleteAsync`` (let it propagate). The attempt stays in flight until completed or
+        failed through the client with :attr:`task_token`, or until the step's ``timeout``
+        (from the attempt's start) or ``heartbeat_timeout`` (from the hand-off or the last
+        ``Client.heartbeat_step``) fails it in doubt. Refused (``ValidationError``) in a
+        compensation, a reconcile function and a ``transactional=True`` step."""
+        raise ValidationError(
+            f"step {self.step!r} cannot be completed from outside here: only a step run by a "
+            "worker (or the in-process lane) can"
+        )
+
     def history(self, run_id: str | None = None) -> list[Any]:
         """The events recorded so far of this step's run, or of the run ``run_id`` (a child's,
         say), oldest first, read from the store when called: ``sagaloop.engine.history.Event``

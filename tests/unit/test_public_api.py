@@ -50,6 +50,9 @@ def test_exported_names_are_pinned() -> None:
             # issue 26: paging through runs (Client.list)
             "RunOrder",
             "run_cursor",
+            # steps completed from outside (async completion)
+            "CompleteAsync",
+            "StepAttemptGoneError",
         ]
     )
     assert sorted(sagaloop.testing.__all__) == [
