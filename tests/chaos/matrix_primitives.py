@@ -223,7 +223,13 @@ def check_primitive(cell: PrimitiveCell, system: System, run_id: str) -> None:
         failed = [e for e in system.client.history(run_id) if e.kind == h.STEP_FAILED]
         assert [e.data["error"]["type"] for e in failed] == ["StepCancelled"], failed
         seen = marks(system)
-        assert seen[-3:] == [f"{LONG} started", f"{LONG} cancelled", f"{LONG} cleanup"], seen
+        # every copy of the long step still running when the run was cancelled was told to
+        # stop and cleaned up; a copy may have died with its process (no cleanup), and a task
+        # the relay published again after the engine's death may run beside the first (steps
+        # are at least once)
+        started, stopped = seen.count(f"{LONG} started"), seen.count(f"{LONG} cancelled")
+        assert seen[-1] == f"{LONG} cleanup" and 1 <= stopped <= started, seen
+        assert seen.count(f"{LONG} cleanup") == stopped, seen
         assert f"{LONG} never cancelled" not in seen
     elif cell.saga == "tidy":
         tidied = f"{LONG}-tidied"
