@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -58,6 +58,20 @@ def approval_key(call_id: str) -> str:
 def call_id_of(key: str) -> str | None:
     """The call id of an approval's key, or None for a key that is not an approval's."""
     return key[len(KEY_PREFIX) :] if key.startswith(KEY_PREFIX) else None
+
+
+def published_approvals(published: Mapping[str, Any]) -> Iterator[tuple[str, ApprovalRequest]]:
+    """The approvals among a run's published values (``approval:<call_id>``), each with its
+    call id, in the order they were published; a value that is not a readable request (a
+    key published by hand) is skipped."""
+    for key, value in published.items():
+        call_id = call_id_of(key)
+        if call_id is None:
+            continue
+        try:
+            yield call_id, ApprovalRequest.model_validate(value)
+        except ValueError:
+            continue
 
 
 def args_hash(args: Any) -> str:

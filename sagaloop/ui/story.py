@@ -25,7 +25,7 @@ from sagaloop.engine import history as h
 from sagaloop.engine.history import Event
 from sagaloop.engine.ports import RunRecord
 from sagaloop.errors import RunNotFoundError
-from sagaloop.sagas.approvals import OPEN_STATUSES, ApprovalRequest, call_id_of
+from sagaloop.sagas.approvals import OPEN_STATUSES, published_approvals
 from sagaloop.ui.spans import Bar, bars_of, call_words, duration_words, error_words, lay_out
 
 BARS_PAGE = 200
@@ -304,14 +304,7 @@ class AuditRow:
 def audit_rows(published: Mapping[str, Any]) -> list[AuditRow]:
     """The settled approvals among what the run published, in the order they were asked."""
     rows = []
-    for key, value in published.items():
-        call_id = call_id_of(key)
-        if call_id is None:
-            continue
-        try:
-            p = ApprovalRequest.model_validate(value)
-        except ValueError:
-            continue
+    for call_id, p in published_approvals(published):
         if p.status in OPEN_STATUSES:
             continue
         edited: list[str] = []

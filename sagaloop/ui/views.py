@@ -21,7 +21,14 @@ from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.history import Event
 from sagaloop.engine.ports import ApprovalRow, RunRecord
-from sagaloop.sagas.approvals import KEY_PREFIX, OPEN_STATUSES, ApprovalRequest, call_id_of
+from sagaloop.sagas.approvals import (
+    KEY_PREFIX,
+    OPEN_STATUSES,
+    ApprovalRequest,
+    approval_key,
+    call_id_of,
+    published_approvals,
+)
 from sagaloop.ui.story import Story, pretty, story, wait_words
 from sagaloop.ui.transcript import Request, requests_of
 
@@ -187,20 +194,13 @@ def _run_approvals(client: Client, run: RunRecord, tl: Timeline) -> list[Approva
     the index) while it is open, and why its last answer was refused."""
     cards = []
     final = run.status in s.FINAL_STATUSES
-    for key, value in tl.published.items():
-        call_id = call_id_of(key)
-        if call_id is None:
-            continue
-        try:
-            request = ApprovalRequest.model_validate(value)
-        except ValueError:
-            continue
+    for call_id, request in published_approvals(tl.published):
         answer = None
         if request.status in OPEN_STATUSES and not final:
             row = client.store.approval(None, run.run_id, call_id)
             if row is not None and row.answer_id is not None and row.status in OPEN_STATUSES:
                 answer = row.answer or {}
-        refused = [r.reason for r in tl.refused if r.name == key]
+        refused = [r.reason for r in tl.refused if r.name == approval_key(call_id)]
         cards.append(
             ApprovalCard(
                 run_id=run.run_id,
