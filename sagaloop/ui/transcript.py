@@ -145,7 +145,16 @@ def _scheduled(
         return None
     delta, system = found
     conversation = str(delta.get("conversation") or "")
-    new = [p for m in _list(delta.get("append")) for p in message_parts(m)]
+    found_refs = delta.get("refs")
+    refs: dict[str, Any] = found_refs if isinstance(found_refs, dict) else {}
+    new = []
+    for i, message in enumerate(_list(delta.get("append"))):
+        ref = refs.get(str(i))
+        if isinstance(ref, dict):  # a response recorded once, as its step's result
+            answered = by_number.get((conversation, _int(ref.get("n"))))
+            new += answered.response if answered is not None else []
+        else:
+            new += message_parts(message)
     prev = (
         by_number.get((conversation, delta["prev"])) if isinstance(delta.get("prev"), int) else None
     )

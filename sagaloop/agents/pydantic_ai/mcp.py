@@ -58,6 +58,7 @@ from sagaloop.agents.pydantic_ai.run import (
     TOOL_SIGNALS,
     SagaToolset,
     ask_person,
+    compact_context,
     current,
     run_context,
     signal_of,
@@ -257,7 +258,7 @@ def _encode(value: Any, name: str) -> dict[str, Any]:
 def _context_json(ctx: RunContext[Any]) -> Any:
     context = DurableRunContext.serialize_run_context(ctx)
     # what is not JSON stays behind, as for function tools
-    return pydantic_core.to_jsonable_python(context, fallback=lambda _: None)
+    return compact_context(pydantic_core.to_jsonable_python(context, fallback=lambda _: None))
 
 
 class SagaMCPToolset(AbstractToolset[Any]):
