@@ -58,9 +58,8 @@ def test_a_response_is_stored_once_and_tool_definitions_once() -> None:
     env.run_until_idle()
     assert env.result(run_id) == json.dumps(["hi bob"])
     made = requests(env.history(run_id))
-    assert [sorted(r) for r in made] == [["params", "settings", "transcript"]] + 2 * [
-        ["settings", "transcript"]  # settings: None, shorter than a reference
-    ]
+    # settings None: not recorded; the tool definitions once
+    assert [sorted(r) for r in made] == [["params", "transcript"]] + 2 * [["transcript"]]
     for n, request in enumerate(made[1:], start=1):
         delta = request["transcript"]
         assert delta["same"] == {"params": 0}
@@ -82,6 +81,7 @@ def test_a_worker_without_its_cache_rebuilds_references_from_the_history() -> No
     adapter._decoder._last.clear()  # another worker, or this one restarted
     adapter._decoder._responses.clear()
     adapter._decoder._extras.clear()
+    adapter._decoder._strings.clear()
     env.run_until_idle()
     assert env.result(run_id) == json.dumps(["hi bob"])
     assert script.requests == 3
@@ -178,6 +178,7 @@ def test_a_run_in_flight_in_the_old_format_resumes_on_new_code() -> None:
         adapter._decoder._last.clear()
         adapter._decoder._responses.clear()
         adapter._decoder._extras.clear()
+        adapter._decoder._strings.clear()
         env.run_until_idle()
         assert env.get(run_id).status == "completed", env.get(run_id)
         assert env.result(run_id) == json.dumps(["hi bob"])
@@ -202,3 +203,48 @@ def test_openai_agents_output_items_are_stored_once_and_tools_once() -> None:
     ][1]
     assert "tools" not in second and second["transcript"]["same"]["tools"] == 0
     assert second["transcript"]["refs"]["0"]["path"] == ["response", "output", 0]
+
+
+def test_a_long_tool_result_is_stored_once_and_shown_whole() -> None:
+    """The tool's result is its step's result; the next request names it by digest, the model
+    step gets it whole (the model sees it), and so does the console."""
+    app, saga, script = pa.loop_app(3, result_bytes=600)
+    env = Harness(app)
+    run_id = env.start(saga)
+    env.run_until_idle()
+    assert env.get(run_id).status == "completed"
+    assert script.requests == 4
+    events = env.history(run_id)
+    results = [
+        e.data["result"]["value"]
+        for e in events
+        if e.kind == h.STEP_COMPLETED and "__tool__" in (e.name or "")
+    ]
+    assert len(results) == 3 and all(len(r) > 600 for r in results)
+    for request in requests(events)[1:]:
+        assert "values" in request["transcript"]
+    asked = json.dumps(requests(events))
+    assert not any(r in asked for r in results), "no result stored again with a request"
+    assert [p.text for r in requests_of(events) for p in r.new if p.kind == "tool result"] == (
+        results
+    )
+
+
+def test_openai_agents_a_long_tool_output_is_stored_once() -> None:
+    from benchmarks.agent_transcript import _openai_agents_storage_app
+
+    app, saga = _openai_agents_storage_app(3)
+    env = Harness(app)
+    run_id = env.start(saga)
+    env.run_until_idle()
+    assert env.get(run_id).status == "completed"
+    events = env.history(run_id)
+    text = json.dumps([e.data for e in events])
+    outputs = [
+        e.data["result"]["value"]
+        for e in events
+        if e.kind == h.STEP_COMPLETED and "__tool__" in (e.name or "")
+    ]
+    assert len(outputs) == 3 and all(text.count(o) == 1 for o in outputs)
+    shown_results = [p.text for r in requests_of(events) for p in r.new if p.kind == "tool result"]
+    assert shown_results == outputs

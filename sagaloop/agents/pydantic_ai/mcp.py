@@ -326,6 +326,7 @@ class SagaMCPToolset(AbstractToolset[Any]):
             "context": context,
         }
         reply = await run.saga.call(self.server.tool_steps.get(name, self.server.call_tool), call)
+        run.encoder.received(reply)
         if "value" in reply:
             return _CONTENT.validate_python(reply["value"])
         if "tool_return" in reply:

@@ -208,7 +208,9 @@ class SagaToolset(WrapperToolset[Any]):
         charge_tool_calls(run.saga, 1, run.conversation)
         if name in agent.step_tools:
             try:
-                return await run.saga.call(step, **args)
+                result = await run.saga.call(step, **args)
+                run.encoder.received(result)
+                return result
             except ApprovalDenied as e:  # the step itself asks (``@app.step(approval=True)``)
                 return denial(e.reason)
         context = DurableRunContext.serialize_run_context(ctx)
@@ -219,6 +221,7 @@ class SagaToolset(WrapperToolset[Any]):
         call = {"args": args, "deps": run.deps, "context": compact_context(context)}
         while True:
             reply = await run.saga.call(step, call)
+            run.encoder.received(reply)
             if "value" in reply:
                 return reply["value"]
             if "retry" in reply:
