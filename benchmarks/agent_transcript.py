@@ -201,21 +201,37 @@ def _list_len(item_lens: Sequence[int]) -> int:
 
 def history_figures(events: Sequence[Any], model_step: str) -> dict[str, int]:
     """The run's history size, as stored, and what it would be if every model request stored
-    its full transcript instead of a delta (computed from the deltas it recorded)."""
+    its full transcript instead of a delta (computed from the deltas it recorded, a message a
+    delta refers to counted as the message it stands for)."""
+    from sagaloop.agents.transcript import _long_strings, _sha
     from sagaloop.engine import history as h
 
     stored = sum(_json_len(e.data) for e in events)
+    results = {e.pos: e.data.get("result") for e in events if e.kind == h.STEP_COMPLETED}
+    strings: dict[str, int] = {}  # digest -> JSON length of a long string of a step result
     delta_bytes = full_bytes = 0
     by_request: dict[int, list[int]] = {}  # request n -> JSON lengths of its full transcript
+    position: dict[int, int | None] = {}  # request n -> its step's position
     for e in events:
+        if e.kind == h.STEP_COMPLETED:
+            for text in _long_strings(e.data.get("result")):
+                strings[_sha(text)] = _json_len(text)
         if e.kind != h.STEP_SCHEDULED or e.name != model_step:
             continue
         d = ((e.data.get("args") or {}).get("request") or {}).get("transcript") or {}
         append = [_json_len(m) for m in d.get("append", [])]
+        delta_bytes += _list_len(append)
+        for index, ref in (d.get("refs") or {}).items():  # a response, by reference
+            value = results.get(position.get(int(ref["n"])))
+            for key in ref.get("path") or []:
+                value = value[key] if value is not None else None
+            append[int(index)] = _json_len(value)
+        for value in d.get("values") or []:  # a tool's result, by digest
+            append[int(value["at"][0])] += strings.get(value["sha"], 4) - 4
         base = by_request.get(d["prev"], []) if d.get("prev") is not None else []
         full = [*base[: int(d.get("keep", 0))], *append]
         by_request[int(d.get("n", 0))] = full
-        delta_bytes += _list_len(append)
+        position[int(d.get("n", 0))] = e.pos
         full_bytes += _list_len(full)
     return {
         "stored": stored,
@@ -403,6 +419,8 @@ def storage_figures(results: dict[str, Any] | None) -> list[Figure]:
         return [Figure(section, what, f"FAILED: {results['error']}")]
     figs = []
     for adapter, x in results.items():
+        if adapter.startswith("_"):  # what make bench adds: the section's time, the load
+            continue
         biggest = sorted(x["history_bytes_per_turn_by_event"].items(), key=lambda kv: -kv[1])[:4]
         note = (
             f"{x['turns']} turns of a {RESULT_BYTES // 1024} KB tool result; bytes of the run in "

@@ -248,3 +248,14 @@ def test_openai_agents_a_long_tool_output_is_stored_once() -> None:
     assert len(outputs) == 3 and all(text.count(o) == 1 for o in outputs)
     shown_results = [p.text for r in requests_of(events) for p in r.new if p.kind == "tool result"]
     assert shown_results == outputs
+
+
+def test_a_turn_stores_at_most_one_and_a_half_times_what_it_adds() -> None:
+    """The target of issue 27, as ``make bench`` measures it (from the store's tables), on a
+    short loop of each adapter."""
+    from benchmarks.agent_transcript import STORAGE_TARGET, measure_storage, storage_figures
+
+    results = measure_storage(turns=20)
+    for adapter in ("Pydantic AI", "OpenAI Agents"):
+        assert results[adapter]["ratio"] <= STORAGE_TARGET, results[adapter]
+    assert [f.met for f in storage_figures(results)] == [True, True]
