@@ -266,6 +266,26 @@ class Decoder:
         if seen is not None and sha in seen[1]:
             return seen[1][sha]
         after, index = (seen[0], dict(seen[1])) if seen is not None else (0, {})
+        found = self._read_strings(run_id, history, after, index)
+        if sha not in found and after:  # the history started again (continued as new)
+            found = self._read_strings(run_id, history, 0, {})
+        index = found
+        if sha not in index:
+            raise TranscriptError(
+                f"a message of run {run_id!r} refers to a step's result (sha256 {sha}...) that "
+                "the run's history does not hold"
+            )
+        return index[sha]
+
+    def _read_strings(
+        self,
+        run_id: str,
+        history: Callable[..., list[Event]] | None,
+        after: int,
+        index: dict[str, str],
+    ) -> dict[str, str]:
+        """``index`` with the long strings of the step results recorded after ``after``;
+        remembered with the last seq read."""
         try:
             if history is None:
                 raise ValidationError("no reader of histories was given")
@@ -283,12 +303,7 @@ class Decoder:
             self._strings.move_to_end(run_id)
             while len(self._strings) > self.size:
                 self._strings.popitem(last=False)
-        if sha not in index:
-            raise TranscriptError(
-                f"a message of run {run_id!r} refers to a step's result (sha256 {sha}...) that "
-                "the run's history does not hold"
-            )
-        return index[sha]
+        return index
 
     def responded(self, run_id: str, delta: Delta, result: Any) -> None:
         """The step's result for the request ``delta`` describes (what its step returns, as

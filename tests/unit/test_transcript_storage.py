@@ -259,3 +259,30 @@ def test_a_turn_stores_at_most_one_and_a_half_times_what_it_adds() -> None:
     for adapter in ("Pydantic AI", "OpenAI Agents"):
         assert results[adapter]["ratio"] <= STORAGE_TARGET, results[adapter]
     assert [f.met for f in storage_figures(results)] == [True, True]
+
+
+def test_a_history_that_started_again_is_read_whole() -> None:
+    """A run that continued as new starts its history again from seq 1: a worker that read
+    up to a later seq before reads the whole history when what it needs is not after it."""
+    long_a, long_b = "a" * 300, "b" * 300
+    current: list[Event] = []
+
+    def history(run_id: str, *, after: int = 0) -> list[Event]:
+        return [e for e in current if e.seq > after]
+
+    def completed(seq: int, text: str) -> Event:
+        return Event(
+            seq, h.STEP_COMPLETED, at=None, pos=seq, name="t", data={"result": {"value": text}}
+        )  # type: ignore[arg-type]
+
+    decoder = transcript.Decoder()
+    for generation, text in enumerate((long_a, long_b)):
+        encoder = transcript.Encoder(lambda ms: [dict(m) for m in ms])
+        encoder.received({"value": text})
+        messages = [{"role": "tool", "content": text}]
+        delta = encoder.delta(messages)
+        delta.update(conversation=f"c{generation}", n=0)
+        assert delta["append"] == [{"role": "tool", "content": None}]
+        current = [completed(seq, "x") for seq in range(1, 5)] if generation == 0 else []
+        current.append(completed(len(current) + 1, text))
+        assert decoder.messages("run", delta, step=None, history=history) == messages
