@@ -286,3 +286,30 @@ def test_a_history_that_started_again_is_read_whole() -> None:
         current = [completed(seq, "x") for seq in range(1, 5)] if generation == 0 else []
         current.append(completed(len(current) + 1, text))
         assert decoder.messages("run", delta, step=None, history=history) == messages
+
+
+def test_a_compacted_run_context_is_rebuilt_as_it_was() -> None:
+    """Each tool call's context of the old run (stored whole) compacts and comes back on the
+    worker as the same context."""
+    import pydantic_core
+    from pydantic_ai.durable_exec import DurableRunContext
+
+    from sagaloop.agents.pydantic_ai.run import compact_context, run_context
+
+    contexts = [
+        e.data["args"]["call"]["context"]
+        for e in history_from_json(json.loads(OLD.read_text()))
+        if e.kind == h.STEP_SCHEDULED and "__tool__" in (e.name or "")
+    ]
+    assert len(contexts) == 3
+    for whole in [*contexts, {**contexts[0], "tool_call_approved": True, "retry": 2}]:
+        small = compact_context(whole)
+        assert len(json.dumps(small)) < len(json.dumps(whole)) / 2
+        rebuilt = run_context(pa.Deps, {"deps": {"base": 10}, "context": small})
+        again = DurableRunContext.serialize_run_context(rebuilt)
+        assert unordered(pydantic_core.to_jsonable_python(again, fallback=str)) == unordered(whole)
+
+
+def unordered(context: dict[str, Any]) -> dict[str, Any]:
+    """A context with its sets (lists of names, in no order once rebuilt) sorted."""
+    return {k: sorted(v) if isinstance(v, list) else v for k, v in context.items()}
