@@ -21,7 +21,17 @@ tool call, each a step):
   transcript and runs the model, and the tool).
 
 Each figure is put next to the 20-turn run's, measured in the same run; the target is that the
-1,000-turn run's history bytes and engine CPU per turn are within 1.25x of it. For contrast, the
+1,000-turn run's history bytes and engine CPU per turn are within 1.25x of it.
+
+**Storage per agent turn** (issue 27), for the Pydantic AI and the OpenAI Agents adapter: a
+loop of :data:`STORAGE_TURNS` turns (one tool call of a 2 KB result per turn, then an answer),
+its bytes in the store's own tables (``sagaloop_history``'s ``data`` of the run, plus its rows
+of ``sagaloop_payloads``, where large values go) per turn, next to the **new content** per
+turn: the JSON of the conversation's messages, each counted once, as the framework serializes
+them at the end of the run (Pydantic AI's ``all_messages()``, the Agents SDK's
+``to_input_list()``), divided by the turns. That is what the turns bring: each model response,
+and each new message of a request (the tool's result in its message; the prompt once). The
+target: at most :data:`STORAGE_TARGET` times the new content. For contrast, the
 history the run would have had if each model request stored its full transcript: the recorded
 deltas replaced by the full message lists they stand for. ``--profile TURNS`` prints cProfile's
 view of the engine side of one loop.
@@ -53,6 +63,8 @@ RESULT_BYTES = 2048
 FLAT = 1.25
 TOOL_RESULT_PREFIX = "result {i}: "
 MODEL_STEP = "agent__loop__model_request"  # SagaAgent's step for the agent named "loop"
+STORAGE_TURNS = 50
+STORAGE_TARGET = 1.5
 
 
 def _agent(turns: int, result_bytes: int, requests: list[int]) -> Any:
@@ -189,21 +201,37 @@ def _list_len(item_lens: Sequence[int]) -> int:
 
 def history_figures(events: Sequence[Any], model_step: str) -> dict[str, int]:
     """The run's history size, as stored, and what it would be if every model request stored
-    its full transcript instead of a delta (computed from the deltas it recorded)."""
+    its full transcript instead of a delta (computed from the deltas it recorded, a message a
+    delta refers to counted as the message it stands for)."""
+    from sagaloop.agents.transcript import _long_strings, _sha
     from sagaloop.engine import history as h
 
     stored = sum(_json_len(e.data) for e in events)
+    results = {e.pos: e.data.get("result") for e in events if e.kind == h.STEP_COMPLETED}
+    strings: dict[str, int] = {}  # digest -> JSON length of a long string of a step result
     delta_bytes = full_bytes = 0
     by_request: dict[int, list[int]] = {}  # request n -> JSON lengths of its full transcript
+    position: dict[int, int | None] = {}  # request n -> its step's position
     for e in events:
+        if e.kind == h.STEP_COMPLETED:
+            for text in _long_strings(e.data.get("result")):
+                strings[_sha(text)] = _json_len(text)
         if e.kind != h.STEP_SCHEDULED or e.name != model_step:
             continue
         d = ((e.data.get("args") or {}).get("request") or {}).get("transcript") or {}
         append = [_json_len(m) for m in d.get("append", [])]
+        delta_bytes += _list_len(append)
+        for index, ref in (d.get("refs") or {}).items():  # a response, by reference
+            value = results.get(position.get(int(ref["n"])))
+            for key in ref.get("path") or []:
+                value = value[key] if value is not None else None
+            append[int(index)] = _json_len(value)
+        for value in d.get("values") or []:  # a tool's result, by digest
+            append[int(value["at"][0])] += strings.get(value["sha"], 4) - 4
         base = by_request.get(d["prev"], []) if d.get("prev") is not None else []
         full = [*base[: int(d.get("keep", 0))], *append]
         by_request[int(d.get("n", 0))] = full
-        delta_bytes += _list_len(append)
+        position[int(d.get("n", 0))] = e.pos
         full_bytes += _list_len(full)
     return {
         "stored": stored,
@@ -271,6 +299,147 @@ def run_loop(turns: int, *, profile: cProfile.Profile | None = None) -> dict[str
         "cpu_s": cpu,
         "wall_s": wall,
     }
+
+
+def _stored_bytes(env: Any, run_id: str) -> int:
+    """The run's bytes in the store's own tables: its history rows' ``data`` and its payloads
+    (compressed, as stored)."""
+    import sqlalchemy as sa
+
+    with env.store.engine.connect() as conn:
+        history = conn.execute(
+            sa.text(
+                "SELECT COALESCE(SUM(LENGTH(data)), 0) FROM sagaloop_history WHERE run_id = :r"
+            ),
+            {"r": run_id},
+        ).scalar_one()
+        payloads = conn.execute(
+            sa.text(
+                "SELECT COALESCE(SUM(LENGTH(data)), 0) FROM sagaloop_payloads WHERE run_id = :r"
+            ),
+            {"r": run_id},
+        ).scalar_one()
+    return int(history) + int(payloads)
+
+
+def _pydantic_ai_storage_app(turns: int) -> tuple[App, Any]:
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
+    from pydantic_ai.usage import UsageLimits
+
+    from sagaloop.agents.pydantic_ai import SagaAgent
+
+    app = App("bench_storage")
+    saga_agent = SagaAgent(_agent(turns, RESULT_BYTES, [0]), app=app)
+
+    @app.saga(name="loop")
+    async def loop(ctx: SagaContext) -> int:
+        result = await saga_agent.run("go", usage_limits=UsageLimits(request_limit=None))
+        return len(ModelMessagesTypeAdapter.dump_json(result.all_messages()))
+
+    return app, loop
+
+
+def _openai_agents_storage_app(turns: int) -> tuple[App, Any]:
+    from agents import Agent, function_tool
+    from agents.items import ModelResponse
+    from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+    from agents.usage import Usage
+
+    from sagaloop.agents.openai_agents import SagaRunner
+
+    def reply(*items: Any) -> ModelResponse:
+        usage = Usage(requests=1, input_tokens=60, output_tokens=20, total_tokens=80)
+        return ModelResponse(output=list(items), usage=usage, response_id=None)
+
+    steps: list[Any] = [
+        reply(assistant_message(f"turn {i}"), function_call("lookup", {"i": i}, call_id=f"c{i}"))
+        for i in range(turns)
+    ]
+    steps.append(ModelStep.respond(lambda call: reply(assistant_message("done"))))
+
+    @function_tool
+    async def lookup(i: int) -> str:
+        """Look the record up."""
+        return TOOL_RESULT_PREFIX.format(i=i).ljust(RESULT_BYTES, "x")
+
+    app = App("bench_storage")
+    agent: Agent[Any] = Agent(name="loop", model=ScriptedModel(steps), tools=[lookup])
+    runner = SagaRunner(app, agent)
+
+    @app.saga(name="loop")
+    async def loop(ctx: SagaContext) -> int:
+        result = await runner.run(agent, "go", max_turns=turns + 5)
+        return len(json.dumps(result.to_input_list(), default=str))
+
+    return app, loop
+
+
+def measure_storage(turns: int = STORAGE_TURNS) -> dict[str, Any]:
+    """Storage per agent turn of each adapter, next to the new content per turn."""
+    from sagaloop.testing import Harness
+
+    out: dict[str, Any] = {}
+    for adapter, make in (
+        ("Pydantic AI", _pydantic_ai_storage_app),
+        ("OpenAI Agents", _openai_agents_storage_app),
+    ):
+        app, saga = make(turns)
+        env = Harness(app, cache=True)
+        try:
+            run_id = env.start(saga)
+            env.run_until_idle()
+            record = env.get(run_id)
+            if record.status != "completed":
+                raise RuntimeError(f"the {adapter} loop ended {record.status}: {record.error}")
+            new = int(env.result(run_id))
+            stored = _stored_bytes(env, run_id)
+            by_event: dict[str, int] = {}
+            for e in env.history(run_id):
+                label = f"{e.kind} {e.name}" if e.name else e.kind
+                by_event[label] = by_event.get(label, 0) + _json_len(e.data)
+        finally:
+            env.close()
+        out[adapter] = {
+            "turns": turns,
+            "stored_bytes_per_turn": stored / turns,
+            "new_bytes_per_turn": new / turns,
+            "ratio": stored / new,
+            "history_bytes_per_turn_by_event": {k: v / turns for k, v in by_event.items()},
+        }
+    return out
+
+
+def storage_figures(results: dict[str, Any] | None) -> list[Figure]:
+    """The rows of storage per agent turn, one per adapter."""
+    section = "9 transcript"
+    what = "storage per agent turn / new content per turn"
+    if not results:
+        return [Figure(section, what, "not run")]
+    if "error" in results:
+        return [Figure(section, what, f"FAILED: {results['error']}")]
+    figs = []
+    for adapter, x in results.items():
+        if adapter.startswith("_"):  # what make bench adds: the section's time, the load
+            continue
+        biggest = sorted(x["history_bytes_per_turn_by_event"].items(), key=lambda kv: -kv[1])[:4]
+        note = (
+            f"{x['turns']} turns of a {RESULT_BYTES // 1024} KB tool result; bytes of the run in "
+            "sagaloop_history + sagaloop_payloads per turn; new content: the JSON of the "
+            "conversation's messages, each once, per turn. Largest per turn: "
+            + ", ".join(f"{k} {_kb(v)}" for k, v in biggest)
+        )
+        figs.append(
+            Figure(
+                section,
+                f"{adapter} agent loop, {what}",
+                f"{_kb(x['stored_bytes_per_turn'])} / {_kb(x['new_bytes_per_turn'])}",
+                f"{x['ratio']:.2f}x new content",
+                f"<= {STORAGE_TARGET}x new content",
+                x["ratio"] <= STORAGE_TARGET,
+                note,
+            )
+        )
+    return figs
 
 
 def measure(sizes: Sequence[int] = TURNS) -> dict[str, Any]:
@@ -386,9 +555,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sizes = QUICK_TURNS if args.quick else TURNS
     results = measure(sizes)
-    print(markdown(figures(results, sizes)))
+    storage = measure_storage()
+    print(markdown(figures(results, sizes) + storage_figures(storage)))
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        args.json.write_text(json.dumps({**results, "storage": storage}, indent=1))
     return 0
 
 

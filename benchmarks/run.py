@@ -126,6 +126,7 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, Callable[[], Any]]]:
         ("roundtrips", lambda: roundtrips.count_all(plan["roundtrip_steps"])),
         ("scale", lambda: scale.measure(waves=plan["scale_waves"])),
         ("agent_transcript", lambda: agent_transcript.measure(plan["transcript_turns"])),
+        ("agent_storage", lambda: agent_transcript.measure_storage()),
         ("approvals", lambda: approvals.measure(plan["approvals_waiting"])),
         ("burst", lambda: burst.measure(*plan["burst"])),
         (
@@ -461,6 +462,8 @@ def table(results: dict[str, Any], plan: dict[str, Any]) -> list[Figure]:
 
     # 9. an agent's transcript stored once (offline: the harness, a FunctionModel)
     figs.extend(agent_transcript.figures(results.get("agent_transcript"), plan["transcript_turns"]))
+    # storage per agent turn against what the turn adds, both adapters (issue 27)
+    figs.extend(agent_transcript.storage_figures(results.get("agent_storage")))
 
     # 10. scale-out: more worker and engine processes on the same wave
     figs.extend(scale.figures(results.get("scale")))

@@ -64,20 +64,34 @@ class AgentRun:
     (``on_exceed="tell_model"``); None: the calls run."""
 
 
+def whole_response(reply: dict[str, Any]) -> list[tuple[list[Any], Any]]:
+    """A reply's response as the one message of the next request it may come back as."""
+    return [(["response"], reply.get("response"))]
+
+
 async def request_model(
     run: AgentRun,
     step: StepDef[Any, Any],
     messages: Sequence[Any],
     request: Callable[[], dict[str, Any]],
+    answers: Callable[[dict[str, Any]], list[tuple[list[Any], Any]]] = whole_response,
 ) -> dict[str, Any]:
     """One model request of ``run`` through ``step``, once the budget allows it: the step's
-    argument is ``{"transcript": <what is new in messages>, **request()}``; returns its
-    recorded reply (``{"response", "cost"}``). Follow it with :func:`count_response`."""
+    argument is ``{"transcript": <what is new in messages>, **request()}``, the entries of
+    ``request()`` equal to what an earlier request recorded left out (``"same"``); returns its
+    recorded reply (``{"response", "cost"}``), whose values ``answers`` names are what the
+    next request refers to instead of recording them again. Follow it with
+    :func:`count_response`. The step's worker reads the request back with
+    :meth:`transcript.Decoder.messages` and :meth:`transcript.Decoder.extras`."""
     run.budget = await check_budget(run.saga, run.budget, run.conversation)
     delta = run.encoder.delta(messages)
     delta.update(conversation=run.conversation, n=run.requests)
-    reply: dict[str, Any] = await run.saga.call(step, {"transcript": delta, **request()})
+    extra, same = run.encoder.same(run.requests, request())
+    if same:
+        delta["same"] = same
+    reply: dict[str, Any] = await run.saga.call(step, {"transcript": delta, **extra})
     run.encoder.sent(run.requests, messages)
+    run.encoder.answered(run.requests, answers(reply))
     run.requests += 1
     return reply
 

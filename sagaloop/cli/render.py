@@ -3,6 +3,7 @@ stdout is a terminal, plain text when it is not (a pipe, a file, a test) or NO_C
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 import json
@@ -320,6 +321,9 @@ class TailLines:
         back is not shown again)."""
         self.systems: set[str] = set()
         """The instructions shown already (frameworks send them with every request)."""
+        self.results: collections.deque[Event] = collections.deque(maxlen=64)
+        """The last results of other steps (tools'): a request names their long strings by
+        digest, as its transcript stores a tool's result once."""
 
     def line(self, item: dict[str, Any]) -> str:
         if item.get("source") != "history":
@@ -350,10 +354,12 @@ class TailLines:
             if not alone:
                 return None  # a step that is not a model request
             conversation = alone[0].conversation
-            request = requests_of([*self.answered.get(conversation, []), ev])[-1]
+            answered = self.answered.get(conversation, [])
+            request = requests_of([*answered, *self.results, ev])[-1]
             self.requests[pos] = (conversation, [ev])
             return f"model request {ev.name}: {_parts(self._sent(request.new))}"
         if pos not in self.requests:
+            self.results.append(ev)
             return None
         conversation, events = self.requests.pop(pos)
         events.append(ev)

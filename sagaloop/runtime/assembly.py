@@ -134,8 +134,9 @@ def assemble(
     waits for rows handed over, and looks at the database only now and then)."""
     steps = steps or app
 
-    def history(run_id: str, within: Connection | None = None) -> list[Event]:
-        return store.load_history(None if within is None else store.attach(within), run_id)
+    def history(run_id: str, within: Connection | None = None, after: int = 0) -> list[Event]:
+        tx = None if within is None else store.attach(within)
+        return store.load_history(tx, run_id, after_seq=after)
 
     if stepping:
         runner = StepRunner(steps, worker=name, inline=True, history=history, streams=streams)

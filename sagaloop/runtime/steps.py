@@ -77,9 +77,12 @@ the run); raises StepCancelled to stop the step."""
 class History(Protocol):
     """Reads a run's history (``Store.load_history``): how a step finds what earlier steps of
     its run were given, such as the transcript an agent's model step extends. ``within``: the
-    connection of a transactional step's transaction, to read in it."""
+    connection of a transactional step's transaction, to read in it; ``after``: only the
+    events after that seq."""
 
-    def __call__(self, run_id: str, within: Connection | None = None) -> list[Event]: ...
+    def __call__(
+        self, run_id: str, within: Connection | None = None, after: int = 0
+    ) -> list[Event]: ...
 
 
 class _StepContext(StepContext):
@@ -134,12 +137,10 @@ class _StepContext(StepContext):
             return
         self._streams.publish(self.run_id, item)
 
-    def history(self, run_id: str | None = None) -> list[Event]:
+    def history(self, run_id: str | None = None, *, after: int = 0) -> list[Event]:
         if self._history is None:
-            return super().history(run_id)
-        if self.transaction is not None:
-            return self._history(run_id or self.run_id, self.transaction)
-        return self._history(run_id or self.run_id)
+            return super().history(run_id, after=after)
+        return self._history(run_id or self.run_id, self.transaction, after)
 
     @property
     def task_token(self) -> str:

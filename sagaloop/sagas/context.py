@@ -444,12 +444,13 @@ class StepContext(abc.ABC):
             "worker (or the in-process lane) can"
         )
 
-    def history(self, run_id: str | None = None) -> list[Any]:
+    def history(self, run_id: str | None = None, *, after: int = 0) -> list[Any]:
         """The events recorded so far of this step's run, or of the run ``run_id`` (a child's,
         say), oldest first, read from the store when called: ``sagaloop.engine.history.Event``
-        records. How a step finds what earlier steps of its run were given (an agent's model
-        step rebuilds the transcript it extends) or what another run published. Raises
-        ``ValidationError`` where no store is at hand (a step function called in-process,
+        records; with ``after``, only those after the event of that ``seq`` (what was added
+        since a previous read). How a step finds what earlier steps of its run were given (an
+        agent's model step rebuilds the transcript it extends) or what another run published.
+        Raises ``ValidationError`` where no store is at hand (a step function called in-process,
         outside any saga)."""
         raise ValidationError(
             f"step {self.step!r} cannot read a run's history here: only a step run by a worker "

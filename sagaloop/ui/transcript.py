@@ -18,7 +18,9 @@ is shown as its JSON; a tool call that needed an approval carries the approval's
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import hashlib
 import json
 from typing import Any
 
@@ -101,11 +103,20 @@ def requests_of(events: list[Event]) -> list[Request]:
     """The system texts (instructions) each conversation showed already."""
     approvals: dict[str, tuple[int, Any]] = {}
     """Each approval's first position and last published value, by call id."""
+    answers: dict[tuple[str, int], Any] = {}
+    """Each request's recorded result (what a delta's ``refs`` name), by conversation and
+    number."""
+    strings: dict[str, str] = {}
+    """The long strings of the step results so far, by digest (what a delta's ``values``
+    names: a tool's result recorded once)."""
     for ev in events:
         if ev.pos is None:
             continue
+        if ev.kind == h.STEP_COMPLETED:
+            strings.update((_digest(t), t) for t in _long_strings(ev.data.get("result")))
         if ev.kind == h.STEP_SCHEDULED:
-            request = _scheduled(ev.pos, ev.name or "?", ev.data.get("args"), by_number, systems)
+            args = _filled(ev.data.get("args"), strings)
+            request = _scheduled(ev.pos, ev.name or "?", args, by_number, systems, answers)
             if request is not None:
                 found[ev.pos] = by_number[(request.conversation, request.n)] = request
         elif ev.kind == h.PUBLISHED:
@@ -117,6 +128,7 @@ def requests_of(events: list[Event]) -> list[Request]:
             request = found[ev.pos]
             if ev.kind == h.STEP_COMPLETED:
                 result = ev.data.get("result")
+                answers[(request.conversation, request.n)] = result
                 request.state = "completed"
                 request.response = response_parts(result)
                 request.input_tokens, request.output_tokens = _tokens(result)
@@ -138,6 +150,7 @@ def _scheduled(
     args: Any,
     by_number: dict[tuple[str, int], Request],
     systems: dict[str, set[str]],
+    answers: dict[tuple[str, int], Any],
 ) -> Request | None:
     """The request a scheduled step makes, if its arguments hold a transcript delta."""
     found = _delta(args)
@@ -145,7 +158,15 @@ def _scheduled(
         return None
     delta, system = found
     conversation = str(delta.get("conversation") or "")
-    new = [p for m in _list(delta.get("append")) for p in message_parts(m)]
+    found_refs = delta.get("refs")
+    refs: dict[str, Any] = found_refs if isinstance(found_refs, dict) else {}
+    new = []
+    for i, message in enumerate(_list(delta.get("append"))):
+        ref = refs.get(str(i))
+        if isinstance(ref, dict):  # a response recorded once, as its step's result
+            new += message_parts(_referred(answers.get((conversation, _int(ref.get("n")))), ref))
+        else:
+            new += message_parts(message)
     prev = (
         by_number.get((conversation, delta["prev"])) if isinstance(delta.get("prev"), int) else None
     )
@@ -164,6 +185,64 @@ def _scheduled(
         new=_new_systems(new, systems.setdefault(conversation, set())),
         after_answer=after_answer,
     )
+
+
+LONG = 256
+"""As ``sagaloop.agents.transcript.LONG``: the shortest string a delta's ``values`` names."""
+
+
+def _long_strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value] if len(value) >= LONG else []
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _long_strings(v)]
+    if isinstance(value, list):
+        return [t for v in value for t in _long_strings(v)]
+    return []
+
+
+def _digest(text: str) -> str:
+    """As ``sagaloop.agents.transcript`` names a string: the start of the sha256 of its JSON."""
+    return hashlib.sha256(json.dumps(text, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def _filled(args: Any, strings: dict[str, str]) -> Any:
+    """A model request's arguments with the strings its delta names by digest in place."""
+    found = _delta(args)
+    if found is None or not isinstance(found[0].get("values"), list):
+        return args
+    delta = found[0]
+    append = copy.deepcopy(_list(delta.get("append")))
+    for value in delta["values"]:
+        try:
+            *path, last = value["at"]
+            node: Any = append
+            for key in path:
+                node = node[key]
+            node[last] = strings.get(value["sha"], "(a step's result not in the history)")
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+    filled = {k: v for k, v in delta.items() if k != "values"}
+    filled["append"] = append
+    return {"request": {"transcript": filled, "system": found[1]}}
+
+
+def _referred(result: Any, ref: dict[str, Any]) -> Any:
+    """The message a delta's ``refs`` entry stands for: the value at its ``path`` of the
+    recorded result, with its ``set`` keys set and its ``drop`` keys removed."""
+    value = result
+    for key in _list(ref.get("path")):
+        try:
+            value = value[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    if not isinstance(value, dict):
+        return value
+    drop = set(_list(ref.get("drop")))
+    message = {k: v for k, v in value.items() if k not in drop}
+    found = ref.get("set")
+    message.update(found if isinstance(found, dict) else {})
+    return message
 
 
 def _name_results(requests: list[Request]) -> None:

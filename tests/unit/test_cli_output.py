@@ -175,15 +175,15 @@ def _answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     return ModelResponse(parts=[TextPart("Refunded 12.50.")])
 
 
-def _agent_run(url: str) -> Harness:
+def _agent_run(url: str, padding: str = "") -> Harness:
     """A harness on ``url`` holding the completed run ``a1`` of an agent named ``refunds``
-    that calls the tool ``refund`` once (close it)."""
+    that calls the tool ``refund`` once (close it); the tool's result ends with ``padding``."""
     app = App("agentic")
     agent = Agent(FunctionModel(_answer), name="refunds", instructions="Be kind.")
 
     @agent.tool_plain
     def refund(cents: int) -> str:
-        return f"refunded {cents}"
+        return f"refunded {cents}{padding}"
 
     saga_agent = SagaAgent(agent, app=app)
 
@@ -213,6 +213,17 @@ def test_tail_reads_an_agent_s_model_requests(tmp_path: Path) -> None:
     )
     assert f"#3 model answer {model}: assistant: Refunded 12.50." in out
     assert not any('"part_kind"' in line for line in out), "no raw framework JSON"
+
+
+def test_tail_shows_a_long_tool_result_the_next_request_names_by_digest(tmp_path: Path) -> None:
+    """A tool's long result is stored once (its step's result): the request that gives it to
+    the model names it, and tail shows it there as the tool result."""
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    _agent_run(url, padding=" " + "x" * 300).close()
+    out = run("--database-url", url, "tail", "a1", "--no-follow").output.splitlines()
+    sent = [line for line in out if line.startswith("#3 model request")]
+    # the whole result, cut for the line as any value is
+    assert sent and "tool result refund: refunded 1250 … (+301 chars)" in sent[0], out
 
 
 def test_without_the_console_s_parser_a_model_request_reads_as_a_call(

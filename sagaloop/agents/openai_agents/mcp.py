@@ -107,6 +107,7 @@ class StepMCPServer(MCPServer):
         charge_tool_calls(run.saga, 1, run.conversation)
         call = {"tool": tool_name, "args": arguments or {}, "meta": meta}
         reply = await run.saga.call(self._call_tool, call)
+        run.encoder.received(reply)
         return CallToolResult.model_validate(reply)
 
     async def list_prompts(self) -> Any:

@@ -130,7 +130,8 @@ class StepModel(Model):
                 "prompt": jsonable(prompt, "the prompt"),
             }
 
-        reply = await request_model(run, self._runner.model_steps[self._agent], items, request)
+        step = self._runner.model_steps[self._agent]
+        reply = await request_model(run, step, items, request, _output_items)
         response = RESPONSE.validate_python(_aliased(reply["response"]))
         run.last_text = _text_of(response)
         names = {t.name for t in tools if isinstance(t, FunctionTool)}  # MCP tools included
@@ -188,12 +189,12 @@ async def serve_request(
     the agent's model (resolved by ``provider`` when it names one), streamed to the run's live
     channel with ``stream``; returns the response and its price."""
     agent_name = agent.name
-    items = _decoder.messages(
-        ctx.run_id,
-        request["transcript"],
-        step=step.name,
-        history=ctx.history,
-    )
+    delta = request["transcript"]
+    items = _decoder.messages(ctx.run_id, delta, step=step.name, history=ctx.history)
+    request = {
+        **request,
+        **_decoder.extras(ctx.run_id, request, step=step.name, history=ctx.history),
+    }
     tools: list[Tool] = []
     for spec in request.get("tools") or []:
         if "function" in spec:
@@ -259,7 +260,15 @@ async def serve_request(
     # by alias: a field named ``async_`` is ``async`` in the API's JSON, and only that
     # name loads back into the field (else it comes back as an extra too)
     dumped = RESPONSE.dump_python(response, mode="json", by_alias=True)
-    return {"response": dumped, "cost": cost}
+    result = {"response": dumped, "cost": cost}
+    _decoder.responded(ctx.run_id, delta, result)
+    return result
+
+
+def _output_items(reply: dict[str, Any]) -> list[tuple[list[Any], Any]]:
+    """A reply's output items: what the next request's input may repeat, one message each."""
+    output = (reply.get("response") or {}).get("output")
+    return [(["response", "output", i], item) for i, item in enumerate(output or [])]
 
 
 def _aliased(recorded: Any) -> Any:

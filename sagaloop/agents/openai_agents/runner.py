@@ -329,6 +329,7 @@ class SagaRunner(DurableAdapter):
             charge_tool_calls(run.saga, 1, run.conversation)
             try:
                 reply = await run.saga.call(step, call)
+                run.encoder.received(reply)
             except StepFailedError as e:  # its last attempt: as the SDK would tell the model
                 told = await maybe_invoke_function_tool_failure_error_function(
                     function_tool=tool, context=ctx, error=e

@@ -478,9 +478,12 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], DurableAdapter, Generic[DepsT, Out
             step=self.model_step.name,
             history=ctx.history,
         )
-        params = _PARAMS.validate_python(request.get("params") or {})
+        extras = _decoder.extras(
+            ctx.run_id, request, step=self.model_step.name, history=ctx.history
+        )
+        params = _PARAMS.validate_python(extras.get("params") or {})
         model = self._model()
-        settings = request.get("settings")
+        settings = extras.get("settings")
         if self.stream:
             # closed (its connection too) when the run ends (the heartbeat raises
             # StepCancelled) or the step's timeout passes: nothing reads, or pays for, the rest
@@ -512,7 +515,9 @@ class SagaAgent(WrapperAgent[DepsT, OutputT], DurableAdapter, Generic[DepsT, Out
             cost = float(response.cost().total_price)
         except Exception:  # no price known for this model (or no usage): counted as 0
             cost = None
-        return {"response": _RESPONSE.dump_python(response, mode="json"), "cost": cost}
+        result = {"response": _RESPONSE.dump_python(response, mode="json"), "cost": cost}
+        _decoder.responded(ctx.run_id, delta, result)
+        return result
 
     async def _run_tool(self, name: str, ctx: StepContext, call: dict[str, Any]) -> dict[str, Any]:
         tracing.tool_call(name)  # on the step's span: gen_ai.tool.name

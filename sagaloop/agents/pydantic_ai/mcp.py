@@ -58,6 +58,7 @@ from sagaloop.agents.pydantic_ai.run import (
     TOOL_SIGNALS,
     SagaToolset,
     ask_person,
+    compact_context,
     current,
     run_context,
     signal_of,
@@ -257,7 +258,7 @@ def _encode(value: Any, name: str) -> dict[str, Any]:
 def _context_json(ctx: RunContext[Any]) -> Any:
     context = DurableRunContext.serialize_run_context(ctx)
     # what is not JSON stays behind, as for function tools
-    return pydantic_core.to_jsonable_python(context, fallback=lambda _: None)
+    return compact_context(pydantic_core.to_jsonable_python(context, fallback=lambda _: None))
 
 
 class SagaMCPToolset(AbstractToolset[Any]):
@@ -325,6 +326,7 @@ class SagaMCPToolset(AbstractToolset[Any]):
             "context": context,
         }
         reply = await run.saga.call(self.server.tool_steps.get(name, self.server.call_tool), call)
+        run.encoder.received(reply)
         if "value" in reply:
             return _CONTENT.validate_python(reply["value"])
         if "tool_return" in reply:
