@@ -39,11 +39,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
+import io
 import itertools
 import json
+import pstats
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -218,6 +222,47 @@ def measure(quick: bool = False, only: Sequence[str] = SETUPS) -> dict[str, Any]
     return results
 
 
+def profile_embedded(case: str, runs: int, top: int = 25) -> str:
+    """cProfile of every thread of the embedded setup (this process) over ``runs`` runs of
+    ``case`` (``sequential``, ``agent`` or ``fanout``), by each thread's CPU time
+    (``time.thread_time``): what the threads compute, not what they wait for."""
+    profiles: list[cProfile.Profile] = []
+    run = threading.Thread.run
+
+    def profiled(self: threading.Thread) -> None:
+        prof = cProfile.Profile(time.thread_time)
+        profiles.append(prof)
+        prof.enable()
+        try:
+            run(self)
+        finally:
+            prof.disable()
+
+    threading.Thread.run = profiled  # type: ignore[method-assign]
+    main = cProfile.Profile(time.thread_time)
+    try:
+        with setup("embedded") as s:
+            _run(s.client, "stamps", {"steps": 3, "local": False})
+            main.enable()
+            if case == "agent":
+                figure = agent(s, runs)
+            elif case == "fanout":
+                figure = fanned(s, runs, FULL["fanout"])
+            else:
+                figure = sequential(s, runs)
+            main.disable()
+    finally:
+        threading.Thread.run = run  # type: ignore[method-assign]
+    buf = io.StringIO()
+    stats = pstats.Stats(main, stream=buf)
+    for prof in profiles:
+        with contextlib.suppress(TypeError):  # a thread that never ran profiled code
+            stats.add(prof)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats("sagaloop|pydantic_ai", top)
+    return f"{case}, {runs} runs on the embedded setup: {json.dumps(figure)}\n{buf.getvalue()}"
+
+
 # --- the rows ---------------------------------------------------------------------------------
 
 
@@ -339,7 +384,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer runs of each case")
     parser.add_argument("--only", help=f"comma-separated setups of {', '.join(SETUPS)}")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument(
+        "--profile",
+        choices=("sequential", "agent", "fanout"),
+        help="cProfile every thread of the embedded setup over this case instead",
+    )
     args = parser.parse_args(argv)
+    if args.profile:
+        print(profile_embedded(args.profile, 5 if args.profile != "fanout" else 1))
+        return 0
     only = [k.strip() for k in args.only.split(",")] if args.only else list(SETUPS)
     unknown = set(only) - set(SETUPS)
     if unknown:
