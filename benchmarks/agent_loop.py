@@ -116,11 +116,10 @@ def setup(kind: str) -> Iterator[Setup]:
             client.store.close()
 
 
-def _run(c: Client, saga: str, spec: Any = None, timeout: float = 120) -> tuple[Any, float, str]:
+def _run(c: Client, saga: str, spec: Any, timeout: float = 120) -> tuple[Any, float, str]:
     """Start a run and wait for its output: (output, start time, run id)."""
-    args = () if spec is None else (spec,)
     t0 = time.time()
-    run_id = c.start(saga, *args)
+    run_id = c.start(saga, spec)
     return c.result(run_id, timeout=timeout), t0, run_id
 
 
@@ -190,7 +189,7 @@ def agent(s: Setup, runs: int) -> dict[str, Any]:
     own = loopapp.MODEL_S + loopapp.TOOLS_S
     walls = []
     for _ in range(runs):
-        calls, t0, run_id = _run(s.client, "agent5")
+        calls, t0, run_id = _run(s.client, "agent5", {})
         if calls != loopapp.TURNS:
             raise RuntimeError(f"the agent made {calls} tool calls, not {loopapp.TURNS}")
         walls.append(_finished_at(s.client, run_id) - t0)

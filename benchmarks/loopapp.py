@@ -144,8 +144,9 @@ loop_agent = SagaAgent(
 
 
 @app.saga(name="agent5")
-async def agent5(ctx: SagaContext) -> int:
-    """The five-turn loop: six model requests (each streamed), five tool calls."""
+async def agent5(ctx: SagaContext, spec: dict[str, Any]) -> int:
+    """The five-turn loop: six model requests (each streamed), five tool calls; returns how
+    many tools it called."""
     result = await loop_agent.run("go", usage_limits=UsageLimits(request_limit=None))
     calls = [
         p
