@@ -223,7 +223,8 @@ def measure(quick: bool = False, only: Sequence[str] = SETUPS) -> dict[str, Any]
 
 def profile_embedded(case: str, runs: int, top: int = 25) -> str:
     """cProfile of every thread of the embedded setup (this process) over ``runs`` runs of
-    ``case`` (``sequential``, ``agent`` or ``fanout``), by each thread's CPU time
+    ``case`` (``sequential``, ``local``: the same with in-process steps, ``agent`` or
+    ``fanout``), by each thread's CPU time
     (``time.thread_time``): what the threads compute, not what they wait for."""
     profiles: list[cProfile.Profile] = []
     run = threading.Thread.run
@@ -243,6 +244,7 @@ def profile_embedded(case: str, runs: int, top: int = 25) -> str:
         with setup("embedded") as s:
             _run(s.client, "stamps", {"steps": 3, "local": False})
             main.enable()
+            s.local = case == "local"
             if case == "agent":
                 figure = agent(s, runs)
             elif case == "fanout":
@@ -365,7 +367,8 @@ def figures(results: dict[str, Any] | None) -> list[Figure]:
                     f"< {AGENT_OVERHEAD_MS:.0f} ms",
                     ag["overhead"]["p50_ms"] < AGENT_OVERHEAD_MS,
                     f"wall p50 {fmt_ms(ag['wall']['p50_ms'])}, of which model and tools "
-                    f"{ag['own_s'] * 1000:.0f} ms; 6 model steps + 5 tool steps; "
+                    f"{ag['own_s'] * 1000:.0f} ms and time to first step (row above) "
+                    f"{fmt_ms(q['first_step']['p50_ms'])}; 6 model steps + 5 tool steps; "
                     f"p50 of {ag['wall']['n']} runs",
                 )
             )
@@ -385,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     parser.add_argument(
         "--profile",
-        choices=("sequential", "agent", "fanout"),
+        choices=("sequential", "local", "agent", "fanout"),
         help="cProfile every thread of the embedded setup over this case instead",
     )
     args = parser.parse_args(argv)
