@@ -221,17 +221,59 @@ def measure(quick: bool = False, only: Sequence[str] = SETUPS) -> dict[str, Any]
     return results
 
 
-def profile_embedded(case: str, runs: int, top: int = 25) -> str:
-    """cProfile of every thread of the embedded setup (this process) over ``runs`` runs of
-    ``case`` (``sequential``, ``local``: the same with in-process steps, ``agent`` or
-    ``fanout``), by each thread's CPU time
-    (``time.thread_time``): what the threads compute, not what they wait for."""
-    profiles: list[cProfile.Profile] = []
+@contextlib.contextmanager
+def assembled(kind: str) -> Iterator[Setup]:
+    """``kind``'s setup with its services in this process (for a profile of their threads):
+    the embedded setup as it is; on RabbitMQ + PostgreSQL, the ``Service`` that ``sagaloop
+    engine`` runs (and, for ``broker``, the one ``sagaloop worker`` runs, with a store and a
+    broker of its own) instead of the processes."""
+    if kind == "embedded":
+        with setup(kind) as s:
+            yield s
+        return
+    from sagaloop.runtime.connect import open_streams
+
+    with system("rabbitmq", APP) as sy:
+        roles = [(Roles(queues=()), ENGINE_THREADS)]
+        if kind == "broker":
+            roles.append((Roles(engine=False, timers=False, queues=["bench"]), 2))
+        opened: list[tuple[Service, Any, Any]] = []
+        streams = open_streams(sy.broker_url, namespace=sy.namespace)
+        try:
+            for role, concurrency in roles:
+                store = open_store(sy.database_url)
+                broker = open_broker(sy.broker_url, store, namespace=sy.namespace)
+                tuning = Tuning(concurrency=concurrency, poll=DEV_POLL)
+                service = Service(
+                    loopapp.app, store, broker, roles=role, tuning=tuning, streams=streams
+                )
+                opened.append((service.start(), broker, store))
+            client = connect(
+                sy.database_url, loopapp.app, broker=sy.broker_url, namespace=sy.namespace
+            )
+            try:
+                yield Setup(client, local=kind == "inprocess")
+            finally:
+                client.store.close()
+        finally:
+            for service, broker, store in opened:
+                service.stop()
+                broker.close()
+                store.close()
+
+
+def profile(case: str, runs: int, kind: str = "embedded", top: int = 25) -> str:
+    """cProfile of every thread of ``kind``'s setup assembled in this process
+    (:func:`assembled`) over ``runs`` runs of ``case`` (``sequential``, ``agent`` or
+    ``fanout``), by each thread's CPU time (``time.thread_time``): what the threads compute,
+    not what they wait for. Threads still running at the end (a step's keep-alive, asleep)
+    are left out: their profile cannot be read from another thread."""
+    profiles: list[tuple[threading.Thread, cProfile.Profile]] = []
     run = threading.Thread.run
 
     def profiled(self: threading.Thread) -> None:
         prof = cProfile.Profile(time.thread_time)
-        profiles.append(prof)
+        profiles.append((self, prof))
         prof.enable()
         try:
             run(self)
@@ -241,10 +283,9 @@ def profile_embedded(case: str, runs: int, top: int = 25) -> str:
     threading.Thread.run = profiled  # type: ignore[method-assign]
     main = cProfile.Profile(time.thread_time)
     try:
-        with setup("embedded") as s:
-            _run(s.client, "stamps", {"steps": 3, "local": False})
+        with assembled(kind) as s:
+            _run(s.client, "stamps", {"steps": 3, "local": s.local})
             main.enable()
-            s.local = case == "local"
             if case == "agent":
                 figure = agent(s, runs)
             elif case == "fanout":
@@ -254,14 +295,15 @@ def profile_embedded(case: str, runs: int, top: int = 25) -> str:
             main.disable()
     finally:
         threading.Thread.run = run  # type: ignore[method-assign]
+    ended = [prof for thread, prof in profiles if not thread.is_alive()]  # the services stopped
     buf = io.StringIO()
     stats = pstats.Stats(main, stream=buf)
-    for prof in profiles:
+    for prof in ended:
         with contextlib.suppress(TypeError):  # a thread that never ran profiled code
             stats.add(prof)
     stats.sort_stats("tottime").print_stats(top)
     stats.sort_stats("cumulative").print_stats("sagaloop|pydantic_ai", top)
-    return f"{case}, {runs} runs on the embedded setup: {json.dumps(figure)}\n{buf.getvalue()}"
+    return f"{case}, {runs} runs, {kind}: {json.dumps(figure)}\n{buf.getvalue()}"
 
 
 # --- the rows ---------------------------------------------------------------------------------
@@ -388,12 +430,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     parser.add_argument(
         "--profile",
-        choices=("sequential", "local", "agent", "fanout"),
-        help="cProfile every thread of the embedded setup over this case instead",
+        choices=("sequential", "agent", "fanout"),
+        help="instead, cProfile the threads of the setup of --only (default: embedded), "
+        "assembled in this process, over this case",
     )
     args = parser.parse_args(argv)
     if args.profile:
-        print(profile_embedded(args.profile, 5 if args.profile != "fanout" else 1))
+        kind = args.only or "embedded"
+        if kind not in SETUPS:
+            parser.error(f"--profile: one setup of {', '.join(SETUPS)} with --only")
+        print(profile(args.profile, 5 if args.profile != "fanout" else 1, kind))
         return 0
     only = [k.strip() for k in args.only.split(",")] if args.only else list(SETUPS)
     unknown = set(only) - set(SETUPS)
