@@ -11,6 +11,7 @@ Workflow SDK, on three setups:
   reader has to be here.
 
     python -m benchmarks.agent_loop [--quick] [--only SETUP,...] [--json PATH]
+    python -m benchmarks.agent_loop --profile CASE [--only SETUP]   # cProfile, see profile()
 
 Runs are started with ``Client.start`` (``sagaloop.connect``) and read back with
 ``Client.result``. Each step body of ``benchmarks.loopapp`` returns when it began and ended,
