@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import (
+    agent_loop,
     agent_transcript,
     approvals,
     burst,
@@ -49,6 +50,7 @@ FULL: dict[str, Any] = {
     "scale_waves": 3,
     "approvals_waiting": 10_000,
     "burst": (20_000, 120.0, 200, 500),  # starts, budget (s), steady runs, saturated wave
+    "agent_loop_quick": False,
 }
 QUICK: dict[str, Any] = {
     "sequential_steps": 100,
@@ -65,6 +67,7 @@ QUICK: dict[str, Any] = {
     "scale_waves": 1,
     "approvals_waiting": 10_000,
     "burst": (2_000, 40.0, 100, 300),
+    "agent_loop_quick": True,
 }
 FLAT = 1.25  # "flat": the per-iteration cost of the longest loop within 25 % of the shortest
 BROKER_SEQUENTIAL = 1.5  # broker steps: sequential p50 <= 1.5x the floor's
@@ -129,6 +132,7 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, Callable[[], Any]]]:
         ("agent_storage", lambda: agent_transcript.measure_storage()),
         ("approvals", lambda: approvals.measure(plan["approvals_waiting"])),
         ("burst", lambda: burst.measure(*plan["burst"])),
+        ("agent_loop", lambda: agent_loop.measure(plan["agent_loop_quick"])),
         (
             "profile",
             lambda: (
@@ -473,6 +477,9 @@ def table(results: dict[str, Any], plan: dict[str, Any]) -> list[Figure]:
 
     # 13. a burst of starts (overload), and the storage each run costs
     figs.extend(burst.figures(results.get("burst")))
+
+    # 14. the agent-loop figures users compare (issue 27: Vercel Workflow's definitions)
+    figs.extend(agent_loop.figures(results.get("agent_loop")))
     return figs
 
 

@@ -53,7 +53,8 @@ class System:
     """A fresh store (and RabbitMQ namespace), sagaloop processes on it, a publisher of start
     messages, and read access to the history."""
 
-    def __init__(self, database_url: str, broker_url: str, tmp: Path) -> None:
+    def __init__(self, database_url: str, broker_url: str, tmp: Path, app: str = APP) -> None:
+        self.app = app  # the module of the processes' --app (its App is named APP_NAME)
         self.database_url = database_url
         self.broker_url = broker_url
         self.tmp = tmp
@@ -84,7 +85,7 @@ class System:
         log = self.tmp / f"{role}-{len(self.logs)}.log"
         self.logs.append(log)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sagaloop", role, "--app", APP, *args],
+            [sys.executable, "-m", "sagaloop", role, "--app", self.app, *args],
             env=self.env,
             stdout=subprocess.DEVNULL,
             stderr=log.open("wb"),
@@ -224,20 +225,21 @@ class System:
 
 
 @contextlib.contextmanager
-def system(kind: str) -> Iterator[System]:
+def system(kind: str, app: str = APP) -> Iterator[System]:
     """``rabbitmq``: RabbitMQ + a fresh PostgreSQL database; ``sqlite``: the embedded default
-    (a SQLite file and the database broker) in a temporary folder."""
+    (a SQLite file and the database broker) in a temporary folder. ``app``: the processes'
+    ``--app`` module."""
     tmp = Path(tempfile.mkdtemp(prefix="sagaloop-bench-"))
     try:
         if kind == "rabbitmq":
             with fresh_database() as url:
-                s = System(url, rabbitmq_url(), tmp)
+                s = System(url, rabbitmq_url(), tmp, app)
                 try:
                     yield s
                 finally:
                     s.close()
         else:
-            s = System(f"sqlite:///{tmp / 'bench.db'}", "database", tmp)
+            s = System(f"sqlite:///{tmp / 'bench.db'}", "database", tmp, app)
             try:
                 yield s
             finally:
