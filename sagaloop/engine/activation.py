@@ -199,6 +199,8 @@ class Engine:
             self.store.delete_timers(tx, run.run_id)
         for timer in effects.timers:
             self.store.add_timer(tx, timer)
+        for pos in effects.dropped_timers:  # after the adds: a timer may be both in one
+            self.store.delete_timers(tx, run.run_id, pos=pos)
         self.store.enqueue(tx, effects.messages, now)
         wanted = frozenset() if effects.restart is not None else plan.subscriptions
         if wanted is not None and isinstance(self.store, SubscriptionStore):

@@ -60,6 +60,8 @@ class Effects:
     messages: list[Outgoing] = dataclasses.field(default_factory=list)
     timers: list[Timer] = dataclasses.field(default_factory=list)
     clear_timers: bool = False
+    dropped_timers: list[int] = dataclasses.field(default_factory=list)
+    """The positions whose timer the saga code cancelled (``timer_cancelled``): deleted."""
     restart: NewEvent | None = None
     """Continued as new: the history is deleted and starts again with this ``run_started``."""
     trace: dict[str, str] | None = None
@@ -455,6 +457,9 @@ def effects_of(
         assert ev.pos is not None
         if (timer := handoff.timer(app, st, ev.pos)) is not None:
             effects.timers.append(timer)
+    elif kind == h.TIMER_CANCELLED:  # the code stopped waiting for it: it need not fire
+        assert ev.pos is not None
+        effects.dropped_timers.append(ev.pos)
     elif kind == h.EVENT_SENT:
         assert ev.pos is not None and ev.name is not None
         target = str(ev.data["run_id"])

@@ -40,8 +40,8 @@ class EventKind(StrEnum):
     TIMER_FIRED = "timer_fired"
     TIMER_CANCELLED = "timer_cancelled"
     """Saga code stopped waiting for the timer at ``pos`` (the timeout of a wait that ended
-    first, a cancelled ``asyncio.sleep``): the run no longer sleeps on it, and its firing
-    changes nothing. Bookkeeping, never fed."""
+    first, a cancelled ``asyncio.sleep``): the run no longer sleeps on it, and its timer's row
+    is deleted (one left by an older engine fires for nothing). Bookkeeping, never fed."""
     EVENT_WAITING = "event_waiting"
     EVENT_ARRIVED = "event_arrived"
     EVENT_REJECTED = "event_rejected"

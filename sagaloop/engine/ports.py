@@ -222,7 +222,10 @@ class TimerStore(Protocol):
         kind)."""
         ...
 
-    def delete_timers(self, tx: Tx, run_id: str) -> None: ...
+    def delete_timers(self, tx: Tx, run_id: str, *, pos: int | None = None) -> None:
+        """Delete the run's timers (``pos``: only those of the command at that position)."""
+        ...
+
     def take_due_timers(
         self, tx: Tx, now: datetime, limit: int, *, app: str | None = None
     ) -> list[Timer]:

@@ -274,7 +274,7 @@ class RunState:
             self.sleeps[ev.pos] = datetime.fromisoformat(d["fire_at"])
             if isinstance(child := d.get("child"), int):  # ctx.call(saga, timeout=...)
                 self.call_timeouts[child] = ev.pos
-        elif kind == h.TIMER_CANCELLED:  # the code stopped waiting for it: it fires for nothing
+        elif kind == h.TIMER_CANCELLED:  # the code stopped waiting for it (its row is deleted)
             self.sleeps.pop(ev.pos or 0, None)
         elif kind == h.TIMER_FIRED:
             assert ev.pos is not None

@@ -30,8 +30,11 @@ class SqlTimers(SqlCore, TimerStore):
             )
         )
 
-    def delete_timers(self, tx: Any, run_id: str) -> None:
-        conn_of(tx).execute(t.timers.delete().where(t.timers.c.run_id == run_id))
+    def delete_timers(self, tx: Any, run_id: str, *, pos: int | None = None) -> None:
+        which = t.timers.c.run_id == run_id
+        if pos is not None:
+            which = which & (t.timers.c.pos == pos)
+        conn_of(tx).execute(t.timers.delete().where(which))
 
     def take_due_timers(
         self, tx: Any, now: datetime, limit: int, *, app: str | None = None

@@ -156,7 +156,7 @@ def test_a_timer_the_code_stopped_waiting_for_is_recorded_cancelled_and_fires_fo
     env: Harness,
 ) -> None:
     """The event came first: the timer of ``wait_for`` is cancelled (``timer_cancelled``), the
-    run no longer says it sleeps, and the timer, when due, records nothing."""
+    run no longer says it sleeps, and its row is deleted with the record: nothing fires."""
     run_id = env.start(patient_then_waits, 60.0)
     env.run_until_idle(skip_time=False)
     env.send_event(run_id, "answer", "yes")
@@ -164,10 +164,11 @@ def test_a_timer_the_code_stopped_waiting_for_is_recorded_cancelled_and_fires_fo
     kinds = [e.kind for e in env.history(run_id)]
     assert h.TIMER_CANCELLED in kinds
     assert not any("sleeping" in line for line in env.status(run_id).waiting_for)
+    assert env.store.next_timer_at() is None  # its row is gone: it never fires
     before = len(env.history(run_id))
     env.advance(timedelta(minutes=2))
     env.run_until_idle(skip_time=False)
-    assert len(env.history(run_id)) == before  # the stale timer fired for nothing
+    assert len(env.history(run_id)) == before
     env.send_event(run_id, "done")
     env.run_until_idle()
     assert env.result(run_id) == "answered yes"

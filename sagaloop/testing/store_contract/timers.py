@@ -100,6 +100,15 @@ class TimerContract(ContractBase):
             (keep.run_id, 2),
         }
 
+    def test_delete_the_timers_at_one_position_of_a_run(self, store: Store) -> None:
+        run = self.new_run(store)
+        with store.transaction() as tx:
+            for pos in (1, 2):
+                store.add_timer(tx, Timer(run.run_id, pos, "sleep", T0))
+        with store.transaction() as tx:
+            store.delete_timers(tx, run.run_id, pos=1)
+        assert [(x.run_id, x.pos) for x in self.drain_timers(store)] == [(run.run_id, 2)]
+
     def test_concurrent_timer_takers_get_disjoint_sets(self, store: Store) -> None:
         run = self.new_run(store)
         n = 12
