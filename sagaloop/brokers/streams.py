@@ -45,10 +45,16 @@ def _after(hosts: list[pika.URLParameters], connection: Any) -> list[pika.URLPar
 
 
 class _RabbitSubscription:
+    """A reader of one run's items: the server pushes them (``basic_consume`` on the reader's
+    queue) and ``get`` takes them in on the connection's own thread (pika's blocking connection
+    is not thread-safe), so an item that arrives while ``get`` waits is returned at once, not at
+    the next poll. Items are JSON; one that is not is dropped with a warning."""
+
     def __init__(
         self, hosts: list[pika.URLParameters], exchange: str, run_id: str, where: str
     ) -> None:
         self._connection: Any = None
+        self._items: list[Any] = []
         try:
             self._connection = pika.BlockingConnection(hosts)  # the first that answers
             self._channel = self._connection.channel()
@@ -56,6 +62,7 @@ class _RabbitSubscription:
             self._queue = f"{exchange}.{uuid.uuid4().hex}"  # inside the namespace
             self._channel.queue_declare(self._queue, exclusive=True, auto_delete=True)
             self._channel.queue_bind(self._queue, exchange, routing_key=run_id)
+            self._channel.basic_consume(self._queue, self._arrived, auto_ack=True)
         except pika.exceptions.AMQPError as e:
             self.close()
             raise BrokerError(
@@ -63,21 +70,26 @@ class _RabbitSubscription:
                 f"{_reason(e)} (the user needs the permissions of docs/operations.md)"
             ) from e
 
+    def _arrived(self, _channel: Any, _method: Any, _props: Any, body: bytes) -> None:
+        try:
+            self._items.append(json.loads(body))
+        except ValueError:
+            logger.warning("dropped a stream item that is not JSON")
+
     def get(self, timeout: float) -> list[Any]:
-        out: list[Any] = []
+        """What arrived since the last call; if nothing has, waits up to ``timeout`` and returns
+        as soon as the first item is pushed (or ``[]`` at the deadline). A lost connection
+        raises pika's AMQPError, as before."""
         deadline = time.monotonic() + timeout
-        while True:
-            method, _props, body = self._channel.basic_get(self._queue, auto_ack=True)
-            if method is not None:
-                try:
-                    out.append(json.loads(body))
-                except ValueError:
-                    logger.warning("dropped a stream item that is not JSON")
-                continue
+        self._connection.process_data_events(time_limit=0)  # what the socket already holds
+        while not self._items:
             left = deadline - time.monotonic()
-            if out or left <= 0:
-                return out
-            self._connection.sleep(min(left, 0.05))
+            if left <= 0:
+                break
+            # returns early once a delivery is ready for dispatch (then ``_arrived`` has run)
+            self._connection.process_data_events(time_limit=left)
+        out, self._items = self._items, []
+        return out
 
     def close(self) -> None:
         if self._connection is not None and self._connection.is_open:
