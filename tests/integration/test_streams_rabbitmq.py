@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 
+import pika
 import pytest
 
 from sagaloop.brokers.streams import RabbitStreams
@@ -74,5 +75,30 @@ def test_an_item_reaches_a_waiting_reader_at_once(rabbitmq_url: str) -> None:
         assert statistics.median(latencies) < 0.025, sorted(latencies)
     finally:
         thread.join(10.0)
+        reader.close()
+        streams.close()
+
+
+def test_an_item_that_is_not_json_is_dropped_and_the_next_arrives(
+    rabbitmq_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anyone allowed to publish to the exchange can send bytes that are not JSON: the reader
+    drops them with a warning and goes on with the items after them."""
+    namespace = f"t{uuid.uuid4().hex[:8]}"
+    streams = RabbitStreams(rabbitmq_url, namespace=namespace)
+    reader = streams.subscribe("r-1")
+    raw = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    try:
+        raw.channel().basic_publish(f"{namespace}.stream", "r-1", b"not json {")
+        streams.publish("r-1", {"n": 1})
+        got: list[object] = []
+        deadline = time.monotonic() + 10.0
+        # two connections: the server may deliver the two in either order
+        while (not got or "not JSON" not in caplog.text) and time.monotonic() < deadline:
+            got += reader.get(0.5)
+        assert got == [{"n": 1}]
+        assert "not JSON" in caplog.text
+    finally:
+        raw.close()
         reader.close()
         streams.close()
