@@ -97,10 +97,14 @@ class DatabaseBroker:
         self.store.enqueue_raw([(queue, body)], self.clock.now(), trusted=trusted)
 
     def receive(self, queues: Sequence[str], max_messages: int, timeout: float) -> list[Delivery]:
+        """Claim up to ``max_messages`` rows of ``queues``. A consumer waiting for rows is woken
+        at once by a commit of this process that queued one there (one consumer per row);
+        rows that other processes queued are found by looking every ``poll_interval``
+        seconds. A look that is not after a wake is a read first (a claim only if a row is
+        there), so idle consumers do not write."""
         deadline = time.monotonic() + timeout
-        woken = True
+        woken = False
         while True:
-            seen = self.store.writes
             now = self.clock.now()
             rows = self.store.claim(queues, max_messages, now, self.lease, probe=not woken)
             if rows:
@@ -108,9 +112,7 @@ class DatabaseBroker:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
-            # Woken at once by a commit in this process; other processes are seen by polling.
-            self.store.wait_for_writes(seen, min(remaining, self.poll_interval))
-            woken = self.store.writes != seen
+            woken = self.store.wait_for_writes(min(remaining, self.poll_interval), queues)
 
     def close(self) -> None:
         pass
