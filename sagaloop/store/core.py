@@ -201,6 +201,14 @@ class SqlCore(Transactions):
 
             return self.wakeup.wait_for(woken, timeout)
 
+    def drop_wakes(self, queues: Iterable[str]) -> None:
+        """A consumer claimed a row of each of ``queues`` without a wake: the next waiting
+        consumer of each is not woken for it (a ticket is dropped, if there is one)."""
+        with self.wakeup:
+            for queue in queues:
+                if self._tickets[queue] > 0:
+                    self._tickets[queue] -= 1
+
     def _take_ticket(self, queues: Sequence[str] | None) -> bool:
         """Under ``wakeup``: take one ticket of ``queues`` (None: of any queue), if there is."""
         for queue in self._tickets if queues is None else queues:
