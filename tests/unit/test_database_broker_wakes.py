@@ -2,12 +2,16 @@
 assembly: SQLite, the database broker, one process) claim only when a commit queued a row for
 them, one consumer per row, instead of every consumer on every commit of the process.
 
-A claim is counted where SQLite sees it: the claim's SELECT of whole outbox rows (a look that
-is only a read, the probe, selects the id alone and is not counted)."""
+Idle consumers of the same queues take turns to look for other processes' rows: one look per
+poll interval between them, not one each.
+
+Claims and looks are counted where SQLite sees them: a claim's SELECT of whole outbox rows, a
+look's (the probe, a read) of the id alone."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +20,7 @@ import pytest
 import sqlalchemy as sa
 
 from sagaloop import App, Client, Roles, SagaContext, Service, StepContext, Tuning
+from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.runtime.connect import open_broker, open_store
 from sagaloop.store.sql import SqlStore
 
@@ -76,3 +81,63 @@ def test_a_run_claims_a_few_times_per_step(embedded: tuple[Client, ClaimCounter]
     assert client.result(client.start(hops, STEPS), timeout=60) == STEPS
     claims = counter.count - before
     assert claims <= CLAIMS_PER_STEP * STEPS, f"{claims / STEPS:.1f} claims per step"
+
+
+class LookCounter:
+    """Counts the looks of idle consumers (the probe: a SELECT of the id alone)."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+        sa.event.listen(store.engine, "before_cursor_execute", self._seen)
+
+    def _seen(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        head = " ".join(statement.split())[:200].lower()
+        if head.startswith("select sagaloop_outbox.id from"):
+            with self._lock:
+                self.count += 1
+
+    def wait_for(self, n: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while self.count < n:
+            assert time.monotonic() < deadline, f"{self.count} looks of {n}"
+            time.sleep(0.005)
+
+
+def test_idle_consumers_take_turns_and_find_other_processes_rows(tmp_path: Path) -> None:
+    """Four idle consumers of one queue look once per poll interval between them (not four
+    times), and still find a row that another process (another store) queued."""
+    url = f"sqlite:///{tmp_path / 'turns.db'}"
+    store, other = open_store(url, upgrade=True), open_store(url)
+    broker = DatabaseBroker(store, poll_interval=0.05)
+    looks = LookCounter(store)
+    got: list[bytes] = []
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set():
+            for d in broker.receive(["q"], 1, 0.2):
+                got.append(d.body)
+                d.settle(None)  # the row is gone: processed
+
+    threads = [threading.Thread(target=consume, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        looks.wait_for(8)  # every thread looked once, then they take turns
+        started, first = time.monotonic(), looks.count
+        looks.wait_for(first + 10)
+        elapsed = time.monotonic() - started
+        assert elapsed >= 9 * 0.05 * 0.9, f"10 idle looks in {elapsed * 1000:.0f} ms"
+        DatabaseBroker(other).publish([("q", b"from another process")])
+        deadline = time.monotonic() + 60
+        while not got:
+            assert time.monotonic() < deadline, "the other process's row was not found"
+            time.sleep(0.005)
+        assert got == [b"from another process"]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(5)
+        store.close()
+        other.close()
