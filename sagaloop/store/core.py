@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 DB_ERRORS = (sa_exc.DBAPIError, sa_exc.TimeoutError)
+MAX_WAKES = 1000
+"""The most rows of one queue that wake a consumer each (see ``SqlCore.nudge``): a process
+that queues to a queue it does not consume (a client's starts) keeps no more."""
 R = TypeVar("R", bound="DataclassInstance")
 _FIELDS: dict[type[Any], tuple[str, ...]] = {}
 
@@ -184,7 +187,8 @@ class SqlCore(Transactions):
             if queues is None:
                 self._any_writes += 1
             else:
-                self._tickets.update(queues)
+                for queue in queues:  # no more than MAX_WAKES: the rest are found by looking
+                    self._tickets[queue] = min(self._tickets[queue] + 1, MAX_WAKES)
             self.wakeup.notify_all()
 
     def wait_for_writes(self, timeout: float, queues: Sequence[str] | None = None) -> bool:
