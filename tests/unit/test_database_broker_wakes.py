@@ -74,6 +74,24 @@ def embedded(tmp_path: Path) -> Iterator[tuple[Client, ClaimCounter]]:
         store.close()
 
 
+def test_idle_consumers_look_without_claiming(tmp_path: Path) -> None:
+    """Idle, the consumers only read: 30 looks and not one claim (a SQLite write
+    transaction) among them. Each consumer's first look of each ``receive`` was a claim."""
+    store = open_store(f"sqlite:///{tmp_path / 'idle.db'}", upgrade=True)
+    claims, looks = ClaimCounter(store), LookCounter(store)
+    tuning = Tuning(concurrency=4, poll=0.1)  # sagaloop dev's
+    service = Service(app, store, open_broker("database", store), roles=Roles(), tuning=tuning)
+    service.start()
+    try:
+        looks.wait_for(10)  # started: every consumer looked once
+        before = claims.count
+        looks.wait_for(looks.count + 30)
+        assert claims.count == before, f"{claims.count - before} claims while idle"
+    finally:
+        service.stop()
+        store.close()
+
+
 def test_a_run_claims_a_few_times_per_step(embedded: tuple[Client, ClaimCounter]) -> None:
     client, counter = embedded
     client.result(client.start(hops, 1), timeout=60)
