@@ -12,6 +12,7 @@ with :meth:`DatabaseBroker.publish` are not.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -81,6 +82,11 @@ class DatabaseBroker:
         self.lease = lease
         self.clock = clock or SystemClock()
         self.poll_interval = poll_interval
+        self._looks_due: dict[tuple[str, ...], float] = {}
+        """Per set of queues consumed, when its idle consumers look next (see ``receive``)."""
+        self._looks_lock = threading.Lock()
+        self._thread = threading.local()
+        """``busy``: whether this thread's last look found rows (then it looks at once)."""
 
     def declare(self, queues: Sequence[str]) -> None:
         pass  # rows name their queue; nothing to declare
@@ -97,20 +103,57 @@ class DatabaseBroker:
         self.store.enqueue_raw([(queue, body)], self.clock.now(), trusted=trusted)
 
     def receive(self, queues: Sequence[str], max_messages: int, timeout: float) -> list[Delivery]:
+        """Claim up to ``max_messages`` rows of ``queues``.
+
+        - A consumer waiting for rows is woken at once by a commit of this process that queued
+          one there (one consumer per row: see ``SqlCore.wait_for_writes``) and claims.
+        - Rows that other processes queued (and rows that became available later) are found by
+          looking: the idle consumers of the same ``queues`` take turns, so that one of them
+          looks every ``poll_interval`` seconds (the most a row of another process waits for
+          an idle consumer); a consumer back from work looks at once, and one whose look
+          found a full batch wakes another to look too. A look without a wake is a read first
+          (a claim only if a row is there): idle consumers do not write (on SQLite, a claim
+          takes the database's write lock).
+        """
         deadline = time.monotonic() + timeout
-        woken = True
+        key = tuple(queues)
+        woken = False
+        look = timeout <= 0 or getattr(self._thread, "busy", True)
         while True:
-            seen = self.store.writes
-            now = self.clock.now()
-            rows = self.store.claim(queues, max_messages, now, self.lease, probe=not woken)
-            if rows:
-                return [DatabaseDelivery(self, r) for r in rows]
+            if look and not woken:  # a wake left for this queue while its consumers worked
+                woken = self.store.wait_for_writes(0, queues)
+            turn = not (woken or look) and self._turn_to_look(key)
+            if woken or look or turn:
+                now = self.clock.now()
+                rows = self.store.claim(queues, max_messages, now, self.lease, probe=not woken)
+                self._thread.busy = bool(rows)
+                if rows:
+                    # Rows of this process's commits taken without their wake: drop the
+                    # wakes (else idle consumers would claim for them in vain).
+                    self.store.drop_wakes([r.queue for r in rows[1 if woken else 0 :]])
+                    if turn and len(rows) == max_messages:
+                        self.store.nudge([rows[-1].queue])  # maybe more there: another looks
+                    return [DatabaseDelivery(self, r) for r in rows]
+            look = False
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
-            # Woken at once by a commit in this process; other processes are seen by polling.
-            self.store.wait_for_writes(seen, min(remaining, self.poll_interval))
-            woken = self.store.writes != seen
+            wait = min(remaining, self._until_look(key))
+            woken = self.store.wait_for_writes(wait, queues)
+
+    def _turn_to_look(self, key: tuple[str, ...]) -> bool:
+        """Whether this consumer of ``key`` looks now (one per ``poll_interval`` seconds)."""
+        now = time.monotonic()
+        with self._looks_lock:
+            if now < self._looks_due.get(key, 0.0):
+                return False
+            self._looks_due[key] = now + self.poll_interval
+            return True
+
+    def _until_look(self, key: tuple[str, ...]) -> float:
+        with self._looks_lock:
+            due = self._looks_due.get(key, 0.0)
+        return max(due - time.monotonic(), 0.001)
 
     def close(self) -> None:
         pass

@@ -8,9 +8,10 @@ Each role of the store port (``runs.py``, ``timers.py``, ``inbox.py``, ``queue.p
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 DB_ERRORS = (sa_exc.DBAPIError, sa_exc.TimeoutError)
+MAX_WAKES = 1000
+"""The most rows of one queue that wake a consumer each (see ``SqlCore.nudge``): a process
+that queues to a queue it does not consume (a client's starts) keeps no more."""
 R = TypeVar("R", bound="DataclassInstance")
 _FIELDS: dict[type[Any], tuple[str, ...]] = {}
 
@@ -47,11 +51,16 @@ def record(cls: type[R], row: RowMapping) -> R:
 class SqlTx:
     """A transaction of the store: the connection, and what to do once it committed."""
 
-    __slots__ = ("conn", "enqueued", "handed", "own", "published")
+    __slots__ = ("conn", "enqueued", "handed", "own", "published", "queues")
 
     def __init__(self, conn: Connection, *, own: bool) -> None:
         self.conn = conn
         self.enqueued = False
+        """Rows of queues it does not name became claimable (released, taken over): after the
+        commit, wake every waiting consumer."""
+        self.queues: list[str] = []
+        """The queue of each claimable row it inserted: after the commit, wake one consumer per
+        row."""
         self.own = own
         """Committed by the store (not an attached transaction): its rows can be handed over."""
         self.handed: list[QueuedMessage] = []
@@ -130,9 +139,11 @@ class SqlCore(Transactions):
         self._memory_lock = threading.RLock() if isinstance(self.engine.pool, StaticPool) else None
         self.wakeup = threading.Condition()
         self.writes = 0
-        """Counts committed transactions of this process that queued messages; a consumer
-        reads it before looking for work and waits only if it has not moved since, so a
-        commit between the look and the wait is never missed."""
+        """Counts committed transactions of this process that queued messages (to any queue)."""
+        self._any_writes = 0
+        self._tickets: collections.Counter[str] = collections.Counter()
+        """Per queue, the rows committed by this process that no waiting consumer was woken
+        for yet (see :meth:`wait_for_writes`)."""
         self.handoff: Handoff | None = None
         self.claim_owner: str | None = None
         """The registry token of the service process using this store: its claims' tokens
@@ -168,17 +179,47 @@ class SqlCore(Transactions):
     def hand_over_to(self, handoff: Handoff | None) -> None:
         self.handoff = handoff
 
-    def nudge(self) -> None:
-        """Wake whoever waits in :meth:`wait_for_writes`."""
+    def nudge(self, queues: Iterable[str] | None = None) -> None:
+        """Wake the consumers that wait in :meth:`wait_for_writes`: one per name in ``queues``
+        (a row queued there), or, with None (rows of unnamed queues), all of them."""
         with self.wakeup:
             self.writes += 1
+            if queues is None:
+                self._any_writes += 1
+            else:
+                for queue in queues:  # no more than MAX_WAKES: the rest are found by looking
+                    self._tickets[queue] = min(self._tickets[queue] + 1, MAX_WAKES)
             self.wakeup.notify_all()
 
-    def wait_for_writes(self, seen: int, timeout: float) -> None:
-        """Wait until a transaction queued messages after ``writes`` was ``seen``, at most
-        ``timeout`` seconds (other processes' writes are only seen by looking again)."""
+    def wait_for_writes(self, timeout: float, queues: Sequence[str] | None = None) -> bool:
+        """Wait, at most ``timeout`` seconds, until a transaction of this process committed a
+        row to one of ``queues`` (None: to any) that no other waiter was woken for; return
+        whether one did (else the caller polls: other processes' rows are only seen by
+        looking). A row committed while its consumer was not waiting leaves a ticket that the
+        next wait takes at once, so no commit is missed between a look and the wait."""
         with self.wakeup:
-            self.wakeup.wait_for(lambda: self.writes != seen, timeout)
+            seen = self._any_writes
+
+            def woken() -> bool:
+                return self._any_writes != seen or self._take_ticket(queues)
+
+            return self.wakeup.wait_for(woken, timeout)
+
+    def drop_wakes(self, queues: Iterable[str]) -> None:
+        """A consumer claimed a row of each of ``queues`` without a wake: the next waiting
+        consumer of each is not woken for it (a ticket is dropped, if there is one)."""
+        with self.wakeup:
+            for queue in queues:
+                if self._tickets[queue] > 0:
+                    self._tickets[queue] -= 1
+
+    def _take_ticket(self, queues: Sequence[str] | None) -> bool:
+        """Under ``wakeup``: take one ticket of ``queues`` (None: of any queue), if there is."""
+        for queue in self._tickets if queues is None else queues:
+            if self._tickets[queue] > 0:
+                self._tickets[queue] -= 1
+                return True
+        return False
 
     @contextmanager
     def transaction(self) -> Iterator[SqlTx]:
@@ -195,8 +236,8 @@ class SqlCore(Transactions):
             tx.published = []
             if tx.handed and self.handoff is not None:
                 self.handoff.take(tx.handed)
-            if tx.enqueued:
-                self.nudge()
+            if tx.enqueued or tx.queues:
+                self.nudge(None if tx.enqueued else tx.queues)
         except DB_ERRORS as e:
             self._fail(e, "a transaction")
         finally:

@@ -67,10 +67,10 @@ class SqlOutbox(SqlCore, OutboxQueue):
             for m, body in zip(messages, bodies, strict=True)
         ]
         offload.flush(conn, now)
-        tx.enqueued = True
         if handoff is None:
             if rows:
                 conn.execute(t.outbox.insert(), rows)
+                tx.queues.extend(r["queue"] for r in rows)
             return
         until_of = _deadlines(handoff, now)
         ready, later = [], []
@@ -83,6 +83,7 @@ class SqlOutbox(SqlCore, OutboxQueue):
                 ready.append(r)
         if later:
             conn.execute(t.outbox.insert(), later)
+            tx.queues.extend(r["queue"] for r in later)
         if not ready:
             return
         ids = conn.execute(_INSERT_CLAIMED, ready).scalars().all()
@@ -109,7 +110,7 @@ class SqlOutbox(SqlCore, OutboxQueue):
         rows = [_row(queue, prefix + uuid.uuid4().hex, body, now, now) for queue, body in batch]
         with self.transaction() as tx:
             tx.conn.execute(t.outbox.insert(), rows)
-            tx.enqueued = True
+            tx.queues.extend(queue for queue, _ in batch)
 
     def claim(
         self,
@@ -247,7 +248,7 @@ class SqlOutbox(SqlCore, OutboxQueue):
                     t.outbox.insert(),
                     [_row(r.queue, _requeued_id(r, trusted), r.body, now, now) for r in rows],
                 )
-            tx.enqueued = bool(rows)
+            tx.queues.extend(r.queue for r in rows)
             return rows
 
     def delete_dead_letters(self, ids: Sequence[int] | None) -> int:
