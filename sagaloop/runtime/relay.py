@@ -61,6 +61,7 @@ class Relay:
         self.handoff_lease = min(lease, HANDOFF_LEASE)
         self._handed: collections.deque[tuple[float, QueuedMessage]] = collections.deque()
         self._ready = threading.Condition()
+        self._poked = False
 
     # --- hand-over ---------------------------------------------------------------------------
 
@@ -75,10 +76,19 @@ class Relay:
             self._handed.extend((now, r) for r in rows)
             self._ready.notify_all()
 
-    def wait(self, timeout: float) -> None:
-        """Wait until rows are handed over, at most ``timeout`` seconds."""
+    def wait(self, timeout: float) -> bool:
+        """Wait until rows are handed over or :meth:`poke` is called, at most ``timeout``
+        seconds; return whether it was poked (then sweep at once)."""
         with self._ready:
-            self._ready.wait_for(lambda: self._handed, timeout)
+            self._ready.wait_for(lambda: self._handed or self._poked, timeout)
+            poked, self._poked = self._poked, False
+            return poked
+
+    def poke(self) -> None:
+        """Another process committed rows nobody holds (any thread): sweep now."""
+        with self._ready:
+            self._poked = True
+            self._ready.notify_all()
 
     def send_handed(self) -> int:
         """Publish up to one batch of the rows handed over; return how many left the outbox.

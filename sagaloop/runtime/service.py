@@ -140,6 +140,9 @@ class Service:
         self.relay: Relay | None = parts.relay
         if self.relay is not None:
             self._spawn("relay", self._relay, self.relay)
+            if isinstance(store, SqlStore) and store.dialect == "postgresql":  # rows that other
+                listen = store.listen_for_writes  # processes commit wake the relay at once
+                self._spawn("outbox-listener", listen, self.relay.poke, self.stopping)
 
     def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
         args = (name, target, *args)
@@ -397,8 +400,8 @@ class Service:
                     "relay: broker back after %.1f s; publishing", time.monotonic() - down_since
                 )
                 down_since, delay = None, 0.2
-            if sent == 0:
-                relay.wait(max(0.0, next_sweep - time.monotonic()))
+            if sent == 0 and relay.wait(max(0.0, next_sweep - time.monotonic())):
+                next_sweep = 0.0  # another process committed rows: sweep them now
 
     def _warn_if_old(self, threshold: float = 60.0) -> None:
         oldest = self.store.oldest_outbox_message()

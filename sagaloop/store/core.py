@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -32,6 +33,10 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 DB_ERRORS = (sa_exc.DBAPIError, sa_exc.TimeoutError)
+OUTBOX_CHANNEL = "sagaloop_outbox"
+"""The PostgreSQL channel a transaction that wrote outbox rows nobody holds notifies."""
+_NOTIFY = sa.text(f"NOTIFY {OUTBOX_CHANNEL}")
+logger = logging.getLogger(__name__)
 MAX_WAKES = 1000
 """The most rows of one queue that wake a consumer each (see ``SqlCore.nudge``): a process
 that queues to a queue it does not consume (a client's starts) keeps no more."""
@@ -179,6 +184,34 @@ class SqlCore(Transactions):
     def hand_over_to(self, handoff: Handoff | None) -> None:
         self.handoff = handoff
 
+    def listen_for_writes(self, woken: Callable[[], None], stopping: threading.Event) -> None:
+        """Until ``stopping`` is set, call ``woken`` each time a transaction of any process
+        committed outbox rows nobody holds (PostgreSQL ``LISTEN``; see :meth:`transaction`),
+        on a connection of its own, reconnecting after a failure. On SQLite it only waits for
+        ``stopping``: there, other processes' rows are found by the relay's sweep."""
+        if self.dialect != "postgresql":
+            stopping.wait()
+            return
+        import psycopg  # the driver of the postgresql+psycopg URLs sagaloop accepts
+
+        conninfo = self.engine.url.set(drivername="postgresql").render_as_string(
+            hide_password=False
+        )
+        backoff = 0.5
+        while not stopping.is_set():
+            try:
+                with psycopg.connect(conninfo, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {OUTBOX_CHANNEL}")
+                    backoff = 0.5
+                    woken()  # rows written while it was not listening
+                    while not stopping.is_set():
+                        for _ in conn.notifies(timeout=1.0, stop_after=1):
+                            woken()
+            except Exception as e:  # the database is down or restarting: listen again later
+                logger.debug("outbox listener: %s; listening again in %.1f s", e, backoff)
+                stopping.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
     def nudge(self, queues: Iterable[str] | None = None) -> None:
         """Wake the consumers that wait in :meth:`wait_for_writes`: one per name in ``queues``
         (a row queued there), or, with None (rows of unnamed queues), all of them."""
@@ -233,6 +266,8 @@ class SqlCore(Transactions):
             with self.engine.begin() as conn:
                 tx = SqlTx(conn, own=True)
                 yield tx
+                if tx.queues and self.dialect == "postgresql":  # rows nobody holds: wake the
+                    conn.execute(_NOTIFY)  # relays of other processes at the commit
             tx.published = []
             if tx.handed and self.handoff is not None:
                 self.handoff.take(tx.handed)

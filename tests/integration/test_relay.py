@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import UTC, datetime
 
@@ -12,6 +13,7 @@ from sagaloop.brokers.rabbitmq import RabbitBroker
 from sagaloop.engine.messages import Envelope
 from sagaloop.engine.ports import Outgoing
 from sagaloop.runtime.relay import Relay
+from sagaloop.testing import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -42,3 +44,23 @@ def test_an_unroutable_row_is_dead_lettered_and_the_rest_published(system: Syste
             d.ack()
     finally:
         broker.close()
+
+
+def test_a_start_from_another_process_wakes_the_relay_at_once(system: System) -> None:
+    """On PostgreSQL a transaction that writes unclaimed outbox rows (a client's start, written
+    by another process) notifies the relays (``NOTIFY sagaloop_outbox``), which sweep at once:
+    with sweeps 10 s apart (the most `--poll` allows), the run starts at once."""
+    slow = ["--poll", "10"]
+    system._spawn("engine", ["engine", *slow], {})
+    system._spawn("worker", ["worker", "--queue", "work,other", *slow], {})
+    system.wait_ready("engine")
+    system.wait_ready("worker")
+    # each process swept once when it started: the next sweeps are up to 10 s away
+    run_id = system.client.start("sequence", ["a"])
+
+    def first_step_scheduled() -> bool:
+        return any(e.kind == "step_scheduled" for e in system.client.history(run_id))
+
+    began = time.monotonic()
+    eventually(first_step_scheduled, 30, f"the run to start: {system.logs()}")
+    assert time.monotonic() - began < 5, "the start waited for a sweep"
