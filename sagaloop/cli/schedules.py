@@ -4,14 +4,14 @@ those declared in code (``@app.schedule``) and those made at run time."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import click
 
 from sagaloop.cli.common import Obj, app_option, errors, json_arg
 from sagaloop.cli.render import printable, text_table
+from sagaloop.client import Client
 from sagaloop.engine.ports import Schedule
-from sagaloop.runtime import schedules as runtime
 from sagaloop.sagas.schedules import CATCH_UP_POLICIES
 
 
@@ -78,19 +78,16 @@ def add(
     """Start SAGA of the app at each tick of a new schedule NAME, from the next tick on."""
     value = json_arg(input_json, "--input")
     with errors():
-        app = obj.app(app_spec)
-        row = runtime.add_schedule(
-            obj.store(),
-            app,
+        client = Client(obj.store(), obj.app(app_spec))
+        info = client.schedules.create(
             name,
             saga,
+            value,
             cron=cron,
             every=None if every is None else timedelta(seconds=every),
-            input=value,
             catch_up=catch_up,
-            now=datetime.now(UTC),
         )
-    click.echo(printable(f"schedule {name} added: next tick {_when(row.next_tick)} UTC"))
+    click.echo(printable(f"schedule {name} added: next tick {_when(info.next_ticks[0])} UTC"))
 
 
 @schedule.command("list")
@@ -119,12 +116,9 @@ def list_(obj: Obj, app_name: str | None, as_json: bool) -> None:
 
 def _change(obj: Obj, name: str, app_name: str | None, what: str) -> None:
     with errors():
-        store = obj.store()
-        found = runtime.find_schedule(store, name, app_name)
-        if what == "delete":
-            runtime.delete_schedule(store, found)
-        else:
-            runtime.pause_schedule(store, found, paused=what == "pause", now=datetime.now(UTC))
+        schedules = Client(obj.store()).schedules
+        change = {"pause": schedules.pause, "resume": schedules.resume}.get(what, schedules.delete)
+        found = change(name, app=app_name)
     done = {"pause": "paused", "resume": "resumed", "delete": "deleted"}[what]
     click.echo(printable(f"schedule {name} of app {found.app} {done}"))
 
