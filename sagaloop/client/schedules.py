@@ -58,6 +58,7 @@ class ScheduleInfo:
     next_ticks: list[datetime]
     last_tick: datetime | None
     last_run_id: str | None
+    note: str | None
 
     @classmethod
     def of(cls, row: Schedule, count: int) -> ScheduleInfo:
@@ -79,6 +80,7 @@ class ScheduleInfo:
             upcoming,
             row.last_tick,
             row.last_run_id,
+            row.note,
         )
 
 
@@ -109,10 +111,12 @@ class Schedules:
         cron: str | None = None,
         every: timedelta | None = None,
         catch_up: str = "latest",
+        note: str | None = None,
     ) -> ScheduleInfo:
         """Store a schedule that starts ``saga`` with ``input`` at each tick of ``cron`` (5
         fields, UTC) or ``every``, from the next tick on. Refused as ``@app.schedule`` refuses
-        (a bad spec, name or policy, an unknown saga) and if the name is taken."""
+        (a bad spec, name or policy, an unknown saga) and if the name is taken. ``note``: a
+        note kept with it (a pause or resume replaces it)."""
         row = runtime.add_schedule(
             self.store,
             self._app(),
@@ -122,6 +126,7 @@ class Schedules:
             every=every,
             input=input,
             catch_up=catch_up,
+            note=note,
             now=self.client.clock.now(),
         )
         return ScheduleInfo.of(row, 5)
@@ -135,16 +140,20 @@ class Schedules:
         rows = self.store.list_schedules(app or self.client.app_name)
         return [ScheduleInfo.of(row, ticks) for row in rows]
 
-    def pause(self, name: str, *, app: str | None = None) -> Schedule:
-        """Pause: nothing starts at its ticks until resumed. Returns the schedule found."""
+    def pause(self, name: str, *, note: str | None = None, app: str | None = None) -> Schedule:
+        """Pause: nothing starts at its ticks until resumed; ``note`` (why) replaces the
+        stored note. Returns the schedule found."""
         row = self._find(name, app)
-        runtime.pause_schedule(self.store, row, paused=True, now=self.client.clock.now())
+        now = self.client.clock.now()
+        runtime.pause_schedule(self.store, row, paused=True, now=now, note=note)
         return row
 
-    def resume(self, name: str, *, app: str | None = None) -> Schedule:
-        """Resume from the next tick: the ticks of the pause start nothing (backfill them)."""
+    def resume(self, name: str, *, note: str | None = None, app: str | None = None) -> Schedule:
+        """Resume from the next tick: the ticks of the pause start nothing (backfill them).
+        The note is replaced by ``note`` (none: cleared)."""
         row = self._find(name, app)
-        runtime.pause_schedule(self.store, row, paused=False, now=self.client.clock.now())
+        now = self.client.clock.now()
+        runtime.pause_schedule(self.store, row, paused=False, now=now, note=note)
         return row
 
     def delete(self, name: str, *, app: str | None = None) -> Schedule:
@@ -194,6 +203,7 @@ class Schedules:
             origin=row.origin,
             next_tick=next_tick,
             updated_at=now,
+            note=row.note,
         )
         self.store.put_schedule(changed, replace=True)
         return self.describe(name, app=row.app)

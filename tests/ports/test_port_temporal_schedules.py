@@ -17,8 +17,8 @@ What maps to what:
   tick's time to the workflow id too);
 - ``handle.describe()``, ``client.list_schedules()`` -> ``client.schedules.describe(name)``,
   ``client.schedules.list()``;
-- ``handle.pause(note=...)`` / ``unpause()`` -> ``pause`` / ``resume``. Not ported: the note
-  (sagaloop stores none, so ``describe`` cannot print it back);
+- ``ScheduleState(note=...)``, ``handle.pause(note=...)`` / ``unpause()`` -> ``create(note=)``,
+  ``pause(note=)`` / ``resume``; ``desc.schedule.state.note`` -> ``describe(name).note``;
 - ``handle.trigger()`` -> ``client.schedules.trigger(name)``: one run now, outside the ticks;
 - ``handle.backfill(ScheduleBackfill(now - 10 min, now - 9 min, ALLOW_ALL))`` ->
   ``client.schedules.backfill(name, start, end)``: one run per tick in the range (ticks already
@@ -65,7 +65,13 @@ def test_the_schedules_scripts_in_sequence() -> None:
     schedules = env.client.schedules
 
     # start_schedule.py: every 2 minutes, "my schedule arg"
-    created = schedules.create(NAME, "greet", "my schedule arg", every=timedelta(minutes=2))
+    created = schedules.create(
+        NAME,
+        "greet",
+        "my schedule arg",
+        every=timedelta(minutes=2),
+        note="Here's a note on my Schedule.",
+    )
     assert created.spec == "every 120s"
     env.clock.advance(timedelta(minutes=2))
     env.run_until_idle()
@@ -73,8 +79,9 @@ def test_the_schedules_scripts_in_sequence() -> None:
     assert runs(env) == [first]
     assert env.result(first) == "Hello, my schedule arg!"
 
-    # describe_schedule.py: the configuration, past and future runs
+    # describe_schedule.py: prints "Returns the note: Here's a note on my Schedule."
     desc = schedules.describe(NAME)
+    assert f"Returns the note: {desc.note}" == "Returns the note: Here's a note on my Schedule."
     assert (desc.saga, desc.input, desc.paused) == ("greet", "my schedule arg", False)
     assert desc.last_run_id == first
     assert [f"{t:%H:%M}" for t in desc.next_ticks[:3]] == ["00:04", "00:06", "00:08"]
@@ -83,8 +90,9 @@ def test_the_schedules_scripts_in_sequence() -> None:
     assert [s.name for s in schedules.list()] == [NAME]
 
     # pause_schedule.py: nothing starts while paused; unpause from the next tick
-    schedules.pause(NAME)
-    assert schedules.describe(NAME).paused
+    schedules.pause(NAME, note="Pausing the schedule for now")
+    paused = schedules.describe(NAME)
+    assert paused.paused and paused.note == "Pausing the schedule for now"
     env.clock.advance(timedelta(minutes=6))
     env.run_until_idle()
     assert runs(env) == [first]

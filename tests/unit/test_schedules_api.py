@@ -4,12 +4,16 @@ start each run once (per trigger id; per tick, whoever fires it), and refuse wha
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from sagaloop import App, SagaContext
 from sagaloop.client.schedules import BACKFILL_LIMIT
 from sagaloop.sagas.schedules import InvalidSchedule
+from sagaloop.store import migrations
+from sagaloop.store.sql import SqlStore
 from sagaloop.testing import Harness
 
 
@@ -169,3 +173,27 @@ def test_pause_resume_delete() -> None:
     env.client.schedules.delete("job")
     with pytest.raises(InvalidSchedule, match="no schedule 'job'"):
         env.client.schedules.describe("job")
+
+
+def test_pause_keeps_a_note_that_describe_tells_and_resume_clears() -> None:
+    env = Harness(make_app())
+    info = env.client.schedules.create("job", "job", 0, every=timedelta(minutes=5), note="first")
+    assert info.note == "first"
+    env.client.schedules.pause("job", note="the upstream API is down")
+    assert env.client.schedules.describe("job").note == "the upstream API is down"
+    env.client.schedules.resume("job")
+    assert env.client.schedules.describe("job").note is None
+
+
+def test_a_version_10_database_gets_the_note_column(tmp_path: Path) -> None:
+    store = SqlStore(f"sqlite:///{tmp_path / 'v10.db'}")
+    try:
+        store.upgrade()
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("ALTER TABLE sagaloop_schedules DROP COLUMN note"))
+            conn.execute(sa.text("UPDATE sagaloop_schema SET version = 10"))
+        assert store.upgrade() == (10, migrations.LATEST)
+        columns = {c["name"] for c in sa.inspect(store.engine).get_columns("sagaloop_schedules")}
+        assert "note" in columns
+    finally:
+        store.close()
