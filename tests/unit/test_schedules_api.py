@@ -153,6 +153,9 @@ def test_update_spec_moves_the_next_tick_and_input_applies_next() -> None:
     assert env.result("schedule:api:job:20260101T010000Z") == 70
     with pytest.raises(InvalidSchedule, match="must have 5 fields"):
         env.client.schedules.update("job", cron="bad")
+    with pytest.raises(InvalidSchedule, match="not a valid int"):
+        env.client.schedules.update("job", input="ten")
+    assert env.client.schedules.describe("job").input == 7  # a refused update changed nothing
     with pytest.raises(InvalidSchedule, match="change it there"):
         env.client.schedules.update("declared", input=2)
 
