@@ -106,6 +106,7 @@ def list_(obj: Obj, app_name: str | None, as_json: bool) -> None:
                 **{f: getattr(s, f) for f in fields},
                 **{d: None if getattr(s, d) is None else getattr(s, d).isoformat() for d in dates},
                 "last_run_id": s.last_run_id,
+                "note": s.note,
             }
             for s in rows
         ]
@@ -114,24 +115,33 @@ def list_(obj: Obj, app_name: str | None, as_json: bool) -> None:
     click.echo(schedules_text(rows))
 
 
-def _change(obj: Obj, name: str, app_name: str | None, what: str) -> None:
+def _change(obj: Obj, name: str, app_name: str | None, what: str, note: str | None) -> None:
     with errors():
         schedules = Client(obj.store()).schedules
-        change = {"pause": schedules.pause, "resume": schedules.resume}.get(what, schedules.delete)
-        found = change(name, app=app_name)
+        if what == "delete":
+            found = schedules.delete(name, app=app_name)
+        else:
+            change = schedules.pause if what == "pause" else schedules.resume
+            found = change(name, note=note, app=app_name)
     done = {"pause": "paused", "resume": "resumed", "delete": "deleted"}[what]
     click.echo(printable(f"schedule {name} of app {found.app} {done}"))
 
 
 def _change_command(what: str, doc: str) -> None:
-    """Add ``sagaloop schedule WHAT NAME [--app-name APP]``, with help ``doc``."""
+    """Add ``sagaloop schedule WHAT NAME [--app-name APP]`` (pause and resume: ``[--note
+    TEXT]``), with help ``doc``."""
 
-    def command(obj: Obj, name: str, app_name: str | None) -> None:
-        _change(obj, name, app_name, what)
+    def command(obj: Obj, name: str, app_name: str | None, note: str | None = None) -> None:
+        _change(obj, name, app_name, what, note)
 
     command.__doc__ = doc
-    options = click.option("--app-name", help="The app (its name) when several have NAME.")
-    schedule.command(what)(click.argument("name")(options(click.pass_obj(command))))
+    decorated = click.option("--app-name", help="The app (its name) when several have NAME.")(
+        click.pass_obj(command)
+    )
+    if what != "delete":
+        note_help = "Why (told back by client.schedules.describe); none: the note is cleared."
+        decorated = click.option("--note", help=note_help)(decorated)
+    schedule.command(what)(click.argument("name")(decorated))
 
 
 _change_command("pause", "Pause the schedule NAME: it starts nothing until resumed.")
