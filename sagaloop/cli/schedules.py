@@ -4,14 +4,14 @@ those declared in code (``@app.schedule``) and those made at run time."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import click
 
 from sagaloop.cli.common import Obj, app_option, errors, json_arg
 from sagaloop.cli.render import printable, text_table
+from sagaloop.client import Client
 from sagaloop.engine.ports import Schedule
-from sagaloop.runtime import schedules as runtime
 from sagaloop.sagas.schedules import CATCH_UP_POLICIES
 
 
@@ -78,19 +78,16 @@ def add(
     """Start SAGA of the app at each tick of a new schedule NAME, from the next tick on."""
     value = json_arg(input_json, "--input")
     with errors():
-        app = obj.app(app_spec)
-        row = runtime.add_schedule(
-            obj.store(),
-            app,
+        client = Client(obj.store(), obj.app(app_spec))
+        info = client.schedules.create(
             name,
             saga,
+            value,
             cron=cron,
             every=None if every is None else timedelta(seconds=every),
-            input=value,
             catch_up=catch_up,
-            now=datetime.now(UTC),
         )
-    click.echo(printable(f"schedule {name} added: next tick {_when(row.next_tick)} UTC"))
+    click.echo(printable(f"schedule {name} added: next tick {_when(info.next_ticks[0])} UTC"))
 
 
 @schedule.command("list")
@@ -109,6 +106,7 @@ def list_(obj: Obj, app_name: str | None, as_json: bool) -> None:
                 **{f: getattr(s, f) for f in fields},
                 **{d: None if getattr(s, d) is None else getattr(s, d).isoformat() for d in dates},
                 "last_run_id": s.last_run_id,
+                "note": s.note,
             }
             for s in rows
         ]
@@ -117,27 +115,33 @@ def list_(obj: Obj, app_name: str | None, as_json: bool) -> None:
     click.echo(schedules_text(rows))
 
 
-def _change(obj: Obj, name: str, app_name: str | None, what: str) -> None:
+def _change(obj: Obj, name: str, app_name: str | None, what: str, note: str | None) -> None:
     with errors():
-        store = obj.store()
-        found = runtime.find_schedule(store, name, app_name)
+        schedules = Client(obj.store()).schedules
         if what == "delete":
-            runtime.delete_schedule(store, found)
+            found = schedules.delete(name, app=app_name)
         else:
-            runtime.pause_schedule(store, found, paused=what == "pause", now=datetime.now(UTC))
+            change = schedules.pause if what == "pause" else schedules.resume
+            found = change(name, note=note, app=app_name)
     done = {"pause": "paused", "resume": "resumed", "delete": "deleted"}[what]
     click.echo(printable(f"schedule {name} of app {found.app} {done}"))
 
 
 def _change_command(what: str, doc: str) -> None:
-    """Add ``sagaloop schedule WHAT NAME [--app-name APP]``, with help ``doc``."""
+    """Add ``sagaloop schedule WHAT NAME [--app-name APP]`` (pause and resume: ``[--note
+    TEXT]``), with help ``doc``."""
 
-    def command(obj: Obj, name: str, app_name: str | None) -> None:
-        _change(obj, name, app_name, what)
+    def command(obj: Obj, name: str, app_name: str | None, note: str | None = None) -> None:
+        _change(obj, name, app_name, what, note)
 
     command.__doc__ = doc
-    options = click.option("--app-name", help="The app (its name) when several have NAME.")
-    schedule.command(what)(click.argument("name")(options(click.pass_obj(command))))
+    decorated = click.option("--app-name", help="The app (its name) when several have NAME.")(
+        click.pass_obj(command)
+    )
+    if what != "delete":
+        note_help = "Why (told back by client.schedules.describe); none: the note is cleared."
+        decorated = click.option("--note", help=note_help)(decorated)
+    schedule.command(what)(click.argument("name")(decorated))
 
 
 _change_command("pause", "Pause the schedule NAME: it starts nothing until resumed.")

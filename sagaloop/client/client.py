@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from sagaloop import tracing
 from sagaloop.client import completion, events, updates
@@ -59,6 +59,9 @@ from sagaloop.sagas.app import App, SagaDef
 from sagaloop.sagas.approvals import PendingApproval, call_id_of
 from sagaloop.sagas.convert import ANY
 from sagaloop.sagas.published import PublishedEvent
+
+if TYPE_CHECKING:
+    from sagaloop.client.schedules import Schedules
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -414,6 +417,13 @@ class Client:
         )
         client.own_app_only = True
         return client
+
+    @property
+    def schedules(self) -> Schedules:
+        """The app's schedules: create, describe, pause, trigger, backfill... (``schedules``)."""
+        from sagaloop.client.schedules import Schedules
+
+        return Schedules(self)
 
     def history(self, run_id: str) -> list[Event]:
         self.get(run_id)

@@ -445,10 +445,18 @@ class ScheduleStore(Protocol):
         ...
 
     def pause_schedule(
-        self, app: str, name: str, *, paused: bool, now: datetime, next_tick: datetime | None
+        self,
+        app: str,
+        name: str,
+        *,
+        paused: bool,
+        now: datetime,
+        next_tick: datetime | None,
+        note: str | None = None,
     ) -> bool:
         """Pause or resume; ``next_tick`` (on resume) replaces the stored one, so that the
-        ticks of the pause are not caught up. False: no such schedule."""
+        ticks of the pause are not caught up. ``note`` replaces the stored note (a resume
+        clears it unless given). False: no such schedule."""
         ...
 
     def delete_schedule(self, app: str, name: str) -> bool: ...

@@ -65,6 +65,8 @@ class Schedule:
     last_tick: datetime | None = None
     last_run_id: str | None = None
     updated_at: datetime | None = None
+    note: str | None = None
+    """Why it was paused (``pause(note=)``); cleared on resume."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

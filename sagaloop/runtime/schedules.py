@@ -9,6 +9,7 @@ that dies between the two leaves the tick to the next engine, which starts the s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -177,6 +178,7 @@ def add_schedule(
     every: timedelta | None = None,
     input: Any = None,
     catch_up: str = "latest",
+    note: str | None = None,
     now: datetime,
 ) -> Schedule:
     """Store a schedule of ``app`` made at run time, checked as a declared one is. Refused
@@ -189,7 +191,7 @@ def add_schedule(
     probe = App(app.name)  # checks the name, spec, input and policy as @app.schedule does
     probe.sagas[definition.name] = definition
     probe.schedule(cron, every=every, name=name, input=input, catch_up=catch_up)(definition)
-    row = stored(app.name, probe.schedules[name], now, origin=CLI)
+    row = dataclasses.replace(stored(app.name, probe.schedules[name], now, origin=CLI), note=note)
     if not store.put_schedule(row, replace=False):
         raise InvalidSchedule(
             f"app {app.name!r} already has a schedule {name!r}: delete it first, or choose "
@@ -210,12 +212,19 @@ def find_schedule(store: ScheduleStore, name: str, app: str | None) -> Schedule:
 
 
 def pause_schedule(
-    store: ScheduleStore, schedule: Schedule, *, paused: bool, now: datetime
+    store: ScheduleStore,
+    schedule: Schedule,
+    *,
+    paused: bool,
+    now: datetime,
+    note: str | None = None,
 ) -> None:
     """Pause (nothing starts) or resume (from the next tick: the paused ones are not caught
-    up) a stored schedule."""
+    up) a stored schedule; ``note`` is stored with it (a resume without one clears it)."""
     next_tick = None if paused else first_tick(parse_spec(schedule.spec), now)
-    store.pause_schedule(schedule.app, schedule.name, paused=paused, now=now, next_tick=next_tick)
+    store.pause_schedule(
+        schedule.app, schedule.name, paused=paused, now=now, next_tick=next_tick, note=note
+    )
 
 
 def delete_schedule(store: ScheduleStore, schedule: Schedule) -> None:

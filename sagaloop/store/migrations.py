@@ -290,6 +290,14 @@ def _v10(conn: Connection) -> None:
         )
 
 
+def _v11(conn: Connection) -> None:
+    """A schedule's note (``sagaloop_schedules.note``): why it was paused, told back by
+    ``client.schedules.describe``. Added only if missing: a database that tests took back
+    to an older version keeps it."""
+    if "note" not in {c["name"] for c in inspect(conn).get_columns("sagaloop_schedules")}:
+        conn.execute(text("ALTER TABLE sagaloop_schedules ADD COLUMN note TEXT"))
+
+
 MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (1, _v1),
     (2, _v2),
@@ -301,6 +309,7 @@ MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (8, _v8),
     (9, _v9),
     (10, _v10),
+    (11, _v11),
 ]
 LATEST = MIGRATIONS[-1][0]
 

@@ -34,6 +34,7 @@ class SqlSchedules(SqlCore, ScheduleStore):
             "last_tick": schedule.last_tick,
             "last_run_id": schedule.last_run_id,
             "updated_at": schedule.updated_at or schedule.next_tick,
+            "note": schedule.note,
         }
         with self.transaction() as tx:
             if self._insert_ignore(tx.conn, t.schedules, values):
@@ -90,9 +91,16 @@ class SqlSchedules(SqlCore, ScheduleStore):
             return tx.conn.execute(t.schedules.update().where(where).values(**values)).rowcount == 1
 
     def pause_schedule(
-        self, app: str, name: str, *, paused: bool, now: datetime, next_tick: datetime | None
+        self,
+        app: str,
+        name: str,
+        *,
+        paused: bool,
+        now: datetime,
+        next_tick: datetime | None,
+        note: str | None = None,
     ) -> bool:
-        values: dict[str, Any] = {"paused": paused, "updated_at": now}
+        values: dict[str, Any] = {"paused": paused, "updated_at": now, "note": note}
         if next_tick is not None:
             values["next_tick"] = next_tick
         with self.transaction() as tx:

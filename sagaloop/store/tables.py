@@ -138,6 +138,7 @@ schedules = Table(
     Column("last_tick", UTCDateTime),
     Column("last_run_id", ID),
     Column("updated_at", UTCDateTime, nullable=False),
+    Column("note", Text),  # why it was paused (version 11)
 )
 
 outbox = Table(

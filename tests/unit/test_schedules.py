@@ -321,14 +321,14 @@ def test_the_cli_adds_lists_pauses_resumes_and_deletes_schedules(
         ("often", "every:30", 2, False)
     ]
     assert "often" in run("schedule", "list").output
-    assert run("schedule", "pause", "often").exit_code == 0
+    assert run("schedule", "pause", "often", "--note", "maintenance").exit_code == 0
     store = SqlStore(url)
     schedule = store.get_schedule("schedapp", "often")
-    assert schedule is not None and schedule.paused
+    assert schedule is not None and schedule.paused and schedule.note == "maintenance"
     assert "paused" in run("schedule", "list").output
     assert run("schedule", "resume", "often").exit_code == 0
     schedule = store.get_schedule("schedapp", "often")
-    assert schedule is not None and not schedule.paused
+    assert schedule is not None and not schedule.paused and schedule.note is None
     missing = run("schedule", "pause", "nope")
     assert missing.exit_code == 1 and "no schedule 'nope'" in missing.output
     assert run("schedule", "delete", "often").exit_code == 0
