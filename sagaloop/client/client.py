@@ -6,19 +6,18 @@ debounced starts, :meth:`Client.publish_event` and the check of an event by ``ev
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from sagaloop import tracing
-from sagaloop.client import completion, events, updates
+from sagaloop.client import completion, events, reading, updates
 from sagaloop.client.admission import START_BACKLOG, limit_from_env
 from sagaloop.client.approvals import answer_approval
 from sagaloop.client.checks import check_message, check_text, same_json, to_json
 from sagaloop.client.fork import fork_run
-from sagaloop.client.polling import NOTHING, NotPublishedError, Pending, poll_until
+from sagaloop.client.polling import NOTHING, Pending, poll_until
 from sagaloop.client.queries import QueryDef, ask
 from sagaloop.client.serving import served
 from sagaloop.client.timeline import Timeline, timeline
@@ -487,37 +486,7 @@ class Client:
         steps stream live (``{"source": "live", "step", "position", "attempt", "data"}``: an
         agent's model tokens, say; never recorded, so a reader that was not listening gets
         the recorded result from the history only)."""
-        self.get(run_id)  # RunNotFoundError
-        live = self.streams.subscribe(run_id) if follow and self.streams is not None else None
-        deadline = None if timeout is None else time.monotonic() + timeout
-        seq = 0
-        try:
-            while True:
-                # read before the history: a run that finished in between is read to its end
-                finished = not follow or self.get(run_id).status in s.FINAL_STATUSES
-                for ev in self.store.load_history(None, run_id, after_seq=seq):
-                    seq = ev.seq
-                    yield {
-                        "source": "history",
-                        "seq": ev.seq,
-                        "at": ev.at,
-                        "position": ev.pos,
-                        "kind": ev.kind,
-                        "name": ev.name,
-                        "data": ev.data,
-                    }
-                if finished:
-                    return
-                if deadline is not None and time.monotonic() >= deadline:
-                    return
-                if live is None:
-                    time.sleep(poll)
-                    continue
-                for item in live.get(poll):
-                    yield {"source": "live", **item} if isinstance(item, dict) else item
-        finally:
-            if live is not None:
-                live.close()
+        return reading.stream(self, run_id, follow=follow, poll=poll, timeout=timeout)
 
     def result(
         self, run_id: str, *, timeout: float | timedelta | None = None, poll: float = 0.05
@@ -584,21 +553,7 @@ class Client:
         stepped, on the test's thread: read with ``timeout=0`` after ``run_until_idle`` or
         ``advance``, or call ``Harness.wait_published``, which steps the harness until the
         value is there."""
-        check_text(key, "key")
-        after = after if after is NOTHING else to_json(after, ANY, "after")
-
-        def read() -> Any:
-            # the status first: a run that finished in between is read to its end
-            status = self.get(run_id).status
-            published = self._published(run_id)
-            if key in published and (after is NOTHING or not same_json(published[key], after)):
-                return published[key]
-            if status in s.FINAL_STATUSES:
-                raise NotPublishedError(run_id, status, key, published.get(key, NOTHING))
-            what = "a value" if after is NOTHING else f"a value other than {after!r:.60}"
-            return Pending(f"run {run_id!r} is {status} and has not published {what} under {key!r}")
-
-        return poll_until(read, timeout=timeout, poll=poll)
+        return reading.wait_published(self, run_id, key, timeout=timeout, after=after, poll=poll)
 
     def publish_event(
         self, name: str, data: Any = None, *, key: str | None = None, event_id: str | None = None

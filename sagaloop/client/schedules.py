@@ -13,18 +13,20 @@ Run ids, and so what starts at most once:
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sagaloop.engine.ports import Schedule, ScheduleStore
-from sagaloop.runtime import schedules as runtime
 from sagaloop.sagas.app import App
 from sagaloop.sagas.schedules import (
     Cron,
     Every,
     InvalidSchedule,
+    ScheduleDef,
+    Spec,
     make_spec,
     parse_spec,
     spec_text,
@@ -100,7 +102,7 @@ class Schedules:
         return self.client.app
 
     def _find(self, name: str, app: str | None) -> Schedule:
-        return runtime.find_schedule(self.store, name, app or self.client.app_name)
+        return find_schedule(self.store, name, app or self.client.app_name)
 
     def create(
         self,
@@ -117,7 +119,7 @@ class Schedules:
         fields, UTC) or ``every``, from the next tick on. Refused as ``@app.schedule`` refuses
         (a bad spec, name or policy, an unknown saga) and if the name is taken. ``note``: a
         note kept with it (a pause or resume replaces it)."""
-        row = runtime.add_schedule(
+        row = add_schedule(
             self.store,
             self._app(),
             name,
@@ -145,7 +147,7 @@ class Schedules:
         stored note. Returns the schedule found."""
         row = self._find(name, app)
         now = self.client.clock.now()
-        runtime.pause_schedule(self.store, row, paused=True, now=now, note=note)
+        pause_schedule(self.store, row, paused=True, now=now, note=note)
         return row
 
     def resume(self, name: str, *, note: str | None = None, app: str | None = None) -> Schedule:
@@ -153,13 +155,13 @@ class Schedules:
         The note is replaced by ``note`` (none: cleared)."""
         row = self._find(name, app)
         now = self.client.clock.now()
-        runtime.pause_schedule(self.store, row, paused=False, now=now, note=note)
+        pause_schedule(self.store, row, paused=False, now=now, note=note)
         return row
 
     def delete(self, name: str, *, app: str | None = None) -> Schedule:
         """Delete a schedule made at run time (one declared in code is refused: pause it)."""
         row = self._find(name, app)
-        runtime.delete_schedule(self.store, row)
+        delete_schedule(self.store, row)
         return row
 
     def update(
@@ -177,7 +179,7 @@ class Schedules:
         fired start nothing. The same spec keeps the next tick; a new input is used from the
         next tick on. The pause, last tick and last run are kept."""
         row = self._find(name, app)
-        if row.origin == runtime.CODE:
+        if row.origin == CODE:
             raise InvalidSchedule(
                 f"schedule {name!r} is declared in the code of app {row.app!r}: change it there"
             )
@@ -191,7 +193,7 @@ class Schedules:
             interval = spec.interval if isinstance(spec, Every) else None
             probe.schedule(expr, every=interval, name=name, input=value)(definition)
         now = self.client.clock.now()
-        next_tick = runtime.first_tick(spec, now)
+        next_tick = first_tick(spec, now)
         changed = Schedule(
             app=row.app,
             name=row.name,
@@ -243,3 +245,103 @@ class Schedules:
                     f"{start} to {end}; backfill a shorter range at a time"
                 )
         return [self._start(row, tick_run_id(row.app, row.name, tick)) for tick in found]
+
+
+# --- the rows of schedules (shared with the runtime's Scheduler) ---------------------------
+
+CODE, CLI = "code", "cli"
+"""Where a stored schedule comes from: declared in the app's code, or added at run time."""
+
+
+def first_tick(spec: Spec, now: datetime) -> datetime:
+    tick = spec.next_after(now)
+    if tick is None:  # refused when parsed: a cron that never fires
+        raise InvalidSchedule(f"schedule {spec} never fires")
+    return tick
+
+
+def stored(app: str, schedule: ScheduleDef, now: datetime, origin: str = CODE) -> Schedule:
+    """The row of a declared schedule, its next tick the first after ``now``."""
+    spec = schedule.spec
+    return Schedule(
+        app=app,
+        name=schedule.name,
+        saga=schedule.saga,
+        spec=spec_text(spec),
+        input=schedule.input,
+        catch_up=schedule.catch_up,
+        paused=False,
+        origin=origin,
+        next_tick=first_tick(spec, now),
+        updated_at=now,
+    )
+
+
+def add_schedule(
+    store: ScheduleStore,
+    app: App,
+    name: str,
+    saga: str,
+    *,
+    cron: str | None = None,
+    every: timedelta | None = None,
+    input: Any = None,
+    catch_up: str = "latest",
+    note: str | None = None,
+    now: datetime,
+) -> Schedule:
+    """Store a schedule of ``app`` made at run time, checked as a declared one is. Refused
+    (:class:`InvalidSchedule`) if the name is taken, by the app's code or in the store."""
+    definition = app.get_saga(saga)
+    if definition is None:
+        raise InvalidSchedule(f"app {app.name!r} has no saga {saga!r}: {sorted(app.sagas)}")
+    if name in app.schedules:
+        raise InvalidSchedule(f"schedule {name!r} is declared in the code of app {app.name!r}")
+    probe = App(app.name)  # checks the name, spec, input and policy as @app.schedule does
+    probe.sagas[definition.name] = definition
+    probe.schedule(cron, every=every, name=name, input=input, catch_up=catch_up)(definition)
+    row = dataclasses.replace(stored(app.name, probe.schedules[name], now, origin=CLI), note=note)
+    if not store.put_schedule(row, replace=False):
+        raise InvalidSchedule(
+            f"app {app.name!r} already has a schedule {name!r}: delete it first, or choose "
+            "another name"
+        )
+    return row
+
+
+def find_schedule(store: ScheduleStore, name: str, app: str | None) -> Schedule:
+    """The stored schedule ``name`` (of ``app``, or of the only app that has one so named)."""
+    found = [s for s in store.list_schedules(app) if s.name == name]
+    if not found:
+        raise InvalidSchedule(f"no schedule {name!r}" + (f" in app {app!r}" if app else ""))
+    if len(found) > 1:
+        apps = ", ".join(s.app for s in found)
+        raise InvalidSchedule(f"apps {apps} each have a schedule {name!r}: name the app")
+    return found[0]
+
+
+def pause_schedule(
+    store: ScheduleStore,
+    schedule: Schedule,
+    *,
+    paused: bool,
+    now: datetime,
+    note: str | None = None,
+) -> None:
+    """Pause (nothing starts) or resume (from the next tick: the paused ones are not caught
+    up) a stored schedule; ``note`` is stored with it (a resume without one clears it)."""
+    next_tick = None if paused else first_tick(parse_spec(schedule.spec), now)
+    store.pause_schedule(
+        schedule.app, schedule.name, paused=paused, now=now, next_tick=next_tick, note=note
+    )
+
+
+def delete_schedule(store: ScheduleStore, schedule: Schedule) -> None:
+    """Delete a schedule made at run time. One declared in code would come back when an engine
+    starts: pause it, or remove it from the code."""
+    if schedule.origin == CODE:
+        raise InvalidSchedule(
+            f"schedule {schedule.name!r} is declared in the code of app {schedule.app!r}: "
+            "pause it (sagaloop schedule pause), or remove it from the code"
+        )
+    store.delete_schedule(schedule.app, schedule.name)

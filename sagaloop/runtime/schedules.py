@@ -9,26 +9,23 @@ that dies between the two leaves the tick to the next engine, which starts the s
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sagaloop.client import Client
+from sagaloop.client.schedules import CODE, first_tick, stored
 from sagaloop.engine.ports import Clock, Schedule, ScheduleStore, Store
 from sagaloop.errors import OverloadedError, SagaloopError, StoreError
 from sagaloop.runtime.registry import Outage
 from sagaloop.sagas.app import App
 from sagaloop.sagas.schedules import (
     InvalidSchedule,
-    ScheduleDef,
-    Spec,
     check_catch_up,
     due_ticks,
     parse_spec,
-    spec_text,
     tick_run_id,
 )
 
@@ -38,33 +35,6 @@ RELOOK = 1.0
 """Seconds after which a scheduler looks again for due schedules at the same clock time (a
 next tick is always after the time it was set at, so only another process's write can make a
 schedule due at a time already looked at)."""
-
-CODE, CLI = "code", "cli"
-"""Where a stored schedule comes from: declared in the app's code, or added at run time."""
-
-
-def first_tick(spec: Spec, now: datetime) -> datetime:
-    tick = spec.next_after(now)
-    if tick is None:  # refused when parsed: a cron that never fires
-        raise InvalidSchedule(f"schedule {spec} never fires")
-    return tick
-
-
-def stored(app: str, schedule: ScheduleDef, now: datetime, origin: str = CODE) -> Schedule:
-    """The row of a declared schedule, its next tick the first after ``now``."""
-    spec = schedule.spec
-    return Schedule(
-        app=app,
-        name=schedule.name,
-        saga=schedule.saga,
-        spec=spec_text(spec),
-        input=schedule.input,
-        catch_up=schedule.catch_up,
-        paused=False,
-        origin=origin,
-        next_tick=first_tick(spec, now),
-        updated_at=now,
-    )
 
 
 class Scheduler:
@@ -163,76 +133,3 @@ class Scheduler:
 
 def _extra(run_id: str) -> dict[str, Any]:
     return {"run_id": run_id}
-
-
-# --- run-time schedules (``sagaloop schedule``) ----------------------------------------------
-
-
-def add_schedule(
-    store: ScheduleStore,
-    app: App,
-    name: str,
-    saga: str,
-    *,
-    cron: str | None = None,
-    every: timedelta | None = None,
-    input: Any = None,
-    catch_up: str = "latest",
-    note: str | None = None,
-    now: datetime,
-) -> Schedule:
-    """Store a schedule of ``app`` made at run time, checked as a declared one is. Refused
-    (:class:`InvalidSchedule`) if the name is taken, by the app's code or in the store."""
-    definition = app.get_saga(saga)
-    if definition is None:
-        raise InvalidSchedule(f"app {app.name!r} has no saga {saga!r}: {sorted(app.sagas)}")
-    if name in app.schedules:
-        raise InvalidSchedule(f"schedule {name!r} is declared in the code of app {app.name!r}")
-    probe = App(app.name)  # checks the name, spec, input and policy as @app.schedule does
-    probe.sagas[definition.name] = definition
-    probe.schedule(cron, every=every, name=name, input=input, catch_up=catch_up)(definition)
-    row = dataclasses.replace(stored(app.name, probe.schedules[name], now, origin=CLI), note=note)
-    if not store.put_schedule(row, replace=False):
-        raise InvalidSchedule(
-            f"app {app.name!r} already has a schedule {name!r}: delete it first, or choose "
-            "another name"
-        )
-    return row
-
-
-def find_schedule(store: ScheduleStore, name: str, app: str | None) -> Schedule:
-    """The stored schedule ``name`` (of ``app``, or of the only app that has one so named)."""
-    found = [s for s in store.list_schedules(app) if s.name == name]
-    if not found:
-        raise InvalidSchedule(f"no schedule {name!r}" + (f" in app {app!r}" if app else ""))
-    if len(found) > 1:
-        apps = ", ".join(s.app for s in found)
-        raise InvalidSchedule(f"apps {apps} each have a schedule {name!r}: name the app")
-    return found[0]
-
-
-def pause_schedule(
-    store: ScheduleStore,
-    schedule: Schedule,
-    *,
-    paused: bool,
-    now: datetime,
-    note: str | None = None,
-) -> None:
-    """Pause (nothing starts) or resume (from the next tick: the paused ones are not caught
-    up) a stored schedule; ``note`` is stored with it (a resume without one clears it)."""
-    next_tick = None if paused else first_tick(parse_spec(schedule.spec), now)
-    store.pause_schedule(
-        schedule.app, schedule.name, paused=paused, now=now, next_tick=next_tick, note=note
-    )
-
-
-def delete_schedule(store: ScheduleStore, schedule: Schedule) -> None:
-    """Delete a schedule made at run time. One declared in code would come back when an engine
-    starts: pause it, or remove it from the code."""
-    if schedule.origin == CODE:
-        raise InvalidSchedule(
-            f"schedule {schedule.name!r} is declared in the code of app {schedule.app!r}: "
-            "pause it (sagaloop schedule pause), or remove it from the code"
-        )
-    store.delete_schedule(schedule.app, schedule.name)

@@ -337,7 +337,7 @@ def test_the_cli_adds_lists_pauses_resumes_and_deletes_schedules(
 
 
 def test_a_code_schedule_is_paused_not_deleted(tmp_path: Any) -> None:
-    from sagaloop.runtime.schedules import delete_schedule, find_schedule
+    from sagaloop.client.schedules import delete_schedule, find_schedule
     from sagaloop.store.sql import SqlStore
 
     store = SqlStore(f"sqlite:///{tmp_path / 'db.sqlite'}")
