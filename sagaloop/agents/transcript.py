@@ -295,7 +295,7 @@ class Decoder:
                 f"a message of run {run_id!r} refers to a step's result this process has not "
                 f"read, and it cannot read the run's history ({e})"
             ) from None
-        index.update(_strings_of(events))
+        index.update(strings_of(events))
         while len(index) > self.size:
             del index[next(iter(index))]
         with self._lock:
@@ -399,8 +399,9 @@ def _long_strings(value: Any) -> list[str]:
     return []
 
 
-def _strings_of(events: list[Event]) -> dict[str, str]:
-    """The long strings of the step results among ``events``, by digest."""
+def strings_of(events: list[Event]) -> dict[str, str]:
+    """The long strings of the step results among ``events``, by the digest a delta's
+    ``"values"`` names them with (the console's transcript resolves them with it too)."""
     return {
         _sha(text): text
         for ev in events
@@ -558,7 +559,7 @@ def _from_history(
                 append, d["refs"], lambda n, _: _result_of(events, step, conversation, n)
             )
         if d.get("values"):
-            strings = _strings_of(events) if strings is None else strings
+            strings = strings_of(events) if strings is None else strings
             append = _fill(append, d["values"], partial(_known, strings))
         messages = [*messages[: int(d.get("keep", 0))], *append]
     return messages

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 from pythonjsonlogger.json import JsonFormatter
 
-from sagaloop.cli.common import Obj, app_option, errors, json_arg
+from sagaloop.cli.common import Obj, errors, json_arg
 from sagaloop.cli.render import TailLines, pending_text, printable, runs_text, timeline_text
 from sagaloop.engine.state import ALL_STATUSES
 
@@ -87,6 +87,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
         "Serve the app's sagas to MCP clients: a tool per saga that starts a run and returns its "
         "id at once, and run_status, send_event, list_approvals, approve and deny.",
     ),
+    "publish": (
+        "sagaloop.cli.messaging",
+        "Publish the event NAME to the app's runs subscribed to or waiting on it (and start the "
+        "runs of the sagas declared with ``on_event=NAME``); print its event id.",
+    ),
     "replay": (
         "sagaloop.cli.deploys",
         "Replay histories (files `sagaloop export` wrote, or bare lists of events; a folder: its "
@@ -100,6 +105,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
         "sagaloop.cli.serve",
         "Print the JSON Schema of the start, event, publish and update messages (the public "
         "message contract).",
+    ),
+    "update": (
+        "sagaloop.cli.messaging",
+        "Send the update NAME to a run (its ``ctx.on_update`` handler) and print the answer as "
+        "JSON.",
     ),
     "ui": (
         "sagaloop.cli.ui",
@@ -393,58 +403,6 @@ def send_event(
         app = obj.app(app_spec) if app_spec else None
         _client(obj, app).send_event(run_id, name, value, event_id=event_id)
         click.echo(printable(f"event {name!r} sent to {run_id}"))
-
-
-@cli.command("publish")
-@click.argument("name")
-@click.option("--data", help="The event's data as JSON.")
-@click.option("--key", help="The event's key: it reaches the runs waiting on or subscribed to it.")
-@click.option("--event-id", help="Publishes with the same id are fanned out once (safe to retry).")
-@app_option
-@click.pass_obj
-def publish(
-    obj: Obj,
-    name: str,
-    data: str | None,
-    key: str | None,
-    event_id: str | None,
-    app_spec: str | None,
-) -> None:
-    """Publish the event NAME to the app's runs subscribed to or waiting on it (and start the
-    runs of the sagas declared with ``on_event=NAME``); print its event id."""
-    value = json_arg(data, "--data")
-    with errors():
-        app = obj.app(app_spec)
-        event = _client(obj, app).publish_event(name, value, key=key, event_id=event_id)
-        click.echo(printable(event.event_id))
-
-
-@cli.command("update")
-@click.argument("run_id")
-@click.argument("name")
-@click.option("--data", help="The update's data as JSON.")
-@click.option("--update-id", help="Sends with the same id are applied once and answered the same.")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0),
-    default=60.0,
-    show_default=True,
-    help="Seconds to wait for the answer.",
-)
-@click.pass_obj
-def update(
-    obj: Obj, run_id: str, name: str, data: str | None, update_id: str | None, timeout: float
-) -> None:
-    """Send the update NAME to a run (its ``ctx.on_update`` handler) and print the answer as
-    JSON. Exit 1, saying why, if the run refused the update or its handler raised; on a
-    timeout the update may still be applied: send it again with the same --update-id."""
-    value = json_arg(data, "--data")
-    with errors():
-        try:
-            answer = _client(obj).update(run_id, name, value, update_id=update_id, timeout=timeout)
-        except TimeoutError as e:
-            raise click.ClickException(f"no answer yet: {e}") from e
-    click.echo(json.dumps(answer, ensure_ascii=False))
 
 
 @cli.command()

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import json
 from typing import Any
 
+from sagaloop.agents.transcript import strings_of
 from sagaloop.engine import history as h
 from sagaloop.engine.history import Event
 from sagaloop.sagas.approvals import ApprovalRequest, call_id_of
@@ -113,7 +113,7 @@ def requests_of(events: list[Event]) -> list[Request]:
         if ev.pos is None:
             continue
         if ev.kind == h.STEP_COMPLETED:
-            strings.update((_digest(t), t) for t in _long_strings(ev.data.get("result")))
+            strings.update(strings_of([ev]))
         if ev.kind == h.STEP_SCHEDULED:
             args = _filled(ev.data.get("args"), strings)
             request = _scheduled(ev.pos, ev.name or "?", args, by_number, systems, answers)
@@ -185,25 +185,6 @@ def _scheduled(
         new=_new_systems(new, systems.setdefault(conversation, set())),
         after_answer=after_answer,
     )
-
-
-LONG = 256
-"""As ``sagaloop.agents.transcript.LONG``: the shortest string a delta's ``values`` names."""
-
-
-def _long_strings(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value] if len(value) >= LONG else []
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _long_strings(v)]
-    if isinstance(value, list):
-        return [t for v in value for t in _long_strings(v)]
-    return []
-
-
-def _digest(text: str) -> str:
-    """As ``sagaloop.agents.transcript`` names a string: the start of the sha256 of its JSON."""
-    return hashlib.sha256(json.dumps(text, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
 def _filled(args: Any, strings: dict[str, str]) -> Any:

@@ -23,6 +23,7 @@ from sagaloop import App, Client, Roles, SagaContext, Service, StepContext, Tuni
 from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.runtime.connect import open_broker, open_store
 from sagaloop.store.sql import SqlStore
+from sagaloop.testing import eventually
 
 app = App("wakes")
 STEPS = 10
@@ -116,10 +117,7 @@ class LookCounter:
                 self.count += 1
 
     def wait_for(self, n: int, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while self.count < n:
-            assert time.monotonic() < deadline, f"{self.count} looks of {n}"
-            time.sleep(0.005)
+        eventually(lambda: self.count >= n, timeout, f"{n} looks (seen {self.count})")
 
 
 def test_idle_consumers_take_turns_and_find_other_processes_rows(tmp_path: Path) -> None:
@@ -148,10 +146,7 @@ def test_idle_consumers_take_turns_and_find_other_processes_rows(tmp_path: Path)
         elapsed = time.monotonic() - started
         assert elapsed >= 9 * 0.05 * 0.9, f"10 idle looks in {elapsed * 1000:.0f} ms"
         DatabaseBroker(other).publish([("q", b"from another process")])
-        deadline = time.monotonic() + 60
-        while not got:
-            assert time.monotonic() < deadline, "the other process's row was not found"
-            time.sleep(0.005)
+        eventually(lambda: got, 60, "the other process's row to be found")
         assert got == [b"from another process"]
     finally:
         stop.set()
