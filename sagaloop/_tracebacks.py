@@ -1,6 +1,7 @@
-"""How a stored traceback is formatted (``ErrorInfo.from_exception(..., with_traceback=True)``):
-as Python prints it, each run of frameworks' and sagaloop's frames folded into one line, from
-the first frame of the user's code that sagaloop called."""
+"""How an exception is stored as text (``ErrorInfo.from_exception``): its message and causes cut
+to a storable size, and its traceback as Python prints it, each run of frameworks' and
+sagaloop's frames folded into one line, from the first frame of the user's code that sagaloop
+called."""
 
 from __future__ import annotations
 
@@ -108,3 +109,55 @@ def frames_from(trace: TracebackType | None, called: Collection[CodeType]) -> Tr
             return at
         at = at.tb_next
     return trace
+
+
+# --- an exception as stored text (ErrorInfo.from_exception) ----------------------------------
+
+
+def message_of(exc: BaseException, name: str) -> str:
+    """``str(exc)``, or a placeholder when its ``__str__`` raises (``name``: its type's)."""
+    try:
+        return str(exc)
+    except BaseException as e:  # a __str__ that raises: user code, whatever it raises
+        return f"<the message of this {name} could not be read: {type(e).__name__}>"
+
+
+MAX_CAUSES = 5
+
+
+def causes_of(exc: BaseException) -> list[tuple[str, str]]:
+    """The type and message of each exception in ``exc``'s cause chain, ``MAX_CAUSES`` at most."""
+    out: list[tuple[str, str]] = []
+    seen = {id(exc)}
+    cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    while cause is not None and id(cause) not in seen and len(out) < MAX_CAUSES:
+        seen.add(id(cause))
+        name = storable(type(cause).__name__, 200)
+        out.append((name, storable(message_of(cause, name), 1000)))
+        cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
+    return out
+
+
+def traceback_text(exc: BaseException, called: Collection[CodeType], limit: int) -> str | None:
+    """``exc``'s traceback as :func:`folded` lays it out, from the first frame running one of
+    ``called``, its end kept within ``limit`` characters; None if it cannot be formatted."""
+    try:
+        start = frames_from(exc.__traceback__, called)
+        lines = folded(exc, start, set(), MAX_CAUSES)
+    except BaseException:
+        return None
+    text = "\n".join(line if len(line) <= 300 else f"{line[:300]}..." for line in lines)
+    return storable(text, limit, keep_end=True)
+
+
+def storable(text: str, limit: int, *, keep_end: bool = False) -> str:
+    """``text`` with lone surrogates escaped (``\\ud83d``) and cut to ``limit`` characters."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode()
+    if len(text) <= limit:
+        return text
+    if keep_end:
+        return "...\n" + text[len(text) - limit :]
+    return f"{text[:limit]}... (cut: {len(text)} characters in all)"

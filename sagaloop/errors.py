@@ -13,7 +13,7 @@ from types import CodeType
 from typing import Any
 
 from sagaloop._tracebacks import FOLDED_PACKAGES as FOLDED_PACKAGES
-from sagaloop._tracebacks import folded, frames_from
+from sagaloop._tracebacks import causes_of, message_of, storable, traceback_text
 
 
 class SagaloopError(Exception):
@@ -456,16 +456,16 @@ class ErrorInfo:
         keeping its end). ``called``: the code of the user's functions that sagaloop called
         (a step's body, its compensation...): the traceback starts at the first of them, without
         the frames of sagaloop that called it."""
-        name = _storable(type(exc).__name__, 200)
-        message = _storable(_message(exc, name), MAX_ERROR_MESSAGE)
-        trace = _traceback(exc, called) if with_traceback else None
-        causes = _causes(exc)
+        name = storable(type(exc).__name__, 200)
+        message = storable(message_of(exc, name), MAX_ERROR_MESSAGE)
+        trace = traceback_text(exc, called, MAX_TRACEBACK) if with_traceback else None
+        causes = causes_of(exc)
         failed = _failed_call(exc)
         step = None if failed is None else failed.step
         cause = None if failed is None else failed.error.without_traceback()
         if isinstance(exc, ApplicationError):
             return cls(
-                _storable(str(exc.type), 200),
+                storable(str(exc.type), 200),
                 message,
                 non_retryable=bool(exc.non_retryable),
                 not_applied=isinstance(exc, NotAppliedError),
@@ -547,16 +547,6 @@ def _seconds(value: Any) -> float | None:
     return min(max(float(value), 0.0), MAX_RETRY_AFTER)
 
 
-def _message(exc: BaseException, name: str) -> str:
-    try:
-        return str(exc)
-    except BaseException as e:  # a __str__ that raises: user code, whatever it raises
-        return f"<the message of this {name} could not be read: {type(e).__name__}>"
-
-
-MAX_CAUSES = 5
-
-
 def _failed_call(exc: BaseException) -> StepFailedError | None:
     """The ``StepFailedError`` that ``exc`` is, or the first in its cause chain."""
     seen: set[int] = set()
@@ -568,38 +558,3 @@ def _failed_call(exc: BaseException) -> StepFailedError | None:
         suppressed = current.__suppress_context__
         current = current.__cause__ or (None if suppressed else current.__context__)
     return None
-
-
-def _causes(exc: BaseException) -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
-    seen = {id(exc)}
-    cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
-    while cause is not None and id(cause) not in seen and len(out) < MAX_CAUSES:
-        seen.add(id(cause))
-        name = _storable(type(cause).__name__, 200)
-        out.append((name, _storable(_message(cause, name), 1000)))
-        cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
-    return out
-
-
-def _traceback(exc: BaseException, called: Collection[CodeType] = ()) -> str | None:
-    try:
-        start = frames_from(exc.__traceback__, called)
-        lines = folded(exc, start, set(), MAX_CAUSES)
-    except BaseException:
-        return None
-    text = "\n".join(line if len(line) <= 300 else f"{line[:300]}..." for line in lines)
-    return _storable(text, MAX_TRACEBACK, keep_end=True)
-
-
-def _storable(text: str, limit: int, *, keep_end: bool = False) -> str:
-    """``text`` with lone surrogates escaped (``\\ud83d``) and cut to ``limit`` characters."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "backslashreplace").decode()
-    if len(text) <= limit:
-        return text
-    if keep_end:
-        return "...\n" + text[len(text) - limit :]
-    return f"{text[:limit]}... (cut: {len(text)} characters in all)"
