@@ -45,27 +45,40 @@ async def hops(ctx: SagaContext, n: int) -> int:
     return i
 
 
-class ClaimCounter:
-    """Counts the claims (not the probes) that the store's engine runs."""
+class StatementCounter:
+    """Counts the statements of the store's engine that start with ``head``."""
 
-    def __init__(self, store: SqlStore) -> None:
+    def __init__(self, store: SqlStore, head: str) -> None:
         self.count = 0
+        self.head = head
         self._lock = threading.Lock()
         sa.event.listen(store.engine, "before_cursor_execute", self._seen)
 
     def _seen(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        head = " ".join(statement.split())[:200].lower()
-        if head.startswith("select sagaloop_outbox.id, sagaloop_outbox.queue"):
+        if " ".join(statement.split())[:200].lower().startswith(self.head):
             with self._lock:
                 self.count += 1
 
+    def wait_for(self, n: int, timeout: float = 60) -> None:
+        eventually(lambda: self.count >= n, timeout, f"{n} of {self.head!r} (seen {self.count})")
+
+
+def claims_of(store: SqlStore) -> StatementCounter:
+    """Counts the claims (not the probes) that the store's engine runs."""
+    return StatementCounter(store, "select sagaloop_outbox.id, sagaloop_outbox.queue")
+
+
+def looks_of(store: SqlStore) -> StatementCounter:
+    """Counts the looks of idle consumers (the probe: a SELECT of the id alone)."""
+    return StatementCounter(store, "select sagaloop_outbox.id from")
+
 
 @pytest.fixture
-def embedded(tmp_path: Path) -> Iterator[tuple[Client, ClaimCounter]]:
+def embedded(tmp_path: Path) -> Iterator[tuple[Client, StatementCounter]]:
     url = f"sqlite:///{tmp_path / 'dev.db'}"
     store = open_store(url, upgrade=True)
     broker = open_broker("database", store)
-    counter = ClaimCounter(store)
+    counter = claims_of(store)
     tuning = Tuning(concurrency=4, poll=0.1)  # sagaloop dev's
     service = Service(app, store, broker, roles=Roles(), tuning=tuning).start()
     try:
@@ -79,7 +92,7 @@ def test_idle_consumers_look_without_claiming(tmp_path: Path) -> None:
     """Idle, the consumers only read: 30 looks and not one claim (a SQLite write
     transaction) among them. Each consumer's first look of each ``receive`` was a claim."""
     store = open_store(f"sqlite:///{tmp_path / 'idle.db'}", upgrade=True)
-    claims, looks = ClaimCounter(store), LookCounter(store)
+    claims, looks = claims_of(store), looks_of(store)
     tuning = Tuning(concurrency=4, poll=0.1)  # sagaloop dev's
     service = Service(app, store, open_broker("database", store), roles=Roles(), tuning=tuning)
     service.start()
@@ -93,7 +106,7 @@ def test_idle_consumers_look_without_claiming(tmp_path: Path) -> None:
         store.close()
 
 
-def test_a_run_claims_a_few_times_per_step(embedded: tuple[Client, ClaimCounter]) -> None:
+def test_a_run_claims_a_few_times_per_step(embedded: tuple[Client, StatementCounter]) -> None:
     client, counter = embedded
     client.result(client.start(hops, 1), timeout=60)
     before = counter.count
@@ -102,31 +115,13 @@ def test_a_run_claims_a_few_times_per_step(embedded: tuple[Client, ClaimCounter]
     assert claims <= CLAIMS_PER_STEP * STEPS, f"{claims / STEPS:.1f} claims per step"
 
 
-class LookCounter:
-    """Counts the looks of idle consumers (the probe: a SELECT of the id alone)."""
-
-    def __init__(self, store: SqlStore) -> None:
-        self.count = 0
-        self._lock = threading.Lock()
-        sa.event.listen(store.engine, "before_cursor_execute", self._seen)
-
-    def _seen(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        head = " ".join(statement.split())[:200].lower()
-        if head.startswith("select sagaloop_outbox.id from"):
-            with self._lock:
-                self.count += 1
-
-    def wait_for(self, n: int, timeout: float = 60) -> None:
-        eventually(lambda: self.count >= n, timeout, f"{n} looks (seen {self.count})")
-
-
 def test_idle_consumers_take_turns_and_find_other_processes_rows(tmp_path: Path) -> None:
     """Four idle consumers of one queue look once per poll interval between them (not four
     times), and still find a row that another process (another store) queued."""
     url = f"sqlite:///{tmp_path / 'turns.db'}"
     store, other = open_store(url, upgrade=True), open_store(url)
     broker = DatabaseBroker(store, poll_interval=0.05)
-    looks = LookCounter(store)
+    looks = looks_of(store)
     got: list[bytes] = []
     stop = threading.Event()
 
