@@ -16,7 +16,7 @@ import math
 import platform
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,8 +32,10 @@ from benchmarks import (
     roundtrips,
     sagaloop_bench,
     scale,
+    steps,
 )
-from benchmarks.common import Figure, fmt_ms, fmt_ratio, latency, load_average
+from benchmarks.common import Figure, fmt_ms, fmt_ratio, load_average
+from benchmarks.steps import err, ok, pooled_floor, trips
 
 FULL: dict[str, Any] = {
     "sequential_steps": 200,
@@ -70,11 +72,6 @@ QUICK: dict[str, Any] = {
     "agent_loop_quick": True,
 }
 FLAT = 1.25  # "flat": the per-iteration cost of the longest loop within 25 % of the shortest
-BROKER_SEQUENTIAL = 1.5  # broker steps: sequential p50 <= 1.5x the floor's
-BROKER_CPU_MS = 1.5  # broker steps: CPU per step, engine + worker
-BROKER_TRIPS = 10  # broker steps: database round trips per step (engine, relay, worker)
-INPROCESS_SEQUENTIAL = 1.0  # in-process steps: sequential p50 <= 1.0x DBOS's p50
-INPROCESS_THROUGHPUT = 1.2  # in-process steps: steps/s at 8 and at 64 >= 1.2x DBOS's at each
 NEEDS = {"inprocess": ("dbos",)}
 """What a section is compared with, run with it under ``--only`` (the floor always runs)."""
 
@@ -181,190 +178,23 @@ def measure(plan: dict[str, Any], only: set[str] | None = None) -> dict[str, Any
 # --- the table --------------------------------------------------------------------------------
 
 
-def _ok(section: Any) -> bool:
-    return isinstance(section, dict) and bool(section) and "error" not in section
-
-
-def pooled_floor(results: dict[str, Any]) -> dict[str, Any]:
-    """The floor's two measurements (start and end of the run) pooled."""
-    parts = [results[k] for k in ("floor", "floor_after") if _ok(results.get(k))]
-    if not parts:
-        return {}
-    out: dict[str, Any] = {}
-    for case in ("sequential", "concurrent"):
-        samples = [x for p in parts for x in p[case]["samples"]]
-        steps = sum(p[case]["steps"] for p in parts)
-        window = sum(p[case]["window_s"] for p in parts)
-        out[case] = {**latency(samples), "steps_per_s": steps / window}
-        out[case]["p50_each"] = [p[case]["p50_ms"] for p in parts]
-        out[case]["cpu_ms_per_step"] = parts[0][case]["cpu_ms_per_step"]
-    out["unit_costs"] = parts[0]["unit_costs"]
-    return out
-
-
 def table(results: dict[str, Any], plan: dict[str, Any]) -> list[Figure]:
     figs: list[Figure] = []
     fl = pooled_floor(results)
     seq_floor = fl.get("sequential", {}).get("p50_ms", math.nan)
-    seq_floor99 = fl.get("sequential", {}).get("p99_ms", math.nan)
     tput_floor = fl.get("concurrent", {}).get("steps_per_s", math.nan)
     n_seq = plan["sequential_steps"]
 
-    # 1. the floor
-    if fl:
-        s, c = fl["sequential"], fl["concurrent"]
-        spread = " / ".join(fmt_ms(x) for x in s["p50_each"])
-        figs.append(
-            Figure(
-                "1 floor",
-                f"hand-made step, sequential ({n_seq} steps), p50 / p99",
-                f"{fmt_ms(s['p50_ms'])} / {fmt_ms(s['p99_ms'])}",
-                "1.00x",
-                note=f"p50 at start / end of run: {spread}",
-            )
-        )
-        figs.append(
-            Figure(
-                "1 floor",
-                "hand-made, 8 sagas x 10 steps, 2 consumers per role",
-                f"{c['steps_per_s']:.0f} steps/s; p50 {fmt_ms(c['p50_ms'])}, "
-                f"p99 {fmt_ms(c['p99_ms'])}",
-                "1.00x",
-            )
-        )
-    else:
-        figs.append(Figure("1 floor", "hand-made step", _err(results, "floor")))
-
-    # 2. sequential latency
-    sg = results.get("sagaloop", {})
-    if _ok(sg):
-        s = sg["sequential"]
-        ratio = s["p50_ms"] / seq_floor
-        figs.append(
-            Figure(
-                "2 sequential",
-                f"sagaloop, 1 saga of {n_seq} steps, per-step p50",
-                fmt_ms(s["p50_ms"]),
-                fmt_ratio(ratio),
-                f"<= {BROKER_SEQUENTIAL}x floor",
-                ratio <= BROKER_SEQUENTIAL,
-                note="engine and worker as separate processes (sagaloop engine / worker)",
-            )
-        )
-        cpu = sum(s["cpu_ms_per_step"])
-        figs.append(
-            Figure(
-                "2 sequential",
-                "sagaloop, CPU per step, engine + worker",
-                f"{s['cpu_ms_per_step'][0]:.1f} + {s['cpu_ms_per_step'][1]:.1f} ms",
-                "",
-                f"<= {BROKER_CPU_MS} ms",
-                cpu <= BROKER_CPU_MS,
-                "each process's CPU time (/proc) over the run, per step",
-            )
-        )
-        rt = results.get("roundtrips", {})
-        if _ok(rt):
-            trips, _ = _trips(rt, ("engine", "relay", "worker"))
-            polls, _ = _trips(rt, ("timers",))
-            figs.append(
-                Figure(
-                    "2 sequential",
-                    "sagaloop, database round trips per step",
-                    f"{trips:.1f}",
-                    f"{trips / 10:.2f}x floor",
-                    f"<= {BROKER_TRIPS}",
-                    trips <= BROKER_TRIPS,
-                    "engine, relay and worker threads, counted by SQLAlchemy's events "
-                    f"(benchmarks/roundtrips.py, --poll 0.05: the relay's share includes its "
-                    f"sweeps); the timer scheduler's polling adds {polls:.1f}; the floor does 10",
-                )
-            )
-        figs.append(
-            Figure(
-                "2 sequential",
-                "sagaloop, per-step p99",
-                fmt_ms(s["p99_ms"]),
-                fmt_ratio(s["p99_ms"] / seq_floor99),
-                note="ratio to the floor's p99",
-            )
-        )
-    else:
-        figs.append(Figure("2 sequential", "sagaloop", _err(results, "sagaloop")))
-
-    # 4. the peer (next to the sequential figures it is compared with)
-    db = results.get("dbos", {})
-    if _ok(db):
-        d = db["sequential"]
-        ratio = sg["sequential"]["p50_ms"] / d["p50_ms"] if _ok(sg) else math.nan
-        figs.append(
-            Figure(
-                "4 peer",
-                f"DBOS Transact {db.get('version', '')}, 1 workflow of {n_seq} steps, "
-                "per-step p50 / p99",
-                f"{fmt_ms(d['p50_ms'])} / {fmt_ms(d['p99_ms'])}",
-                f"{fmt_ratio(d['p50_ms'] / seq_floor)} floor",
-                note=f"sagaloop's broker step is {fmt_ratio(ratio)} DBOS; DBOS runs steps "
-                "in-process (no broker): row 11 compares sagaloop's in-process steps",
-            )
-        )
-    else:
-        figs.append(
-            Figure(
-                "4 peer",
-                "DBOS Transact",
-                _err(results, "dbos"),
-                met=None if "dbos" not in results else False,  # a failure misses; --only skips
-            )
-        )
-
-    # 3. throughput
-    if _ok(sg):
-        for c in plan["concurrency"]:
-            x = sg[f"concurrent_{c}"]
-            peer = db.get(f"concurrent_{c}") if _ok(db) else None
-            note = f"{x['steps']} steps"
-            if peer:
-                vs = fmt_ratio(x["steps_per_s"] / peer["steps_per_s"])
-                note += (
-                    f"; DBOS {peer['steps_per_s']:.0f} steps/s, p99 "
-                    f"{fmt_ms(peer['p99_ms'])} (sagaloop {vs})"
-                )
-            target, met = "", None
-            if c == 64:  # as many steps/s as the floor with 8 sagas, and as DBOS with 64
-                target = "1.0x floor-8 and DBOS"
-                met = x["steps_per_s"] >= tput_floor and (
-                    peer is None or x["steps_per_s"] >= peer["steps_per_s"]
-                )
-            figs.append(
-                Figure(
-                    "3 throughput",
-                    f"sagaloop, {c} concurrent sagas x 10 steps",
-                    f"{x['steps_per_s']:.0f} steps/s; p50 {fmt_ms(x['p50_ms'])}, "
-                    f"p99 {fmt_ms(x['p99_ms'])}",
-                    fmt_ratio(x["steps_per_s"] / tput_floor) + " floor-8",
-                    target,
-                    met,
-                    note,
-                )
-            )
-            if c == 8:
-                figs.append(
-                    Figure(
-                        "3 throughput",
-                        "sagaloop, 8 concurrent sagas, per-step p99",
-                        fmt_ms(x["p99_ms"]),
-                        fmt_ratio(x["p99_ms"] / fl["concurrent"]["p99_ms"]) if fl else "n/a",
-                        note="ratio to the floor's p99 at 8",
-                    )
-                )
-
-    # 11. in-process steps, next to the peer's figures of the same run
-    figs.extend(inprocess_figures(results, plan))
+    # 1. the floor; 2. sequential broker steps; 4. the peer, next to the figures it is
+    # compared with; 3. broker throughput; 11. in-process steps (benchmarks/steps.py)
+    figs.extend(steps.floor_figures(results, plan))
+    figs.extend(steps.broker_figures(results, plan))
+    figs.extend(steps.throughput_figures(results, plan))
+    figs.extend(steps.inprocess_figures(results, plan))
 
     # 5. long agent loops
     lp = results.get("loops", {})
-    if _ok(lp):
+    if ok(lp):
         sizes = [str(n) for n in plan["loops"]]
         base, base_cpu = lp[sizes[0]]["p50_ms"], lp[sizes[0]]["engine_cpu_ms_per_iteration"]
         for n in sizes:
@@ -395,11 +225,11 @@ def table(results: dict[str, Any], plan: dict[str, Any]) -> list[Figure]:
                 )
             )
     else:
-        figs.append(Figure("5 agent loops", "", _err(results, "loops")))
+        figs.append(Figure("5 agent loops", "", err(results, "loops")))
 
     # 6. waiting is free
     wt = results.get("waiting", {})
-    if _ok(wt):
+    if ok(wt):
         small, large = wt["small"], wt["large"]
         figs.append(
             Figure(
@@ -413,11 +243,11 @@ def table(results: dict[str, Any], plan: dict[str, Any]) -> list[Figure]:
             )
         )
     else:
-        figs.append(Figure("6 waiting", "", _err(results, "waiting")))
+        figs.append(Figure("6 waiting", "", err(results, "waiting")))
 
     # 7. recovery
     rc = results.get("recovery", {})
-    if _ok(rc):
+    if ok(rc):
         ready = rc.get("ready_s")
         ratio = fmt_ratio(rc["first_s"] / ready) + " start-up" if ready else "n/a"
         figs.append(
@@ -435,11 +265,11 @@ def table(results: dict[str, Any], plan: dict[str, Any]) -> list[Figure]:
             )
         )
     else:
-        figs.append(Figure("7 recovery", "", _err(results, "recovery")))
+        figs.append(Figure("7 recovery", "", err(results, "recovery")))
 
     # 8. the embedded default
     sq = results.get("sqlite", {})
-    if _ok(sq):
+    if ok(sq):
         s = sq["sequential"]
         figs.append(
             Figure(
@@ -462,7 +292,7 @@ def table(results: dict[str, Any], plan: dict[str, Any]) -> list[Figure]:
                 )
             )
     else:
-        figs.append(Figure("8 embedded", "", _err(results, "sqlite")))
+        figs.append(Figure("8 embedded", "", err(results, "sqlite")))
 
     # 9. an agent's transcript stored once (offline: the harness, a FunctionModel)
     figs.extend(agent_transcript.figures(results.get("agent_transcript"), plan["transcript_turns"]))
@@ -481,99 +311,6 @@ def table(results: dict[str, Any], plan: dict[str, Any]) -> list[Figure]:
     # 14. the agent-loop figures users compare (issue 27: Vercel Workflow's definitions)
     figs.extend(agent_loop.figures(results.get("agent_loop")))
     return figs
-
-
-def inprocess_figures(results: dict[str, Any], plan: dict[str, Any]) -> list[Figure]:
-    """Row 11: in-process steps (``chain_local`` on one ``sagaloop engine`` process, no
-    worker), each figure next to DBOS's of the same run."""
-    targets = (
-        f"p50 <= {INPROCESS_SEQUENTIAL}x DBOS p50; "
-        f"steps/s at 8 and 64 >= {INPROCESS_THROUGHPUT}x DBOS's"
-    )
-    if not _ok(results.get("inprocess")):
-        # a failure misses; a section skipped with --only does not
-        met = None if "inprocess" not in results else False
-        return [Figure("11 in-process", "", _err(results, "inprocess"), target=targets, met=met)]
-    ip: dict[str, Any] = results["inprocess"]
-    db = results.get("dbos", {})
-    peer = db if _ok(db) else None
-    no_peer = "" if peer else f"; DBOS {_err(results, 'dbos')}"
-    threads = ip.get("engine_concurrency")
-    engine = f"sagaloop engine --concurrency {threads}" if threads else "sagaloop engine"
-    fl = pooled_floor(results)
-    seq_floor = fl.get("sequential", {}).get("p50_ms", math.nan)
-    n_seq = plan["sequential_steps"]
-    figs: list[Figure] = []
-
-    s = ip["sequential"]
-    ratio = s["p50_ms"] / peer["sequential"]["p50_ms"] if peer else math.nan
-    note = (
-        f"DBOS p50 {fmt_ms(peer['sequential']['p50_ms'])} / p99 "
-        f"{fmt_ms(peer['sequential']['p99_ms'])}; "
-        if peer
-        else ""
-    )
-    figs.append(
-        Figure(
-            "11 in-process",
-            f"sagaloop, local steps, 1 saga of {n_seq} steps, per-step p50 / p99",
-            f"{fmt_ms(s['p50_ms'])} / {fmt_ms(s['p99_ms'])}",
-            f"{fmt_ratio(ratio)} DBOS",
-            f"p50 <= {INPROCESS_SEQUENTIAL}x DBOS p50",
-            None if math.isnan(ratio) else bool(ratio <= INPROCESS_SEQUENTIAL),
-            note + f"{fmt_ratio(s['p50_ms'] / seq_floor)} floor; engine CPU "
-            f"{s['cpu_ms_per_step'][0]:.1f} ms per step; one {engine} process, no worker" + no_peer,
-        )
-    )
-    for c in plan["concurrency"]:
-        x = ip[f"concurrent_{c}"]
-        other = peer.get(f"concurrent_{c}") if peer else None
-        ratio = x["steps_per_s"] / other["steps_per_s"] if other else math.nan
-        note = (
-            f"DBOS {other['steps_per_s']:.0f} steps/s, p50 {fmt_ms(other['p50_ms'])}, "
-            f"p99 {fmt_ms(other['p99_ms'])}; "
-            if other
-            else ""
-        )
-        target, met = "", None
-        if c >= 8:
-            target = f">= {INPROCESS_THROUGHPUT}x DBOS at {c}"
-            met = None if math.isnan(ratio) else bool(ratio >= INPROCESS_THROUGHPUT)
-        figs.append(
-            Figure(
-                "11 in-process",
-                f"sagaloop, local steps, {c} concurrent sagas x 10 steps",
-                f"{x['steps_per_s']:.0f} steps/s; p50 {fmt_ms(x['p50_ms'])}, "
-                f"p99 {fmt_ms(x['p99_ms'])}",
-                f"{fmt_ratio(ratio)} DBOS",
-                target,
-                met,
-                note + f"{x['steps']} steps; engine CPU {x['cpu_ms_per_step'][0]:.1f} ms "
-                "per step" + no_peer,
-            )
-        )
-    return figs
-
-
-def _trips(by_role: dict[str, Any], roles: Sequence[str]) -> tuple[float, str]:
-    """Round trips per step of ``roles`` in all, and the share of each role."""
-    parts, total = [], 0.0
-    for role in roles:
-        r = by_role.get(role, {})
-        n = sum(v for k, v in r.items() if not k.startswith("_"))
-        total += n
-        parts.append(
-            f"{role} {n:.1f} ({r.get('begin', 0):.1f} transactions, "
-            f"{r.get('statements', 0):.1f} statements, {r.get('ping', 0):.1f} pings)"
-        )
-    return total, "; ".join(parts)
-
-
-def _err(results: dict[str, Any], key: str) -> str:
-    section = results.get(key)
-    if section is None:
-        return "not run"
-    return f"FAILED: {section.get('error', '?')}"
 
 
 def markdown(figs: list[Figure]) -> str:
@@ -601,7 +338,7 @@ def bounds(results: dict[str, Any]) -> str:
             f"confirmed publish to a quorum queue {u['amqp_confirmed_publish_ms']:.2f} ms."
         )
     sg = results.get("sagaloop", {})
-    if _ok(sg) and fl:
+    if ok(sg) and fl:
         seg = sg["sequential"].get("segments", {})
         cpu_s = sg["sequential"]["cpu_ms_per_step"]
         floor_cpu = fl["sequential"]["cpu_ms_per_step"]
@@ -626,16 +363,16 @@ def bounds(results: dict[str, Any]) -> str:
                     f"worker {x['cpu_ms_per_step'][1]:.1f} ms{seen}."
                 )
     rt = results.get("roundtrips", {})
-    if _ok(rt):
-        total, parts = _trips(rt, ("engine", "relay", "worker"))
+    if ok(rt):
+        total, parts = trips(rt, ("engine", "relay", "worker"))
         text = (
             f"Database round trips per step: {total:.0f} ({parts}), against the floor's 10 "
             "(2 transactions of 3 inserts)"
         )
         ip = rt.get("inprocess")
-        if _ok(ip):  # the engine's threads: activations, in-process steps (local-N), relay
+        if ok(ip):  # the engine's threads: activations, in-process steps (local-N), relay
             roles = [r for r in ("engine", "local", "relay", "other") if r in ip]
-            total, parts = _trips(ip, roles)
+            total, parts = trips(ip, roles)
             text += (
                 f"; in-process: {total:.0f} round trips per step ({parts}), with `sagaloop "
                 "engine` alone"
@@ -644,7 +381,7 @@ def bounds(results: dict[str, Any]) -> str:
             text += f"; in-process: FAILED: {ip.get('error', '?')}"
         out.append(text + ".")
     ip = results.get("inprocess", {})
-    if _ok(ip):
+    if ok(ip):
         cpu = ", ".join(
             f"{c} concurrent {ip[f'concurrent_{c}']['cpu_ms_per_step'][0]:.1f} ms"
             for c in (1, 8, 64)
@@ -658,7 +395,7 @@ def bounds(results: dict[str, Any]) -> str:
     if scaled:
         out.append(scaled)
     pr = results.get("profile", {})
-    if _ok(pr):
+    if ok(pr):
         for role in ("engine", "worker"):
             p = pr.get(role)
             if not p:
