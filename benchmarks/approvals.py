@@ -6,11 +6,20 @@ Measured, with that many waiting: a page of ``Client.approvals`` (the CLI's and 
 listing), the console's ``/approvals`` page, and the console's 2-second poll that finds
 nothing new (``/approvals/live?v=STAMP``: 204). Next to them, the floor of the same run: one
 run read by its key (``Client.get``).
+
+The console is driven as a server drives it: one event loop for all requests (Starlette's
+``TestClient`` used as a context manager). Outside one, the test client starts a thread and an
+event loop for every request, which on this loaded 2-core machine adds 1 to 2 ms to each and
+20 to 60 ms to some: a cost of the test client, not of the console. The poll is timed
+``POLLS`` times after one untimed poll, so its p99 is not its slowest sample; the slowest is
+shown (a collection of the benchmark process's heap or another process's burst can land in
+one sample).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
@@ -25,6 +34,7 @@ PAGE_MS = 200.0
 PAGE_KB = 200.0
 POLL_MS = 20.0
 REPEAT = 30
+POLLS = 200
 
 app = App("bench-approvals")
 
@@ -68,7 +78,7 @@ def _timed(fn: Any, repeat: int = REPEAT) -> tuple[dict[str, float], Any]:
         t0 = time.perf_counter()
         out = fn()
         samples.append(time.perf_counter() - t0)
-    return latency(samples), out
+    return {**latency(samples), "max_ms": max(samples) * 1000}, out
 
 
 def measure(waiting: int) -> dict[str, Any]:
@@ -91,10 +101,11 @@ def measure(waiting: int) -> dict[str, Any]:
             middle_at = client.approvals(limit=1000)[-1].cursor  # 1,000 in
             middle, _ = _timed(lambda: client.approvals(after=middle_at, limit=50))
             page_bytes = len(json.dumps([p.model_dump(mode="json") for p in page]).encode())
-            console = TestClient(create_app(client, app), base_url="http://127.0.0.1:8765")
-            html, body = _timed(lambda: console.get("/approvals"), 10)
-            stamp = body.text.split("/approvals/live?v=", 1)[1].split('"', 1)[0]
-            poll, answer = _timed(lambda: console.get(f"/approvals/live?v={stamp}"))
+            with TestClient(create_app(client, app), base_url="http://127.0.0.1:8765") as console:
+                html, body = _timed(lambda: console.get("/approvals"), 10)
+                stamp = body.text.split("/approvals/live?v=", 1)[1].split('"', 1)[0]
+                console.get(f"/approvals/live?v={stamp}")  # untimed: the first poll
+                poll, answer = _timed(lambda: console.get(f"/approvals/live?v={stamp}"), POLLS)
             return {
                 "waiting": env.store.count_runs().get("waiting", 0),
                 "listed_first_1000": listed,
@@ -141,8 +152,10 @@ def figures(result: dict[str, Any] | None) -> list[Figure]:
             f"the console's poll that finds nothing new, {n:,} waiting, p50 / p99",
             f"{fmt_ms(poll['p50_ms'])} / {fmt_ms(poll['p99_ms'])} (HTTP {result['poll_status']})",
             fmt_ratio(poll["p50_ms"] / floor) + " floor",
-            f"< {POLL_MS:.0f} ms",
+            f"p99 < {POLL_MS:.0f} ms",
             poll["p99_ms"] < POLL_MS and result["poll_status"] == 204,
+            f"{poll['n']} polls after an untimed one, on one event loop (as a server); the "
+            f"slowest {fmt_ms(poll.get('max_ms', math.nan))}",
         )
     )
     return figs

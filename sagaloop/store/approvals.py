@@ -117,8 +117,10 @@ class SqlApprovals(SqlCore, ApprovalStore):
         after: tuple[datetime, str, str] | None = None,
         limit: int = 50,
     ) -> list[ApprovalRow]:
-        """A page through the index (``sagaloop_approvals_open``), never a scan of runs."""
-        q = sa.select(t.approvals).where(_c.status.in_(_OPEN))
+        """A page read in order from the index ``sagaloop_approvals_page`` (with ``app``),
+        never a scan of runs nor a sort of all the open approvals; its predicate is repeated
+        word for word, as literals, so a prepared (generic) plan can use it too."""
+        q = sa.select(t.approvals).where(sa.text(t.APPROVALS_OPEN))
         if app is not None:
             q = q.where(_c.app == app)
         if run_id is not None:

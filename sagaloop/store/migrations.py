@@ -298,6 +298,19 @@ def _v11(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE sagaloop_schedules ADD COLUMN note TEXT"))
 
 
+def _v12(conn: Connection) -> None:
+    """The open approvals' page index (``sagaloop_approvals_page``) in place of
+    ``sagaloop_approvals_open`` (``app, status, requested_at``), which could not give the
+    page's order over two statuses: every page sorted all the open approvals."""
+    conn.execute(text("DROP INDEX IF EXISTS sagaloop_approvals_open"))
+    conn.execute(
+        text(
+            "CREATE INDEX IF NOT EXISTS sagaloop_approvals_page ON sagaloop_approvals "
+            "(app, requested_at, run_id, call_id) WHERE status IN ('escalated', 'pending')"
+        )
+    )
+
+
 MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (1, _v1),
     (2, _v2),
@@ -310,6 +323,7 @@ MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (9, _v9),
     (10, _v10),
     (11, _v11),
+    (12, _v12),
 ]
 LATEST = MIGRATIONS[-1][0]
 

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
+    text,
 )
 from sqlalchemy import DateTime as _DateTime
 
@@ -258,6 +259,10 @@ rate_holds = Table(
 )
 """The slots that rate-limited step messages hold while given back to their queue."""
 
+APPROVALS_OPEN = "status IN ('escalated', 'pending')"
+"""The open approvals (``sagas.approvals.OPEN_STATUSES``, sorted), as SQL: the predicate of
+``sagaloop_approvals_page``, which a query repeats word for word to use it."""
+
 approvals = Table(
     "sagaloop_approvals",
     metadata,
@@ -277,7 +282,18 @@ approvals = Table(
     Column("answer_id", ID),
     Column("answer", JSONText),
     Column("updated_at", UTCDateTime, nullable=False),
-    Index("sagaloop_approvals_open", "app", "status", "requested_at"),
+    # The open ones (a page of them, and the console's poll), in the order they are listed:
+    # read in order, never sorted. Partial: the statuses are literals in its predicate and in
+    # the query (``status IN (...)`` over several values cannot give ``requested_at``'s order).
+    Index(
+        "sagaloop_approvals_page",
+        "app",
+        "requested_at",
+        "run_id",
+        "call_id",
+        postgresql_where=text(APPROVALS_OPEN),
+        sqlite_where=text(APPROVALS_OPEN),
+    ),
 )
 """The approvals runs asked for (``ctx.approval``), written in the activation's transaction
 that published them: the pending ones are listed page by page from here, and an answer claims
