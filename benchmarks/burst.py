@@ -16,19 +16,30 @@ one run, from the history (as in ``sagaloop_bench``).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import resource
 import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
 import sagaloop.errors
 from benchmarks.benchapp import app
-from benchmarks.common import Figure, delete_rabbit, fmt_ms, fmt_ratio, latency, percentile
-from benchmarks.sagaloop_bench import FINAL, System, step_gaps, system, warm_up
+from benchmarks.common import (
+    Figure,
+    cpu_seconds,
+    delete_rabbit,
+    fmt_ms,
+    fmt_ratio,
+    latency,
+    percentile,
+)
+from benchmarks.sagaloop_bench import DECISIONS, FINAL, System, step_gaps, system, warm_up
 from sagaloop.client import Client
 from sagaloop.engine import messages
 from sagaloop.store import tables as t
@@ -150,6 +161,7 @@ def _start_burst(
 
     def starter(count: int) -> None:
         started = refused = 0
+        cpu0 = _thread_cpu()
         for _ in range(count):
             if stop.is_set():
                 break
@@ -162,6 +174,7 @@ def _start_burst(
             out["started"] += started
             out["refused"] += refused
             out["start_s"] = max(out["start_s"], time.time() - out["t0"])
+            out["starters_cpu_s"] += _thread_cpu() - cpu0
 
     threads = [
         threading.Thread(target=starter, args=(n // STARTERS + (i < n % STARTERS),), daemon=True)
@@ -172,22 +185,68 @@ def _start_burst(
     return threads
 
 
-def _burst(s: System, client: Client, n: int, budget: float) -> dict[str, Any]:
+def _thread_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _machine_cpu() -> float:
+    """CPU seconds all processes of the machine used so far: /proc/stat's first line, all
+    but idle and iowait."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(
+        int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    )
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _burst(
+    s: System, client: Client, n: int, budget: float, pids: dict[str, int]
+) -> dict[str, Any]:
+    """The burst; what bounds its step latency: how many runs are running (sampled every
+    0.5 s) and who used the machine's CPU while the starts came in (the starting threads,
+    the engine, the worker, all the rest: PostgreSQL, RabbitMQ, other work)."""
     r = t.runs.c
     finished = sa.select(sa.func.count()).where(r.status.in_(FINAL))
+    running = sa.select(sa.func.count()).where(
+        r.app == app.name, r.status == "running", r.processed_seq > 0
+    )
     base = s.count(finished)
     stop = threading.Event()
     out: dict[str, Any] = {"burst": n, "budget_s": budget, "started": 0, "refused": 0}
-    out.update(start_s=0.0, t0=time.time())
+    out.update(start_s=0.0, starters_cpu_s=0.0, t0=time.time())
+    cpu0 = {k: cpu_seconds(pid) for k, pid in pids.items()} | {"machine": _machine_cpu()}
     threads = _start_burst(client, n, stop, out)
     t0 = out["t0"]
+    samples: list[int] = []
+    cpu_at_starts_end: dict[str, float] = {}
     while time.time() - t0 < budget and s.count(finished) - base < n:
         time.sleep(0.5)
+        samples.append(s.count(running))
+        if not cpu_at_starts_end and not any(th.is_alive() for th in threads):
+            cpu_at_starts_end = {k: cpu_seconds(p) for k, p in pids.items()}
+            cpu_at_starts_end |= {"machine": _machine_cpu(), "at": time.time() - t0}
     stop.set()
     for th in threads:
         th.join()
     if not out["start_s"]:
         out["start_s"] = time.time() - t0
+    if not cpu_at_starts_end:
+        cpu_at_starts_end = {k: cpu_seconds(p) for k, p in pids.items()}
+        cpu_at_starts_end |= {"machine": _machine_cpu(), "at": time.time() - t0}
+    used = {k: cpu_at_starts_end[k] - cpu0[k] for k in cpu0}
+    used["starters"] = out["starters_cpu_s"]
+    used["rest"] = used["machine"] - used["engine"] - used["worker"] - used["starters"]
+    out["cpu_while_starting"] = {"seconds": cpu_at_starts_end["at"], **used}
+    cpu1 = {k: cpu_seconds(p) for k, p in pids.items()} | {"machine": _machine_cpu()}
+    out["cpu_after_starting"] = {
+        "seconds": time.time() - t0 - cpu_at_starts_end["at"],
+        **{k: cpu1[k] - cpu_at_starts_end[k] for k in cpu1},
+    }
+    out["running"] = {
+        "p50": percentile(samples, 50),
+        "max": max(samples, default=0),
+        "samples": len(samples),
+    }
     h = t.history.c
     begin, end = (datetime.fromtimestamp(x, UTC) for x in (t0, t0 + budget))
     events = _history(s, sa.and_(h.at >= begin, h.at <= end))
@@ -201,6 +260,22 @@ def _burst(s: System, client: Client, n: int, budget: float) -> dict[str, Any]:
         run=latency(_durations(events)),
         step=latency(step_gaps(events)),
     )
+    cut = t0 + out["start_s"]  # the step gaps that ended while the starts came in, and after
+    gaps = _timed_gaps(events)
+    out["step_while_starting"] = latency([g for at, g in gaps if at <= cut])
+    out["step_after_starting"] = latency([g for at, g in gaps if at > cut])
+    steps = [at for evs in events.values() for kind, at in evs if kind == "step_scheduled"]
+    out["cpu_while_starting"]["steps"] = sum(1 for at in steps if at <= cut)
+    out["cpu_after_starting"]["steps"] = sum(1 for at in steps if at > cut)
+    return out
+
+
+def _timed_gaps(events: dict[str, list[tuple[str, float]]]) -> list[tuple[float, float]]:
+    """(end, length) of each step-to-step gap (as ``step_gaps``)."""
+    out = []
+    for evs in events.values():
+        times = [at for kind, at in evs if kind in DECISIONS]
+        out += [(b, b - a) for a, b in itertools.pairwise(times)]
     return out
 
 
@@ -248,14 +323,13 @@ def measure(
     with _bench_system() as s:
         store = SqlStore(s.database_url, pool_size=STARTERS + 1)
         try:
-            s.engine()
-            s.worker()
+            pids = {"engine": s.engine().pid, "worker": s.worker().pid}
             warm_up(s)
             client = _client(store, app, "0")
             before = _table_bytes(s)
             out["steady"] = _steady(s, client, steady, saturated)
             out["storage"] = _storage(s, before, out["steady"]["runs"] + saturated)
-            out["burst"] = _burst(s, client, burst, budget)
+            out["burst"] = _burst(s, client, burst, budget, pids)
             out["admission"] = _admission(s, store)
         finally:
             store.close()
@@ -305,7 +379,7 @@ def figures(result: dict[str, Any] | None) -> list[Figure]:
             f"p50 <= {STEP_RATIO:.0f}x steady",
             bool(ratio <= STEP_RATIO),
             f"steady p50 / p99 {fmt_ms(st['step']['p50_ms'])} / {fmt_ms(st['step']['p99_ms'])}; "
-            f"{b['step']['n']:,} steps decided within {b['budget_s']:.0f} s",
+            f"{b['step']['n']:,} steps decided within {b['budget_s']:.0f} s" + _bounds(b),
         )
     )
     figs.append(
@@ -349,6 +423,29 @@ def figures(result: dict[str, Any] | None) -> list[Figure]:
         )
     )
     return figs
+
+
+def _bounds(b: dict[str, Any]) -> str:
+    """What bounds the step latency under the burst (see ``_burst``)."""
+    if "cpu_while_starting" not in b:
+        return ""
+    cpu, after, running = b["cpu_while_starting"], b["cpu_after_starting"], b["running"]
+    spent = ", ".join(
+        f"{k} {cpu[k] / cpu['seconds']:.0%}" for k in ("starters", "engine", "worker", "rest")
+    )
+
+    def per_step(x: dict[str, Any]) -> str:
+        n = max(x["steps"], 1)
+        return f"{x['engine'] / n * 1000:.1f} + {x['worker'] / n * 1000:.1f} ms"
+
+    return (
+        f"; p50 while the starts came in / after: "
+        f"{fmt_ms(b['step_while_starting']['p50_ms'])} / "
+        f"{fmt_ms(b['step_after_starting']['p50_ms'])}; runs running (p50 / max of "
+        f"{running['samples']} samples) {running['p50']:.0f} / {running['max']}; CPU while "
+        f"starting ({cpu['seconds']:.0f} s, in cores): {spent}; engine + worker CPU per step "
+        f"while starting / after: {per_step(cpu)} / {per_step(after)}"
+    )
 
 
 if __name__ == "__main__":
