@@ -16,6 +16,7 @@ writes are the separate calls.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from sagaloop.engine.history import number
@@ -86,7 +87,7 @@ class SqlCheckpoints(SqlRuns, SqlInbox, SqlOutbox, RunStore):
 
     def _fused(self, tx: SqlTx, cp: Checkpoint) -> Written:
         conn, now, offload = conn_of(tx), cp.now, payloads.Offloader()
-        doc: dict[str, Any] = {"now": now.isoformat()}
+        doc: dict[str, Any] = {"now": _at(now)}
         if cp.inbox is not None:
             consumer, message_id, result = cp.inbox
             result = offload.value(payloads.inbox_owner(consumer, message_id), result)
@@ -118,8 +119,8 @@ def _run_fields(cp: Checkpoint, run: RunRecord, offload: payloads.Offloader) -> 
         "reason": run.reason,
         "last_seq": run.last_seq,
         "processed_seq": run.processed_seq,
-        "updated_at": run.updated_at.isoformat(),
-        "events_at": at.isoformat(),
+        "updated_at": _at(run.updated_at),
+        "events_at": _at(at),
         "events": [
             [e.seq, e.kind, e.pos, e.name, _json(offload.data(run.run_id, e.data))]
             for e in number(cp.base_seq, cp.events, at)
@@ -133,11 +134,19 @@ def _outbox_fields(row: dict[str, Any]) -> list[Any]:
         row["queue"],
         row["message_id"],
         row["body"].hex(),
-        row["available_at"].isoformat(),
-        None if until is None else until.isoformat(),
+        _at(row["available_at"]),
+        None if until is None else _at(until),
         row.get("claim_token"),
         row["deliveries"],
     ]
+
+
+def _at(when: datetime) -> str:
+    """``when`` in ISO format, its offset included (``tables.UTCDateTime`` refuses a naive
+    datetime too: the session's time zone would decide what it means)."""
+    if when.tzinfo is None:
+        raise ValueError("naive datetime given to sagaloop's store")
+    return when.isoformat()
 
 
 def _json(value: Any) -> str | None:
