@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import NoReturn
 
 from sagaloop import tracing
 from sagaloop.engine import cancelling, concurrency, decide, fanout, gate, intake, runlog, updates
@@ -35,13 +36,16 @@ from sagaloop.engine.messages import (
 )
 from sagaloop.engine.plan import Live, Plan, drop
 from sagaloop.engine.ports import (
+    Checkpoint,
     Clock,
     RunRecord,
     Store,
     SubscriptionStore,
     SystemClock,
     Tx,
+    Written,
 )
+from sagaloop.engine.records import InboxRow
 from sagaloop.engine.replay import Replayer
 from sagaloop.engine.state import RunState
 from sagaloop.engine.watchdog import Watchdog
@@ -152,48 +156,54 @@ class Engine:
         record = live.record
         return record if record is not None and record.last_seq == live.state.last_seq else None
 
-    def apply(self, tx: Tx, plan: Plan, *, inbox: bool = True) -> None:
+    def apply(
+        self, tx: Tx, plan: Plan, *, inbox: bool = True, reply: InboxRow | None = None
+    ) -> None:
         """Write the plan in ``tx``. A duplicate message writes nothing; a run changed since
         :meth:`prepare` read it raises ActivationConflict (roll back and prepare again).
-        ``inbox=False``: the message needs no inbox row, because it is never delivered (the
-        reply of an in-process step, applied in the transaction that stores it)."""
+        ``inbox=False``: the message is never delivered (an in-process step's reply, applied
+        in the transaction that stores it, ``reply``: its worker's inbox row, written here;
+        ActivationConflict if it existed)."""
         now = self.clock.now()
-        key = inbox_key(self.app.name, plan.env)
-        if inbox and not self.store.inbox_put(tx, ENGINE_CONSUMER, key, None, now):
-            logger.debug("duplicate message %s ignored", plan.env.message_id)
-            run_id = plan.env.run_id  # what prepare staged for it did not happen
-            drop(self._staged.pop(run_id, None))
-            self._staged_runs.pop(run_id, None)
-            if plan.run is not None:  # its activation is not written, and later plans of
-                # this transaction may count on it (a start's catch-up): prepare them again
-                raise ActivationConflict(f"duplicate message {plan.env.message_id} moved the run")
-            return
-        if plan.fanout is not None:
-            fanout.fan_out(self.store, self.app, tx, plan.env, plan.fanout, now)
-            return
+        row: InboxRow | None = (ENGINE_CONSUMER, inbox_key(self.app.name, plan.env), None)
+        row = row if inbox else reply
         run, effects = plan.run, plan.effects
-        if run is None or effects is None:
-            if plan.cached:
-                current = self.store.lock_run(tx, plan.env.run_id)
-                if current is None or current.last_seq != plan.base_seq:
-                    self._distrust()
-                    raise ActivationConflict(f"run {plan.env.run_id!r} changed meanwhile")
-            return
-        if plan.slot is not None and not concurrency.enforce(self.store, tx, plan.slot, now):
-            raise ActivationConflict(f"concurrency key {plan.slot.key!r} changed meanwhile")
-        if plan.create and not self.store.create_run(tx, dataclasses.replace(run, last_seq=0)):
-            raise ActivationConflict(f"run {run.run_id!r} was created meanwhile")
-        if not self.store.save_run(tx, run, if_last_seq=plan.base_seq):
-            if plan.cached:
-                self._distrust()
-            raise ActivationConflict(f"run {run.run_id!r} changed meanwhile")
+        if run is not None and effects is not None and plan.checkpoint_only:  # the hot path
+            write = Checkpoint(now, row, run, plan.base_seq, effects.events, effects.at)
+            write.messages = effects.messages
+            written = self.store.write_checkpoint(tx, write)
+            if written is Written.DUPLICATE:
+                return self._duplicate(plan, reply)
+            if written is Written.CONFLICT:
+                self._conflict(plan, run)
+        else:
+            if row is not None and not self.store.inbox_put(tx, row[0], row[1], row[2], now):
+                return self._duplicate(plan, reply)
+            if plan.fanout is not None:
+                fanout.fan_out(self.store, self.app, tx, plan.env, plan.fanout, now)
+                return
+            if run is None or effects is None:
+                if plan.cached:
+                    current = self.store.lock_run(tx, plan.env.run_id)
+                    if current is None or current.last_seq != plan.base_seq:
+                        self._distrust()
+                        raise ActivationConflict(f"run {plan.env.run_id!r} changed meanwhile")
+                return
+            if plan.slot is not None and not concurrency.enforce(self.store, tx, plan.slot, now):
+                raise ActivationConflict(f"concurrency key {plan.slot.key!r} changed meanwhile")
+            if plan.create and not self.store.create_run(tx, dataclasses.replace(run, last_seq=0)):
+                raise ActivationConflict(f"run {run.run_id!r} was created meanwhile")
+            if not self.store.save_run(tx, run, if_last_seq=plan.base_seq):
+                self._conflict(plan, run)
+            if effects.restart is not None:
+                self.store.delete_history(tx, run.run_id)
+                self.store.append_events(tx, run.run_id, 0, [effects.restart], effects.at)
+            elif effects.events:
+                at, events = effects.at, effects.events
+                self.store.append_events(tx, run.run_id, effects.after_seq, events, at)
+            self.store.enqueue(tx, effects.messages, now)
         if run.status in s.FINAL_STATUSES and concurrency.limit_of(self.app, run.saga):
             concurrency.release(self.store, tx, self.app, run.run_id, now)  # its slot frees
-        if effects.restart is not None:
-            self.store.delete_history(tx, run.run_id)
-            self.store.append_events(tx, run.run_id, 0, [effects.restart], effects.at)
-        elif effects.events:
-            self.store.append_events(tx, run.run_id, effects.after_seq, effects.events, effects.at)
         self._index_approvals(tx, plan.env, run, effects)
         if effects.clear_timers:
             self.store.delete_timers(tx, run.run_id)
@@ -201,11 +211,27 @@ class Engine:
             self.store.add_timer(tx, timer)
         for pos in effects.dropped_timers:  # after the adds: a timer may be both in one
             self.store.delete_timers(tx, run.run_id, pos=pos)
-        self.store.enqueue(tx, effects.messages, now)
         wanted = frozenset() if effects.restart is not None else plan.subscriptions
         if wanted is not None and isinstance(self.store, SubscriptionStore):
             self.store.set_subscriptions(tx, self.app.name, run.run_id, wanted)
         self._logs.extend(plan.logs)
+
+    def _duplicate(self, plan: Plan, reply: InboxRow | None) -> None:
+        """The message's inbox row existed: nothing of ``plan`` is written."""
+        logger.debug("duplicate message %s ignored", plan.env.message_id)
+        run_id = plan.env.run_id  # what prepare staged for it did not happen
+        drop(self._staged.pop(run_id, None))
+        self._staged_runs.pop(run_id, None)
+        if reply is not None:
+            raise ActivationConflict(f"the reply to {plan.env.message_id} is stored already")
+        if plan.run is not None:  # its activation is not written, and later plans of
+            # this transaction may count on it (a start's catch-up): prepare them again
+            raise ActivationConflict(f"duplicate message {plan.env.message_id} moved the run")
+
+    def _conflict(self, plan: Plan, run: RunRecord) -> NoReturn:
+        if plan.cached:
+            self._distrust()
+        raise ActivationConflict(f"run {run.run_id!r} changed meanwhile")
 
     def _index_approvals(
         self, tx: Tx, env: Envelope, run: RunRecord, effects: decide.Effects

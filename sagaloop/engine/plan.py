@@ -66,3 +66,11 @@ class Plan:
     them (None: unchanged)."""
     fanout: PublishPayload | None = None
     """A ``publish``: the event :meth:`Engine.apply` delivers to the runs subscribed to it."""
+
+    @property
+    def checkpoint_only(self) -> bool:
+        """Whether the plan's writes up to its run's events are a :class:`Checkpoint` (no
+        fan-out, slot, creation or fresh history; an update of the run from ``base_seq``)."""
+        e = self.effects
+        special = self.fanout is not None or self.slot is not None or self.create
+        return not special and e is not None and e.restart is None and e.after_seq == self.base_seq

@@ -4,7 +4,7 @@ the engine imports no driver or SQL dialect."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
@@ -14,6 +14,7 @@ from sagaloop.engine.listing import RunOrder, RunWaits
 from sagaloop.engine.messages import Envelope
 from sagaloop.engine.records import (  # the records the ports take and return: re-exported
     ApprovalRow,
+    Checkpoint,
     Debounced,
     HeldSlot,
     KeySlots,
@@ -22,6 +23,7 @@ from sagaloop.engine.records import (  # the records the ports take and return: 
     RunRecord,
     Schedule,
     Timer,
+    Written,
 )
 from sagaloop.engine.transport import Broker, Delivery, Streams, Subscription  # re-exported
 
@@ -29,6 +31,7 @@ __all__ = [
     "ApprovalRow",
     "ApprovalStore",
     "Broker",
+    "Checkpoint",
     "Clock",
     "ConcurrencySlots",
     "DebounceStore",
@@ -58,7 +61,7 @@ __all__ = [
     "TimerStore",
     "Transactions",
     "Tx",
-    "batched",
+    "Written",
 ]
 
 
@@ -113,8 +116,7 @@ class Transactions(Protocol):
 
     def attach(self, conn: Any) -> Tx:
         """Use the caller's open transaction (``conn``, a connection of the store's driver) as
-        one of the store's, so that the store's rows commit or roll back with the caller's own
-        writes."""
+        one of the store's: the store's rows commit or roll back with the caller's writes."""
         ...
 
 
@@ -160,6 +162,11 @@ class RunStore(Protocol):
     ) -> list[Event]:
         """Record the events as ``after_seq + 1, ...``; a seq already used fails the whole
         transaction (two activations raced)."""
+        ...
+
+    def write_checkpoint(self, tx: Tx, checkpoint: Checkpoint) -> Written:
+        """In ``tx``: ``inbox_put``, ``save_run`` (``if_last_seq=base_seq``), ``append_events``
+        and ``enqueue``, each only if the one before wrote (a store may fuse them)."""
         ...
 
 
@@ -308,9 +315,8 @@ class OutboxQueue(Protocol):
 
     def dead_letters(self) -> list[tuple[str, bytes, str]]: ...
     def oldest_outbox_message(self) -> datetime | None:
-        """Since when the longest-waiting row to publish has been available (None when empty):
-        not counting the in-process lanes, whose rows are never published (one stays while
-        its step runs)."""
+        """Since when the longest-waiting row to publish has been available (None when empty),
+        but for the in-process lanes' rows, never published (one stays while its step runs)."""
         ...
 
 
@@ -552,11 +558,6 @@ class Store(
 
 STORE_ROLES: tuple[type, ...] = tuple(b for b in Store.__bases__ if b is not Protocol)
 """The roles of the store port, in the order ``Store`` unites them."""
-
-
-def batched(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
 
 
 @runtime_checkable

@@ -5,9 +5,12 @@ and nothing else."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
+from sagaloop.engine.history import NewEvent
 from sagaloop.engine.messages import Envelope
 
 
@@ -18,6 +21,38 @@ class Outgoing:
     queue: str
     envelope: Envelope
     available_at: datetime | None = None
+
+
+InboxRow = tuple[str, str, Any]
+"""(consumer, message_id, result): an inbox row."""
+
+
+@dataclasses.dataclass(slots=True)
+class Checkpoint:
+    """What one message writes in the transaction that processes it (see
+    ``RunStore.write_checkpoint``): its inbox row, its run's update, the run's new events and
+    the messages it sends. A store may send it all in one statement."""
+
+    now: datetime
+    """When: the inbox row's and the messages' time."""
+    inbox: InboxRow | None = None
+    run: RunRecord | None = None
+    """The run as saved, if its ``last_seq`` is still ``base_seq``; None: no run to update."""
+    base_seq: int = 0
+    events: Sequence[NewEvent] = ()
+    """Appended to ``run``'s history as ``base_seq + 1, ...``, stamped ``events_at``."""
+    events_at: datetime | None = None
+    messages: Sequence[Outgoing] = ()
+
+
+class Written(StrEnum):
+    """What :class:`Checkpoint` did: all of it, nothing (its inbox row existed: the message
+    was processed already), or not the run's update (the run moved: roll back, whatever else
+    was written)."""
+
+    WRITTEN = "written"
+    DUPLICATE = "duplicate"
+    CONFLICT = "conflict"
 
 
 @dataclasses.dataclass(slots=True)

@@ -110,11 +110,10 @@ class LocalWorker(WorkerConsumer):
                 for c, plan in zip(group, plans, strict=True):
                     if plan.rejected is not None:
                         raise _NotHere(plan.rejected)
-                    if not self.store.inbox_put(
-                        tx, WORKER_CONSUMER, c.key, c.reply.to_payload(), now
-                    ):
-                        raise _NotHere("a copy of the message stored its reply already")
-                    engine.apply(tx, plan, inbox=False)  # the reply's own inbox row is above
+                    # the reply's inbox row is written with the plan (ActivationConflict if a
+                    # copy of the message stored its reply already)
+                    reply = (WORKER_CONSUMER, c.key, c.reply.to_payload())
+                    engine.apply(tx, plan, inbox=False, reply=reply)
                     c.delivery.settle(tx)
                 for c in group:
                     undo = c.task.direction == UNDO

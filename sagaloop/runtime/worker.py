@@ -27,7 +27,7 @@ from sagaloop.engine.messages import (
     inbox_key,
     step_result,
 )
-from sagaloop.engine.ports import Clock, Delivery, HeldSlot, Outgoing, Store
+from sagaloop.engine.ports import Checkpoint, Clock, Delivery, HeldSlot, Outgoing, Store, Written
 from sagaloop.errors import (
     BrokerError,
     ErrorInfo,
@@ -384,17 +384,17 @@ class WorkerConsumer:
         """In ``tx``: store ``reply`` in the inbox, queue it and settle the message. When a
         copy stored its reply first, that one is sent, and the savepoint ``attempt`` (a
         transactional step's writes) is rolled back."""
-        ran = reply is not None and self.store.inbox_put(
-            tx, WORKER_CONSUMER, key, reply.to_payload(), self.clock.now()
-        )
+        now, ran = self.clock.now(), False
+        if reply is not None:  # the inbox row and the reply message, one write on PostgreSQL
+            sent = [Outgoing(self.reply_queue, step_result(env, reply, now))]
+            write = Checkpoint(now, (WORKER_CONSUMER, key, reply.to_payload()), messages=sent)
+            ran = self.store.write_checkpoint(tx, write) is Written.WRITTEN
         if attempt is not None:
             (attempt.commit if ran else attempt.rollback)()
-        if reply is None or not ran:
+        if not ran:
             _, stored = self.store.inbox_get(tx, WORKER_CONSUMER, key)
             reply = StepReply.model_validate(stored)  # as this worker (or a copy) built it
-        now = self.clock.now()
-        result = step_result(env, reply, now)
-        self.store.enqueue(tx, [Outgoing(self.reply_queue, result)], now)
+            self.store.enqueue(tx, [Outgoing(self.reply_queue, step_result(env, reply, now))], now)
         delivery.settle(tx)
         if ran:  # a copy whose reply was stored already ran nothing: no effect cut off
             undo = task.direction == UNDO

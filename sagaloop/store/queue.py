@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from sagaloop.engine.messages import LOCAL_SUFFIX, Envelope
-from sagaloop.engine.ports import Handoff, OutboxQueue, Outgoing, QueuedMessage, batched
+from sagaloop.engine.ports import Handoff, OutboxQueue, Outgoing, QueuedMessage
 from sagaloop.store import payloads
 from sagaloop.store import tables as t
 from sagaloop.store.core import SqlCore, SqlTx, conn_of
@@ -59,38 +59,32 @@ class SqlOutbox(SqlCore, OutboxQueue):
         if not messages:
             return
         conn = conn_of(tx)
-        handoff = self.handoff if tx.own else None
         offload = payloads.Offloader()
-        bodies = [offload.message(m.envelope) for m in messages]
-        rows = [
-            _row(m.queue, m.envelope.message_id, body, m.available_at or now, now)
-            for m, body in zip(messages, bodies, strict=True)
-        ]
+        rows = self.outbox_rows(tx, messages, now, offload)
         offload.flush(conn, now)
-        if handoff is None:
-            if rows:
-                conn.execute(t.outbox.insert(), rows)
-                tx.queues.extend(r["queue"] for r in rows)
-            return
-        until_of = _deadlines(handoff, now)
-        ready, later = [], []
-        for r in rows:
-            until = until_of(r["queue"]) if r["available_at"] <= now else None
-            if until is None:
-                later.append(r)
-            else:
-                r.update(claim_token=handoff.token, claimed_until=until, deliveries=1)
-                ready.append(r)
+        later = [r for r in rows if "claim_token" not in r]
+        ready = [r for r in rows if "claim_token" in r]
         if later:
             conn.execute(t.outbox.insert(), later)
-            tx.queues.extend(r["queue"] for r in later)
-        if not ready:
-            return
-        ids = conn.execute(_INSERT_CLAIMED, ready).scalars().all()
-        tx.handed.extend(
-            QueuedMessage(i, r["queue"], r["body"], 1, handoff.token)
-            for i, r in zip(ids, ready, strict=True)
-        )
+        ids = conn.execute(_INSERT_CLAIMED, ready).scalars().all() if ready else []
+        inserted(tx, rows, ids)
+
+    def outbox_rows(
+        self, tx: SqlTx, messages: Sequence[Outgoing], now: datetime, offload: payloads.Offloader
+    ) -> list[dict[str, Any]]:
+        """The rows of ``messages`` (large values collected by ``offload``); those to hand over
+        after the commit (see :meth:`enqueue`) carry their claim (``claim_token``...)."""
+        handoff = self.handoff if tx.own else None
+        until_of = None if handoff is None else _deadlines(handoff, now)
+        rows = []
+        for m in messages:
+            at = m.available_at or now
+            r = _row(m.queue, m.envelope.message_id, offload.message(m.envelope), at, now)
+            until = until_of(m.queue) if until_of is not None and at <= now else None
+            if handoff is not None and until is not None:
+                r.update(claim_token=handoff.token, claimed_until=until, deliveries=1)
+            rows.append(r)
+        return rows
 
     def resolve(self, tx: Any, env: Envelope) -> Envelope:
         """Reads the payload table; no query when ``env`` holds no reference."""
@@ -278,6 +272,23 @@ class SqlOutbox(SqlCore, OutboxQueue):
 
 
 _INSERT_CLAIMED = t.outbox.insert().returning(c.id, sort_by_parameter_order=True)
+
+
+def inserted(tx: SqlTx, rows: Sequence[dict[str, Any]], claimed_ids: Sequence[int]) -> None:
+    """Once ``rows`` (of :meth:`SqlOutbox.outbox_rows`) are inserted, ``claimed_ids`` the ids
+    of the claimed ones in order: after the commit, hand those over and wake consumers for
+    the others."""
+    claimed = [r for r in rows if "claim_token" in r]
+    tx.queues.extend(r["queue"] for r in rows if "claim_token" not in r)
+    tx.handed.extend(
+        QueuedMessage(i, r["queue"], r["body"], 1, r["claim_token"])
+        for i, r in zip(claimed_ids, claimed, strict=True)
+    )
+
+
+def batched(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
 
 
 def _deadlines(handoff: Handoff, now: datetime) -> Callable[[str], datetime | None]:

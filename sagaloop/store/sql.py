@@ -16,6 +16,7 @@ module             mixin            roles (``engine/ports.py``)
 =================  ===============  =====================================================
 ``core.py``        ``SqlCore``      ``Transactions``, ``check_schema``, ``close``
 ``runs.py``        ``SqlRuns``      ``RunStore``, ``RunQueries``, ``prune``
+``checkpoint.py``  ``SqlCheckpoints``  ``RunStore.write_checkpoint`` (one statement on PG)
 ``timers.py``      ``SqlTimers``    ``TimerStore``
 ``inbox.py``       ``SqlInbox``     ``InboxStore``
 ``queue.py``       ``SqlOutbox``    ``OutboxQueue`` (and the dead letters)
@@ -39,6 +40,7 @@ import sqlalchemy as sa
 
 from sagaloop.store import tables as t
 from sagaloop.store.approvals import SqlApprovals
+from sagaloop.store.checkpoint import SqlCheckpoints
 from sagaloop.store.concurrency import SqlConcurrency
 from sagaloop.store.connect import create_sa_engine
 from sagaloop.store.debounce import SqlDebounce
@@ -59,6 +61,7 @@ SIGNING_KEY = "message-signing-key"
 
 
 class SqlStore(
+    SqlCheckpoints,
     SqlRuns,
     SqlTimers,
     SqlInbox,

@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from sagaloop.engine.history import NewEvent
-from sagaloop.engine.ports import RunRecord, Timer
+from sagaloop.engine.ports import Checkpoint, RunRecord, Timer, Written
 from sagaloop.errors import SchemaOutdatedError, StoreError, TransientStoreError
 from sagaloop.store import migrations
 from sagaloop.store import tables as t
@@ -182,6 +182,16 @@ def test_timestamps_are_utc_whatever_the_session_time_zone(database: str) -> Non
         assert got is not None and got.created_at == at and got.created_at.tzinfo is UTC
         (event,) = store.load_history(None, "tz")
         assert event.at == at and event.at.tzinfo is UTC
+        later = at + timedelta(hours=1)  # and through the one statement of write_checkpoint
+        saved = RunRecord("tz2", "app", "pg", "running", None, at, later, last_seq=1)
+        cp = Checkpoint(later, ("engine", "tz-1", None), saved, 0, [NewEvent("y")], later)
+        with store.transaction() as tx:
+            store.create_run(tx, RunRecord("tz2", "app", "pg", "running", None, at, at))
+            assert store.write_checkpoint(tx, cp) is Written.WRITTEN
+        got = store.get_run("tz2")
+        assert got is not None and got.updated_at == later and got.updated_at.tzinfo is UTC
+        (event,) = store.load_history(None, "tz2")
+        assert event.at == later and event.at.tzinfo is UTC
     finally:
         with store.transaction() as tx:
             tx.conn.exec_driver_sql(f"TRUNCATE {TABLES}")

@@ -33,6 +33,7 @@ more detail.
 
 from __future__ import annotations
 
+from sagaloop.testing.store_contract.checkpoint import CheckpointContract
 from sagaloop.testing.store_contract.listing import ListingContract
 from sagaloop.testing.store_contract.messages import MessageContract
 from sagaloop.testing.store_contract.retention import RetentionContract
@@ -43,10 +44,16 @@ __all__ = ["StoreContract"]
 
 
 class StoreContract(
-    RunContract, ListingContract, TimerContract, MessageContract, RetentionContract
+    RunContract,
+    CheckpointContract,
+    ListingContract,
+    TimerContract,
+    MessageContract,
+    RetentionContract,
 ):
     """The contract tests. Subclass it as ``TestXxx`` and provide a ``store`` fixture. Its
-    parts, one module each by store role: ``runs`` (runs and history), ``timers``,
-    ``listing`` (the runs listing's search, orders and pages), ``messages`` (inbox, outbox
-    queue, rate limits) and ``retention`` (prune, large payloads).
+    parts, one module each by store role: ``runs`` (runs and history), ``checkpoint`` (a
+    message's writes as one), ``timers``, ``listing`` (the runs listing's search, orders and
+    pages), ``messages`` (inbox, outbox queue, rate limits) and ``retention`` (prune, large
+    payloads).
     """

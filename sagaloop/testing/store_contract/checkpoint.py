@@ -1,0 +1,176 @@
+"""The store contract of ``RunStore.write_checkpoint``: a message's inbox row, its run's update,
+the run's events and its outgoing messages, each written only if the one before was, with
+the outcome told apart (written, duplicate, conflict), under races too, large values offloaded
+and rows handed over with their own ids."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+
+from sagaloop.engine.history import NewEvent
+from sagaloop.engine.messages import Envelope
+from sagaloop.engine.ports import (
+    Checkpoint,
+    Outgoing,
+    QueuedMessage,
+    RunRecord,
+    Store,
+    Written,
+)
+from sagaloop.testing.store_contract._base import LEASE, T0, ContractBase, in_threads, new_id
+
+BIG = "x" * 100_000
+"""A value over the payload table's threshold."""
+
+
+class _Handoff:
+    """Takes the rows of queues named ``leased`` (as a relay takes what it publishes)."""
+
+    def __init__(self, leased: set[str]) -> None:
+        self.token = new_id("handoff")
+        self.leased = leased
+        self.taken: list[QueuedMessage] = []
+
+    def lease_for(self, queue: str) -> timedelta | None:
+        return LEASE if queue in self.leased else None
+
+    def take(self, rows: Sequence[QueuedMessage]) -> None:
+        self.taken.extend(rows)
+
+
+class CheckpointContract(ContractBase):
+    """``write_checkpoint``."""
+
+    @staticmethod
+    def _checkpoint(
+        run: RunRecord | None, key: str, messages: Sequence[Outgoing] = (), **kw: object
+    ) -> Checkpoint:
+        """The checkpoint of message ``key`` to the ``engine`` consumer: ``run`` (None: no run)
+        from last_seq 0 to 2, with two events, a second later."""
+        later, output = T0 + timedelta(seconds=1), kw.pop("output", None)
+        saved = None
+        if run is not None:
+            saved = dataclasses.replace(
+                run, last_seq=2, processed_seq=2, updated_at=later, output=output
+            )
+        events = [NewEvent("step_completed", 1, "s", {"result": kw.pop("result", 1)})]
+        events.append(NewEvent("step_scheduled", 2, "s", {"args": []}))
+        return Checkpoint(
+            later,
+            ("engine", key, kw.pop("inbox_result", None)),
+            saved,
+            0,
+            events if run is not None else (),
+            later,
+            messages,
+        )
+
+    def test_a_checkpoint_writes_inbox_run_events_and_messages(self, store: Store) -> None:
+        run, key, queue = self.new_run(store), new_id("m"), new_id("q")
+        messages = [self.message(queue, 1), self.message(queue, 2)]
+        with store.transaction() as tx:
+            assert (
+                store.write_checkpoint(tx, self._checkpoint(run, key, messages)) is Written.WRITTEN
+            )
+        assert store.inbox_get(None, "engine", key) == (True, None)
+        saved = store.get_run(run.run_id)
+        assert saved is not None and (saved.last_seq, saved.processed_seq) == (2, 2)
+        assert saved.updated_at == T0 + timedelta(seconds=1)
+        events = store.load_history(None, run.run_id)
+        assert [(e.seq, e.kind, e.pos, e.name) for e in events] == [
+            (1, "step_completed", 1, "s"),
+            (2, "step_scheduled", 2, "s"),
+        ]
+        assert events[0].data == {"result": 1} and events[0].at == T0 + timedelta(seconds=1)
+        bodies = [m.body for m in store.claim([queue], 10, T0 + timedelta(seconds=1), LEASE)]
+        assert bodies == [m.envelope.to_bytes() for m in messages]
+
+    def test_a_duplicate_checkpoint_writes_nothing(self, store: Store) -> None:
+        run, key, queue = self.new_run(store), new_id("m"), new_id("q")
+        with store.transaction() as tx:
+            assert store.inbox_put(tx, "engine", key, None, T0)
+        with store.transaction() as tx:
+            cp = self._checkpoint(run, key, [self.message(queue)])
+            assert store.write_checkpoint(tx, cp) is Written.DUPLICATE
+            reply = self._checkpoint(None, key, [self.message(queue)], inbox_result={"a": 1})
+            assert store.write_checkpoint(tx, reply) is Written.DUPLICATE, "with no run too"
+        assert store.get_run(run.run_id) == run, "the run is not updated"
+        assert store.load_history(None, run.run_id) == []
+        assert store.claim([queue], 10, T0 + timedelta(seconds=1), LEASE) == []
+        assert store.inbox_get(None, "engine", key) == (True, None), "the first row stays"
+
+    def test_a_checkpoint_without_a_run_writes_its_row_and_messages(self, store: Store) -> None:
+        key, queue = new_id("m"), new_id("q")
+        with store.transaction() as tx:
+            cp = self._checkpoint(None, key, [self.message(queue)], inbox_result={"r": [1]})
+            assert store.write_checkpoint(tx, cp) is Written.WRITTEN
+        assert store.inbox_get(None, "engine", key) == (True, {"r": [1]})
+        assert len(store.claim([queue], 10, T0 + timedelta(seconds=1), LEASE)) == 1
+
+    def test_a_checkpoint_on_a_moved_run_writes_no_run(self, store: Store) -> None:
+        run, queue = self.new_run(store), new_id("q")
+        with store.transaction() as tx:
+            assert store.write_checkpoint(tx, self._checkpoint(run, new_id("m"))) is Written.WRITTEN
+        with store.transaction() as tx:  # from last_seq 0 again: the run is at 2
+            cp = self._checkpoint(run, new_id("m"), [self.message(queue)])
+            assert store.write_checkpoint(tx, cp) is Written.CONFLICT
+        assert [e.seq for e in store.load_history(None, run.run_id)] == [1, 2]
+        assert store.claim([queue], 10, T0 + timedelta(seconds=1), LEASE) == []
+
+    def test_racing_checkpoints_of_a_run_write_it_once(self, store: Store) -> None:
+        run = self.new_run(store)
+
+        def write(i: int) -> Callable[[], Written]:
+            def go() -> Written:
+                with store.transaction() as tx:
+                    written = store.write_checkpoint(tx, self._checkpoint(run, f"m-race-{i}"))
+                    time.sleep(0.05)
+                    return written
+
+            return go
+
+        results = in_threads([write(i) for i in range(4)], self.thread_timeout)
+        assert sorted(results) == [Written.CONFLICT] * 3 + [Written.WRITTEN], results
+        assert [e.seq for e in store.load_history(None, run.run_id)] == [1, 2]
+
+    def test_a_checkpoint_offloads_large_values(self, store: Store) -> None:
+        run, key, queue = self.new_run(store), new_id("m"), new_id("q")
+        env = Envelope(type="step_result", run_id=run.run_id, payload={"result": BIG})
+        with store.transaction() as tx:
+            cp = self._checkpoint(
+                run, key, [Outgoing(queue, env)], output=[BIG], result=BIG, inbox_result=[BIG]
+            )
+            assert store.write_checkpoint(tx, cp) is Written.WRITTEN
+        assert store.inbox_get(None, "engine", key) == (True, [BIG])
+        saved = store.get_run(run.run_id)
+        assert saved is not None and saved.output == [BIG]
+        assert store.load_history(None, run.run_id)[0].data == {"result": BIG}
+        [row] = store.claim([queue], 10, T0 + timedelta(seconds=1), LEASE)
+        assert len(row.body) < len(BIG), "the message holds a reference"
+        assert store.resolve(None, Envelope.model_validate_json(row.body)).payload == env.payload
+
+    def test_a_checkpoint_hands_over_its_rows_with_their_ids(self, store: Store) -> None:
+        fast, slow, key = new_id("q"), new_id("q"), new_id("m")
+        later = T0 + timedelta(seconds=1)
+        messages = [self.message(fast, 0), self.message(slow, 1), self.message(fast, 2)]
+        messages.append(self.message(fast, 3, available_at=later + timedelta(minutes=5)))
+        messages.append(self.message(fast, 4))
+        handoff, run = _Handoff({fast}), self.new_run(store)
+        store.hand_over_to(handoff)
+        try:
+            with store.transaction() as tx:
+                cp = self._checkpoint(run, key, messages)
+                assert store.write_checkpoint(tx, cp) is Written.WRITTEN
+        finally:
+            store.hand_over_to(None)
+        taken = [(m.queue, m.body) for m in handoff.taken]
+        assert taken == [(fast, messages[n].envelope.to_bytes()) for n in (0, 2, 4)]
+        for m in handoff.taken:  # each id is its own row's, claimed with the handoff's token
+            assert m.claim_token == handoff.token and m.deliveries == 1
+            assert store.delete_claimed(None, [m.id], m.claim_token) == 1
+        assert store.claim([fast], 10, later, LEASE) == [], "no row left but the delayed one"
+        [row] = store.claim([slow], 10, later, LEASE)
+        assert row.body == messages[1].envelope.to_bytes(), "a queue without a lease: queued"
