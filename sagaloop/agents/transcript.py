@@ -71,9 +71,9 @@ class Encoder:
         same: Callable[[Any, Any], bool] | None = None,
     ) -> None:
         self._encode = encode
-        self._same = same or (lambda a, b: a is b)
-        """When a message is the one at the same place in the previous request (identity of the
-        framework's objects by default; equality for a framework that rebuilds them)."""
+        self._same = same
+        """When a message is the one at the same place in the previous request (None: identity
+        of the framework's objects; equality for a framework that rebuilds them)."""
         self._prev_pos: int | None = None
         self._prev: list[Any] = []
         self._answer: tuple[int, list[tuple[list[Any], Any]]] | None = None
@@ -86,9 +86,7 @@ class Encoder:
         that is (nearly) a value of the last response (:meth:`answered`) as a reference to it."""
         keep = 0
         if self._prev_pos is not None:
-            limit = min(len(messages), len(self._prev))
-            while keep < limit and self._same(messages[keep], self._prev[keep]):
-                keep += 1
+            keep = _common_prefix(messages, self._prev, self._same)
         append = self._encode(messages[keep:])
         delta: Delta = {"prev": self._prev_pos if keep else None, "keep": keep, "append": append}
         refs = self._refs(append)
@@ -386,6 +384,23 @@ def _read(history: Callable[..., list[Event]] | None, run_id: str, n: int) -> li
             f"request {n} of run {run_id!r} is not in this process and it cannot read the "
             f"run's history ({e})"
         ) from None
+
+
+def _common_prefix(
+    messages: Sequence[Any], prev: Sequence[Any], same: Callable[[Any, Any], bool] | None
+) -> int:
+    """How many of ``messages`` are the ``same`` as those at the same place in ``prev`` (None:
+    the same objects). Every request walks the whole transcript here: identity is compared
+    inline, a call per message only for a framework that compares by equality."""
+    limit = min(len(messages), len(prev))
+    keep = 0
+    if same is None:
+        while keep < limit and messages[keep] is prev[keep]:
+            keep += 1
+        return keep
+    while keep < limit and same(messages[keep], prev[keep]):
+        keep += 1
+    return keep
 
 
 def _long_strings(value: Any) -> list[str]:
