@@ -688,3 +688,40 @@ def test_a_tool_may_ask_for_approval_at_run_time() -> None:
     env.run_until_idle()
     assert json.loads(env.result(run_id)) == ["refunded 5000"]
     assert attempts == [(50, False), (5000, False), (5000, True)]
+
+
+def test_capabilities_of_the_run_and_the_agent_shape_the_tools_a_saga_offers() -> None:
+    """The adapter puts its toolset around the run's as a run capability of its own: a run's
+    ``capabilities`` (here ``PrepareTools``, which hides ``greet``) still apply, and a tool the
+    model is offered still runs as a step, once."""
+    from pydantic_ai.capabilities import PrepareTools
+    from pydantic_ai.tools import ToolDefinition
+
+    offered: list[list[str]] = []
+
+    class Offered(Script):
+        def __call__(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            offered.append(sorted(t.name for t in info.function_tools))
+            return super().__call__(messages, info)
+
+    app, saga_agent, effects = refund_app(Offered([("add", {"a": 1, "b": 2})]))
+
+    async def hide_greet(ctx: RunContext[Any], defs: list[ToolDefinition]) -> list[ToolDefinition]:
+        return [d for d in defs if d.name != "greet"]
+
+    @app.saga(name="ask_without_greet")
+    async def ask_without_greet(ctx: SagaContext, prompt: str) -> str:
+        result = await saga_agent.run(
+            prompt, deps=Deps(base=10), capabilities=[PrepareTools(hide_greet)]
+        )
+        return str(result.output)
+
+    env = Harness(app)
+    run_id = env.start("ask_without_greet", "refund please")
+    env.run_until_idle()
+    assert env.get(run_id).status == "completed", env.get(run_id).error
+    assert json.loads(env.result(run_id)) == [13]
+    assert offered and all(names == ["add"] for names in offered), offered
+    assert effects == Counter({"add 1 2": 1})
+    steps = [e.name for e in env.history(run_id) if e.kind == h.STEP_COMPLETED]
+    assert steps.count("agent__refunds__tool__add") == 1
