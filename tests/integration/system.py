@@ -91,11 +91,16 @@ class System:
     def wait_killed_by_crash_point(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
         assert proc.wait(timeout=timeout) == -signal.SIGKILL, "the crash point was not reached"
 
-    def wait_ready(self, role: str = "engine") -> None:
-        """Until a ``role`` process logged that it runs: its queues are declared *and bound*
-        then (a queue can exist before its binding, and a message published in between is
-        dropped)."""
-        eventually(lambda: f"{role}: app" in self.logs(), what=f"the {role} to start")
+    def wait_ready(self, role: str = "engine", count: int = 1) -> None:
+        """Until ``count`` ``role`` processes logged that they run: their queues are declared
+        *and bound* then (a queue can exist before its binding, and a message published in
+        between is dropped)."""
+
+        def ready() -> bool:
+            line = f"{role}: app"
+            return sum(line in p.read_text(errors="replace") for p in self._logs) >= count
+
+        eventually(ready, what=f"{count} {role} process(es) to start")
 
     def logs(self) -> str:
         return "\n".join(
