@@ -140,8 +140,15 @@ class Service:
         self.relay: Relay | None = parts.relay
         if self.relay is not None:
             self._spawn("relay", self._relay, self.relay)
-            if isinstance(store, SqlStore) and store.dialect == "postgresql":  # rows that other
-                listen = store.listen_for_writes  # processes commit wake the relay at once
+            # What other processes commit unclaimed (starts, events, steps completed from
+            # outside) is an engine's work: it wakes an engine's relay at once (a worker's
+            # relay finds it at its next sweep, if no engine did).
+            if (
+                parts.engine is not None
+                and isinstance(store, SqlStore)
+                and store.dialect == "postgresql"
+            ):
+                listen = store.listen_for_writes
                 self._spawn("outbox-listener", listen, self.relay.poke, self.stopping)
 
     def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:

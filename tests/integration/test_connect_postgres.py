@@ -9,7 +9,7 @@ import pika
 import pytest
 
 import sagaloop
-from sagaloop import App, SagaContext, Service, StepContext, Tuning
+from sagaloop import App, Roles, SagaContext, Service, StepContext, Tuning
 from sagaloop.runtime.connect import open_broker, open_store
 
 pytestmark = pytest.mark.integration
@@ -61,3 +61,25 @@ def _delete_namespace(url: str, namespace: str) -> None:
             ch.exchange_delete(exchange)
     finally:
         connection.close()
+
+
+def test_only_an_engine_process_listens_for_other_processes_writes(
+    postgres_url: str, rabbitmq_url: str
+) -> None:
+    """What another process commits unclaimed (a client's start, an event, a step completed
+    from outside) goes to an engine's queue; an engine's relay is woken for it at once. A
+    worker's relay sweeping for it too would only spend the worker's CPU on every start (a
+    burst of starts woke every worker as often)."""
+    namespace = f"it-{uuid.uuid4().hex[:8]}"
+    store = open_store(postgres_url)
+    broker = open_broker(rabbitmq_url, store, namespace=namespace)
+    try:
+        worker = Service(app, store, broker, roles=Roles(engine=False, timers=False))
+        engine = Service(app, store, broker, roles=Roles(queues=[]))
+        assert worker.relay is not None and engine.relay is not None
+        assert "outbox-listener" not in [t.name for t in worker.threads]
+        assert "outbox-listener" in [t.name for t in engine.threads]
+    finally:
+        broker.close()
+        store.close()
+        _delete_namespace(rabbitmq_url, namespace)
