@@ -159,9 +159,7 @@ def derived_id(*parts: object) -> str:
     escaped (``%25``, ``%3A``), so different parts never join to the same id (``acct:7`` +
     ``reply`` is not ``acct`` + ``7:reply``). One over 200 characters, which a long run id
     makes, keeps its start and ends with a hash of the whole."""
-    text = ":".join(map(str, parts))
-    if "%" in text or text.count(":") != len(parts) - 1:  # a part to escape (rarely)
-        text = ":".join(str(p).replace("%", "%25").replace(":", "%3A") for p in parts)
+    text = ":".join(str(p).replace("%", "%25").replace(":", "%3A") for p in parts)
     if len(text) <= 200:
         return text
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

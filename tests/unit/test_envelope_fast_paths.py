@@ -1,6 +1,7 @@
-"""The envelope's fast paths (issue 27) refuse and accept exactly what the slow ones do: the
-byte scans that spare ``Envelope.from_bytes`` its walk over every value, and the shortcut of
-``derived_id`` when no part needs escaping."""
+"""The envelope's fast path (issue 27) refuses and accepts exactly what the slow one does: the
+byte scans that spare ``Envelope.from_bytes`` its walk over every value. (``derived_id``'s
+escaping is pinned too: a shortcut for parts without ``:`` was measured slower, as most ids
+joined are derived ids, colons and all.)"""
 
 from __future__ import annotations
 
