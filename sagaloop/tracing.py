@@ -359,6 +359,11 @@ class Attempt:
         self._span = span
         self._otel = otel
 
+    @property
+    def recording(self) -> bool:
+        """Whether :meth:`done` records anything (else its caller need not build the reply)."""
+        return self._span is not None
+
     def done(self, reply: Mapping[str, Any]) -> None:
         """Record the attempt's outcome: status ERROR when it failed or halted."""
         span, otel = self._span, self._otel

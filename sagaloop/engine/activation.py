@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import NoReturn
 
 from sagaloop import tracing
@@ -100,6 +100,11 @@ class Engine:
         """``time.monotonic()`` until which :meth:`prepare` does not trust the cache."""
         self._logs: list[runlog.Line] = []
         """The log lines of the plans applied in the open transaction (see ``runlog``)."""
+        self._first_timer: datetime | None = None
+        """The earliest timer the plans applied in the open transaction set."""
+        self.on_timers: Callable[[datetime], None] | None = None
+        """Called after a commit that set timers, with the earliest one's due time: the timer
+        scheduler of this process then knows about it without looking at the database."""
         self.queue = engine_queue(app.name)
 
     # --- messages ----------------------------------------------------------------------------
@@ -209,6 +214,8 @@ class Engine:
             self.store.delete_timers(tx, run.run_id)
         for timer in effects.timers:
             self.store.add_timer(tx, timer)
+            if self._first_timer is None or timer.fire_at < self._first_timer:
+                self._first_timer = timer.fire_at
         for pos in effects.dropped_timers:  # after the adds: a timer may be both in one
             self.store.delete_timers(tx, run.run_id, pos=pos)
         wanted = frozenset() if effects.restart is not None else plan.subscriptions
@@ -416,6 +423,9 @@ class Engine:
             drop(self._cache.popitem(last=False)[1])
         logs, self._logs = self._logs, []
         runlog.emit(logs)
+        first, self._first_timer = self._first_timer, None
+        if first is not None and self.on_timers is not None:
+            self.on_timers(first)
 
     def rolled_back(self) -> None:
         """Forget what the failed transaction's plans did to in-memory state."""
@@ -425,6 +435,7 @@ class Engine:
         self._staged_runs.clear()
         self._restarted.clear()
         self._logs.clear()
+        self._first_timer = None
 
     # --- activation --------------------------------------------------------------------------
 

@@ -193,6 +193,9 @@ class RunState:
     routes: bool = False
     """The history has a subscription or a routed wait: from there on, which wait took an
     arrived event is recorded (``event_taken``), not inferred from the names."""
+    _flying: set[int] = dataclasses.field(default_factory=set)
+    """Positions of the steps in flight (see :meth:`in_flight`): a step's status changes only
+    by an event at its position."""
     _taken_early: set[int] = dataclasses.field(default_factory=set)
     """Positions of waits whose ``event_taken`` (of a kept event) came before the wait."""
     cancel_reason: str | None = None
@@ -219,6 +222,15 @@ class RunState:
     # --- folding -----------------------------------------------------------------------------
 
     def apply(self, ev: Event) -> None:
+        self._fold(ev)
+        pos = ev.pos
+        if pos is not None and (st := self.steps.get(pos)) is not None:
+            if st.status in IN_FLIGHT:
+                self._flying.add(pos)
+            else:
+                self._flying.discard(pos)
+
+    def _fold(self, ev: Event) -> None:
         self.last_seq = ev.seq
         kind, d = ev.kind, ev.data
         if kind == h.RUN_STARTED:
@@ -451,7 +463,10 @@ class RunState:
         return self.cancelling is not None and pos in self.cancelling.get("steps", ())
 
     def in_flight(self) -> list[StepState]:
-        return [s for s in self.steps.values() if s.status in IN_FLIGHT]
+        """The steps in flight (scheduled or retrying), by position: read from an index that
+        :meth:`apply` keeps, so asking costs nothing per step of a long history (``status``
+        asks on every activation)."""
+        return [self.steps[pos] for pos in sorted(self._flying)]
 
     def compensations_in_flight(self) -> list[StepState]:
         return [s for s in self.steps.values() if s.comp_status in IN_FLIGHT]

@@ -7,6 +7,11 @@ while fewer than a window of the app's runs are running (their steps in flight),
 burst of starts never delays the runs already started: their steps do not queue behind the new
 runs' first steps either. The runs beyond the window wait in the start queue, where
 ``Client.start`` counts them against the start backlog limit (``SAGALOOP_START_BACKLOG``).
+
+While the start queue is empty, the engine looks at it every ``--poll`` seconds: a count of the
+running runs is kept for ``RECOUNT`` seconds as long as the engine took up no new run since and
+the window had room for two batches at that count (so an idle engine counts once a second, not
+ten times), and is taken again before any batch that follows a batch.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator
 
 from sagaloop.client.admission import limit_from_env
@@ -24,6 +30,9 @@ logger = logging.getLogger("sagaloop.engine")
 START_WINDOW = 256
 """The default window: an engine takes up new runs while fewer of its app's runs are running.
 ``SAGALOOP_START_WINDOW`` sets another (``0``: no window)."""
+RECOUNT = 1.0
+"""Seconds a count of the running runs is used again while the engine takes up no new run
+(see the module's docstring)."""
 
 
 class StartGate:
@@ -37,6 +46,9 @@ class StartGate:
         """The window was full at the last look: new runs wait."""
         self._busy = 0
         self._cond = threading.Condition()
+        self._counted: tuple[int, float] | None = None
+        """The last count of running runs and the ``time.monotonic()`` until which it holds,
+        while no new run was taken up since it."""
 
     @contextlib.contextmanager
     def first(self) -> Iterator[None]:
@@ -59,7 +71,7 @@ class StartGate:
                 return 0
         if not self.window:
             return most
-        running = self.store.count_running(self.app, started=True, at_most=self.window)
+        running = self._running(most)
         full = running >= self.window
         if full != self.full:
             self.full = full
@@ -74,3 +86,21 @@ class StartGate:
             else:
                 logger.info("the start window of app %r has room again", self.app)
         return min(most, self.window - running)
+
+    def taken(self, count: int) -> None:
+        """The engine took up ``count`` new runs after :meth:`wait_turn`: any, and the next
+        turn counts the running runs again."""
+        if count:
+            self._counted = None
+
+    def _running(self, most: int) -> int:
+        counted = self._counted
+        if (
+            counted is not None
+            and time.monotonic() < counted[1]
+            and self.window - counted[0] >= 2 * most
+        ):
+            return counted[0]
+        running = self.store.count_running(self.app, started=True, at_most=self.window)
+        self._counted = (running, time.monotonic() + RECOUNT)
+        return running

@@ -163,6 +163,8 @@ def assemble(
         )
     if roles.timers:
         parts.timers = TimerScheduler(app, store, clock)
+        if parts.engine is not None:  # the timers it sets: no look at the database for them
+            parts.engine.engine.on_timers = parts.timers.wake
         if roles.engine and isinstance(store, ScheduleStore):
             parts.schedules = Scheduler(app, store, clock)
         if roles.engine and isinstance(store, DebounceStore):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sagaloop.client import Client
@@ -32,9 +32,11 @@ from sagaloop.sagas.schedules import (
 logger = logging.getLogger(__name__)
 
 RELOOK = 1.0
-"""Seconds after which a scheduler looks again for due schedules at the same clock time (a
-next tick is always after the time it was set at, so only another process's write can make a
-schedule due at a time already looked at)."""
+"""Seconds after which a scheduler looks again for due schedules, though its last look found
+none due before then: it looks ``RELOOK`` ahead of the clock, and a next tick is always after
+the time it was set at, so only another process's write (``sagaloop schedule add``, a resume)
+can make a schedule due sooner, which then waits up to ``RELOOK`` (an idle engine reads once a
+second, not every ``--poll``)."""
 
 
 class Scheduler:
@@ -51,6 +53,10 @@ class Scheduler:
         self._synced = False
         self._looked: tuple[datetime, float] | None = None
         """When it last looked for due schedules: the clock's time and ``time.monotonic()``."""
+        self._quiet: tuple[datetime, float] | None = None
+        """After a look that found nothing due: the clock's time before which nothing is due
+        (the next tick it found, or RELOOK ahead) and the ``time.monotonic()`` until which
+        that look holds."""
 
     def sync(self) -> None:
         """Write the app's declared schedules to the store: new ones start at the next tick;
@@ -68,9 +74,20 @@ class Scheduler:
         looked = self._looked
         if looked is not None and looked[0] == now and time.monotonic() - looked[1] < RELOOK:
             return 0  # a stopped clock (the harness's): nothing fell due since that look
+        quiet = self._quiet
+        if quiet is not None and now < quiet[0] and time.monotonic() < quiet[1]:
+            return 0  # nothing falls due before quiet[0] (see RELOOK)
         self._looked = (now, time.monotonic())
+        ahead = now + timedelta(seconds=RELOOK)
+        found = self.store.due_schedules(self.app.name, ahead)
+        due = [schedule for schedule in found if schedule.next_tick <= now]
+        if not due:
+            next_at = min((schedule.next_tick for schedule in found), default=ahead)
+            self._quiet = (next_at, time.monotonic() + RELOOK)
+            return 0
+        self._quiet = None
         fired = 0
-        for schedule in self.store.due_schedules(self.app.name, now):
+        for schedule in due:
             if schedule.origin == CODE and schedule.name not in self.app.schedules:
                 continue  # declared by another version of the app: its engines fire it
             fired += self._fire(schedule, now)

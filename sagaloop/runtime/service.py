@@ -362,6 +362,7 @@ class Service:
                         self.stopping.wait(self.poll)
                     continue
                 deliveries = broker.receive([consumer.start_queue], room, self.poll)
+                consumer.gate.taken(len(deliveries))
                 if deliveries:
                     consumer.process_batch(deliveries, starts=True)
             except Exception as e:

@@ -406,7 +406,8 @@ class StepRunner:
             raise UnknownStepError(task.step)
         with tracing.step_attempt(env) as span:
             reply = self._attempt(env, task, step, redelivered, inline, beat, transaction)
-            span.done(reply.to_payload())
+            if span.recording:
+                span.done(reply.to_payload())
         return reply
 
     def _attempt(

@@ -204,3 +204,35 @@ def test_the_cli_refuses_a_start_past_the_backlog_and_health_says_why(
     assert health.exit_code == 1
     assert checks["start_backlog"] == {"admitapp": 1} and checks["start_backlog_limit"] == 1
     assert "'admitapp' at the start backlog limit (1)" in checks["admission"]
+
+
+def test_an_idle_engine_counts_its_running_runs_once_per_recount(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27: while no new run is taken up, a count holds for RECOUNT seconds (the start
+    queue is looked at every --poll); a batch taken up makes the next turn count again, and
+    so does a window without room for two batches at the last count."""
+    from sagaloop.runtime import admission
+
+    now = [100.0]
+    monkeypatch.setattr(admission.time, "monotonic", lambda: now[0])
+    counts: list[int] = []
+    running = [3]
+
+    def count_running(app: str, *, started: bool, at_most: int) -> int:
+        counts.append(1)
+        return running[0]
+
+    monkeypatch.setattr(store, "count_running", count_running)
+    gate = admission.StartGate(store, app.name, window=16)
+    for _ in range(10):
+        assert gate.wait_turn(0, 4) == 4
+        gate.taken(0)
+    assert len(counts) == 1, "idle: one count"
+    now[0] += admission.RECOUNT
+    assert gate.wait_turn(0, 4) == 4 and len(counts) == 2, "counted again after RECOUNT"
+    gate.taken(4)
+    running[0] = 9
+    assert gate.wait_turn(0, 4) == 4 and len(counts) == 3, "runs were taken up: counted"
+    gate.taken(0)
+    assert gate.wait_turn(0, 4) == 4 and len(counts) == 4, "no room for two batches: counted"

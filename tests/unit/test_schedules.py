@@ -372,3 +372,36 @@ def test_on_the_timers_thread_a_failing_scheduler_holds_nothing_up_and_is_said_o
     monkeypatch.undo()
     env.clock.advance(timedelta(minutes=5))
     assert fire() == 2  # the timers' step and the tick
+
+
+def test_an_idle_scheduler_reads_once_per_relook_and_fires_on_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 27: a look reads RELOOK ahead of the clock; until the next tick it found (or
+    RELOOK passes) the scheduler reads nothing, and the tick fires at its time."""
+    from sagaloop.runtime import schedules as schedules_module
+
+    mono = [1000.0]
+    monkeypatch.setattr(schedules_module.time, "monotonic", lambda: mono[0])
+    env = Harness(scheduled_app(seconds=10))
+    scheduler = env.parts.schedules
+    assert scheduler is not None
+    reads: list[int] = []
+    look = env.store.due_schedules
+
+    def counted(app: str, now: datetime) -> Any:
+        reads.append(1)
+        return look(app, now)
+
+    monkeypatch.setattr(env.store, "due_schedules", counted)
+    assert scheduler.fire_due() == 0 and len(reads) == 1
+    for _ in range(9):
+        env.clock.advance(timedelta(milliseconds=100))
+        mono[0] += 0.1
+        assert scheduler.fire_due() == 0
+    assert len(reads) == 1, "nothing due within RELOOK: no read"
+    mono[0] += schedules_module.RELOOK
+    assert scheduler.fire_due() == 0 and len(reads) == 2, "looked again after RELOOK"
+    env.clock.set(at("2026-01-01T00:00:10"))
+    assert scheduler.fire_due() == 1, "the tick fires at its time"
+    assert runs_of(env) == ["schedule:sched:tick:20260101T000010Z"]
