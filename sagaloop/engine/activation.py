@@ -58,7 +58,6 @@ from sagaloop.errors import (
     ValidationError,
 )
 from sagaloop.sagas.app import App
-from sagaloop.sagas.approvals import call_id_of
 
 logger = logging.getLogger(__name__)
 
@@ -243,21 +242,8 @@ class Engine:
     def _index_approvals(
         self, tx: Tx, env: Envelope, run: RunRecord, effects: decide.Effects
     ) -> None:
-        if effects.restart is not None:  # continued as new: its approvals were the old run's
-            self.store.end_approvals(tx, run.run_id)
-            return
-        live = self._staged.get(run.run_id)
-        asked = live is None or any(call_id_of(k) for k in live.state.published)
         try:
-            gate.index(
-                self.store,
-                tx,
-                run,
-                effects.events,
-                at=effects.at,
-                message_id=env.message_id,
-                asked=asked,
-            )
+            gate.index_effects(self.store, tx, run, effects, env, self._staged.get(run.run_id))
         except gate.AnsweredMeanwhile as e:
             raise ActivationConflict(str(e)) from e
 

@@ -7,16 +7,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydantic
 
 from sagaloop.engine import history as h
 from sagaloop.engine.history import NewEvent
+from sagaloop.engine.messages import Envelope
 from sagaloop.engine.ports import RunRecord, Store, Tx
 from sagaloop.engine.state import RunState
 from sagaloop.errors import TransientStoreError
 from sagaloop.sagas.approvals import ApprovalRequest, answer_refusal, call_id_of
+
+if TYPE_CHECKING:
+    from sagaloop.engine.decide import Effects
+    from sagaloop.engine.plan import Live
 
 logger = logging.getLogger("sagaloop.engine.activation")
 
@@ -51,6 +56,19 @@ def answer_trigger(
         return [NewEvent(h.EVENT_ARRIVED, name=name, data={"data": data, "claim": claim})]
 
     return gate
+
+
+def index_effects(
+    store: Store, tx: Tx, run: RunRecord, effects: Effects, env: Envelope, live: Live | None
+) -> None:
+    """:func:`index` for what an activation of ``env`` writes (``live``: the run as it staged
+    it); a run continued as new ends its approvals (they were the old run's)."""
+    if effects.restart is not None:
+        store.end_approvals(tx, run.run_id)
+        return
+    asked = live is None or any(call_id_of(k) for k in live.state.published)
+    message_id = env.message_id
+    index(store, tx, run, effects.events, at=effects.at, message_id=message_id, asked=asked)
 
 
 def index(
