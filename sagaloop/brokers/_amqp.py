@@ -225,8 +225,8 @@ class Call:
 class PublishRequest(Call):
     """One ``publish`` call: done when every message of it was confirmed, nacked or returned."""
 
-    def __init__(self, size: int) -> None:
-        super().__init__()
+    def __init__(self, size: int, then: Callable[[PublishRequest], None] | None = None) -> None:
+        super().__init__(then)  # type: ignore[arg-type]  # called with this request
         self.outstanding = size
         self.problems: list[str] = []
 
