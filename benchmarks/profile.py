@@ -37,7 +37,8 @@ AREAS = (
 
 
 HOTSPOTS = (
-    ("relay: publish, sweep (Runtime._relay)", ("Runtime._relay",)),
+    ("relay thread: publish, sweep (Service._relay)", ("Service._relay", "Runtime._relay")),
+    ("relay: publish on the committing thread (Relay._send_later)", ("Relay._send_later",)),
     ("  of which the sweep's claim transaction (SqlStore.claim)", ("SqlStore.claim",)),
     ("deleting published rows, in the sweep (queue.delete_claimed)", ("delete_claimed",)),
     ("engine activation (EngineConsumer.process_batch)", ("EngineConsumer.process_batch",)),

@@ -6,7 +6,12 @@ Two ways in, one way out:
 - **Hand-over** (the hot path): the store gives the relay the rows a transaction of this process
   wrote, in memory, right after the commit. The rows were written already claimed with the
   relay's token for a short lease (``handoff_lease``), so no one else publishes them meanwhile.
-  The relay publishes them in one confirmed batch.
+  With a broker that can publish without waiting (``publish_later``: RabbitMQ), the committing
+  thread writes them to the broker itself and goes on; their confirms, on the broker's I/O
+  thread, mark them for deletion. That takes the relay's thread off a message's way (two
+  thread wake-ups per message: to publish and, for the confirm, back). A batch that fails there
+  goes to the relay's thread, which publishes it the usual way. Otherwise the relay's thread
+  publishes them, in one confirmed batch.
 - **Sweep** (:meth:`Relay.relay_once`): claims, with a lease and a fresh token, rows nobody
   holds (written by another process, such as a client's start, or left by a process that died
   before publishing or deleting them: their lease ran out), and publishes them.
@@ -27,12 +32,13 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import Protocol, cast
 
 from sagaloop import tracing
 from sagaloop.engine.ports import Broker, Clock, QueuedMessage, Store, SystemClock
-from sagaloop.errors import UndeliverableError
+from sagaloop.errors import BrokerError, UndeliverableError
 from sagaloop.runtime.crashpoints import crash_point
 
 logger = logging.getLogger(__name__)
@@ -40,6 +46,15 @@ logger = logging.getLogger(__name__)
 HANDOFF_LEASE = timedelta(seconds=2)
 """How long rows handed over in memory stay claimed by their writer's relay: the longest that a
 row written just before its process died waits before another relay's sweep publishes it."""
+
+
+class _PublishLater(Protocol):
+    """A broker's publish that does not wait: ``then(error)`` follows on another thread, with
+    None once the broker confirmed every message (``RabbitBroker.publish_later``)."""
+
+    def __call__(
+        self, batch: Sequence[tuple[str, bytes]], then: Callable[[BrokerError | None], None]
+    ) -> None: ...
 
 
 class Relay:
@@ -62,6 +77,9 @@ class Relay:
         self._handed: collections.deque[tuple[float, QueuedMessage]] = collections.deque()
         self._ready = threading.Condition()
         self._poked = False
+        self._in_flight = 0  # batches published without waiting, not yet confirmed or failed
+        later = getattr(broker, "publish_later", None)
+        self._later = cast(_PublishLater, later) if callable(later) else None
 
     # --- hand-over ---------------------------------------------------------------------------
 
@@ -70,11 +88,60 @@ class Relay:
         return self.handoff_lease
 
     def take(self, rows: Sequence[QueuedMessage]) -> None:
-        """Called by the store after a commit (any thread): publish these rows soon."""
+        """Called by the store after a commit (any thread): publish these rows now, from this
+        thread, if the broker publishes without waiting; else soon, from the relay's thread."""
         now = time.monotonic()
+        if self._later is not None and rows:
+            try:
+                self._send_later(list(rows), now)
+                return
+            except Exception as e:  # not connected, too large...: the relay's thread sees to it
+                logger.debug("relay: %d rows to the relay's thread (%s)", len(rows), e)
+        self._hand(rows, now)
+
+    def _hand(self, rows: Sequence[QueuedMessage], now: float) -> None:
         with self._ready:
             self._handed.extend((now, r) for r in rows)
             self._ready.notify_all()
+
+    def _send_later(self, rows: list[QueuedMessage], held_since: float) -> None:
+        """Write ``rows`` to the broker without waiting for its confirms (see the module)."""
+        assert self._later is not None
+        crash_point("relay.before_publish")
+        ids, token = [r.id for r in rows], rows[0].claim_token
+
+        def then(error: BrokerError | None) -> None:  # on the broker's I/O thread: never raises
+            try:
+                if error is None:
+                    crash_point("relay.after_publish")
+                    self.store.delete_later(ids, token)
+                else:
+                    logger.debug("relay: %d rows to the relay's thread (%s)", len(rows), error)
+                    self._hand(rows, held_since)
+            except Exception:
+                logger.exception("relay: after publishing %d rows", len(rows))
+            finally:
+                self._landed()
+
+        with self._ready:
+            self._in_flight += 1
+        try:
+            with tracing.publish([r.body for r in rows]):  # the span sagaloop.relay.publish
+                self._later([(r.queue, r.body) for r in rows], then)
+        except BaseException:
+            self._landed()
+            raise
+
+    def _landed(self) -> None:
+        with self._ready:
+            self._in_flight -= 1
+            self._ready.notify_all()
+
+    def settle(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for the batches published without waiting to be
+        confirmed or handed back (at stop); return whether none is left."""
+        with self._ready:
+            return self._ready.wait_for(lambda: self._in_flight == 0, timeout)
 
     def wait(self, timeout: float) -> bool:
         """Wait until rows are handed over or :meth:`poke` is called, at most ``timeout``

@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 MAX_BACKOFF = 3.0
 """The longest the relay waits between tries while the broker is down (seconds)."""
+FLUSH_WAIT = 5.0
+"""How long a stopping relay waits for the confirms of what it published last (seconds)."""
 EXIT_THREAD_DIED = 70
 """The exit status of a service stopped because one of its threads died (``EX_SOFTWARE``)."""
 EXIT_ACCESS_REFUSED = 78
@@ -330,6 +332,7 @@ class Service:
     def _flush(relay: Relay) -> None:
         """Publish what the last messages handed over (else it waits for a sweep elsewhere)."""
         try:
+            relay.settle(FLUSH_WAIT)
             while relay.send_handed():
                 pass
             relay.store.delete_published()

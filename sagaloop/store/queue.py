@@ -120,18 +120,18 @@ class SqlOutbox(SqlCore, OutboxQueue):
         ``probe``: with nothing to delete and nothing to claim, one read and no transaction."""
         with self._published_lock:
             pending = bool(self._published)
+        named = queues is not None
+        params: dict[str, Any] = {"now": now, "limit": limit}
+        if queues is not None:
+            params["queues"] = list(queues)
         if probe and not pending:
             with self._read() as conn:
-                found = _claimable(sa.select(c.id), queues, now).limit(1)
-                if conn.execute(found).first() is None:
+                if conn.execute(_PROBE[named], params).first() is None:
                     return []
-        q = _claimable(sa.select(c.id, c.queue, c.body, c.deliveries, c.message_id), queues, now)
-        q = q.order_by(c.id).limit(limit)
-        if self.dialect == "postgresql":
-            q = q.with_for_update(skip_locked=True)
+        q = _CLAIM[named, self.dialect == "postgresql"]
         with self.transaction() as tx:
             self._delete_published(tx)
-            rows = list(tx.conn.execute(q))
+            rows = list(tx.conn.execute(q, params))
             if not rows:
                 return []
             token = claim_token(self.claim_owner)
@@ -312,15 +312,31 @@ def _row(queue: str, message_id: str, body: bytes, available_at: datetime, now: 
     }
 
 
-def _claimable(q: sa.Select[Any], queues: Sequence[str] | None, now: datetime) -> sa.Select[Any]:
-    q = q.where(
-        c.available_at <= now,
-        sa.or_(c.claimed_until.is_(None), c.claimed_until < now),
-    )
-    if queues is not None:
-        return q.where(c.queue.in_(list(queues)))
+_NOW: sa.BindParameter[datetime] = sa.bindparam("now")
+_DUE = sa.and_(c.available_at <= _NOW, sa.or_(c.claimed_until.is_(None), c.claimed_until < _NOW))
+_WHERE = {
+    True: c.queue.in_(sa.bindparam("queues", expanding=True)),
     # a relay's sweep: every queue but the in-process lanes, which no broker serves
-    return q.where(c.queue.not_like(f"%{LOCAL_SUFFIX}"))
+    False: c.queue.not_like(f"%{LOCAL_SUFFIX}"),
+}
+"""The rows claimable ``now``: of the named ``queues`` (True), or of any queue a relay sweeps."""
+_PROBE = {named: sa.select(c.id).where(_DUE, where).limit(1) for named, where in _WHERE.items()}
+
+
+def _claim(where: Any, skip_locked: bool) -> sa.Select[Any]:
+    q = sa.select(c.id, c.queue, c.body, c.deliveries, c.message_id).where(_DUE, where)
+    q = q.order_by(c.id).limit(sa.bindparam("limit", type_=sa.Integer))
+    return q.with_for_update(skip_locked=True) if skip_locked else q
+
+
+_CLAIM = {
+    (named, skip_locked): _claim(where, skip_locked)
+    for named, where in _WHERE.items()
+    for skip_locked in (True, False)
+}
+"""The claims' statements, built once (a sweep runs every ``--poll`` seconds in every process:
+building them each time was a third of its cost). ``skip_locked``: PostgreSQL's
+``FOR UPDATE SKIP LOCKED``; SQLite serializes write transactions instead."""
 
 
 def claim_token(owner: str | None) -> str:

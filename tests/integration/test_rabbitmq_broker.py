@@ -263,6 +263,35 @@ def test_a_message_over_the_size_limit_is_refused(namespace: Namespace) -> None:
         broker.publish([("app.not-declared", b"{}")])
 
 
+def test_publish_later_tells_the_confirm_on_the_io_thread(namespace: Namespace) -> None:
+    """What the relay's committing threads use: the publish returns at once; ``then`` is told,
+    on the broker's I/O thread, None once confirmed, else the error ``publish`` would raise."""
+    import threading
+
+    broker = namespace.broker(max_message_bytes=1000)
+    broker.declare(["app.engine"])
+    told: list[tuple[str, BaseException | None]] = []
+    done = threading.Event()
+
+    def then(error: BaseException | None) -> None:
+        told.append((threading.current_thread().name, error))
+        if len(told) == 2:
+            done.set()
+
+    broker.publish_later([("app.engine", b'{"a": 1}'), ("app.engine", b'{"a": 2}')], then)
+    broker.publish_later([("app.not-declared", b"{}")], then)
+    assert done.wait(10), told
+    assert {name for name, _ in told} == {f"amqp-{namespace.name}"}
+    # in either order: RabbitMQ confirms an unroutable message at once, a routed one once its
+    # quorum queue has it
+    ok, bad = sorted((error for _, error in told), key=lambda e: e is not None)
+    assert ok is None
+    assert isinstance(bad, BrokerError) and "unroutable" in str(bad)
+    assert len(receive(broker, "app.engine", 2)) == 2
+    with pytest.raises(BrokerError, match="exceeds max_message_bytes"):
+        broker.publish_later([("app.engine", b"x" * 1001)], then)
+
+
 # --- (e) a restart of a private node ---------------------------------------------------------
 
 

@@ -152,3 +152,77 @@ def test_an_idle_sweep_and_an_idle_timer_poll_are_one_read_each(
     _write(store, clock, 1)  # written by another process: nothing holds it
     opened.clear()
     assert relay.relay_once() == 1 and len(opened) == 1, "found by the look, then claimed"
+
+
+class _LaterBroker(MemoryBroker):
+    """A memory broker that also publishes without waiting, as RabbitMQ's does: the batch is
+    delivered at once and its confirm (``then``) waits until the test calls ``confirm``."""
+
+    def __init__(self, *, down: bool = False) -> None:
+        super().__init__()
+        self.down = down
+        self.pending: list[tuple[list[tuple[str, bytes]], Any]] = []
+        self.threads: list[str] = []
+
+    def publish_later(self, batch: Any, then: Any) -> None:
+        import threading
+
+        from sagaloop.errors import BrokerError
+
+        if self.down:
+            raise BrokerError("not connected")
+        self.threads.append(threading.current_thread().name)
+        self.publish(batch)
+        self.pending.append((list(batch), then))
+
+    def confirm(self, error: Exception | None = None) -> None:
+        for _, then in self.pending:
+            then(error)
+        self.pending.clear()
+
+
+def test_the_committing_thread_publishes_its_rows_and_the_confirm_marks_them_published(
+    store: SqlStore,
+) -> None:
+    """With a broker that publishes without waiting, the rows leave with the commit, from the
+    thread that committed (no hop through the relay's thread); they are deleted only once the
+    broker confirmed them."""
+    import threading
+
+    clock, broker = VirtualClock(), _LaterBroker()
+    relay = Relay(store, broker, clock=clock)
+    store.hand_over_to(relay)
+    _write(store, clock, 1, 2)
+    assert broker.threads == [threading.current_thread().name]
+    assert _received(broker) == ["m-1", "m-2"], "published with the commit"
+    assert relay.send_handed() == 0, "nothing left for the relay's thread"
+    assert relay.settle(0) is False, "a confirm is awaited"
+    assert relay.relay_once() == 0
+    assert store.queue_depths() == {QUEUE: 2}, "not deleted before the broker confirmed"
+    broker.confirm()
+    assert relay.settle(0) is True
+    assert relay.relay_once() == 0
+    assert store.queue_depths() == {}, "deleted by the sweep once confirmed"
+
+
+def test_a_batch_that_fails_without_waiting_goes_to_the_relays_thread(store: SqlStore) -> None:
+    """A refused batch (say, the connection was lost before its confirms) is published again by
+    the relay's thread, the usual way; so is one the broker could not take at all."""
+    from sagaloop.errors import BrokerError
+
+    clock, broker = VirtualClock(), _LaterBroker()
+    relay = Relay(store, broker, clock=clock)
+    store.hand_over_to(relay)
+    _write(store, clock, 1)
+    assert _received(broker) == ["m-1"]
+    broker.confirm(BrokerError("the connection to RabbitMQ was lost before confirms"))
+    assert relay.settle(0) is True
+    assert relay.send_handed() == 1, "published again by the relay's thread"
+    assert _received(broker) == ["m-1"], "a duplicate publish, which consumers deduplicate"
+    broker.down = True
+    _write(store, clock, 2)
+    assert _received(broker) == [] and relay.settle(0) is True
+    assert relay.send_handed() == 1
+    assert _received(broker) == ["m-2"]
+    assert relay.relay_once() == 0
+    assert store.queue_depths() == {}

@@ -10,6 +10,7 @@ their consumers again.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -83,6 +84,8 @@ class RabbitBroker(DeadLetters):
         self._refused = False  # the server refused the credentials: no use waiting
         self._refusal: str | None = None  # what it refused (see refused_access)
         self._queues: dict[str, None] = {}  # declared so far (an ordered set)
+        self._todo: list[Callable[[], None]] = []  # for the I/O thread (see _submit)
+        self._todo_lock = threading.Lock()
 
         # Touched by the I/O thread only.
         self._connection: Any = None

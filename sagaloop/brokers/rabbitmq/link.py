@@ -88,6 +88,8 @@ class Link:
     _refused: bool  # the server refused the credentials: no use waiting
     _refusal: str | None  # what it refused (see refused_access)
     _queues: dict[str, None]  # declared so far (an ordered set)
+    _todo: list[Callable[[], None]]  # handed to the I/O thread, not yet taken (see _submit)
+    _todo_lock: threading.Lock
 
     # Touched by the I/O thread only.
     _connection: Any
@@ -154,7 +156,7 @@ class Link:
             if self._closed:
                 return
             self._closed, self._ready = True, False
-            self._cond.notify_all()
+            self._held.wake_all()
         self._ioloop.add_callback_threadsafe(self._shutdown)
         self._thread.join(10.0)
         if self._thread.is_alive():
@@ -165,10 +167,24 @@ class Link:
     # --- other threads -----------------------------------------------------------------------
 
     def _submit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the I/O thread, in order. Work handed over while the I/O thread has
+        not yet taken the earlier work goes with it: one wake-up (a write to the ioloop's
+        socket, a turn of its poller) for, say, a batch's acks and the publish of its commit,
+        not one each."""
         if threading.current_thread() is self._thread:
             fn()
         elif not self._closed:
-            self._ioloop.add_callback_threadsafe(fn)
+            with self._todo_lock:
+                self._todo.append(fn)
+                if len(self._todo) > 1:
+                    return  # the I/O thread is woken for the first already
+            self._ioloop.add_callback_threadsafe(self._do_todo)
+
+    def _do_todo(self) -> None:
+        with self._todo_lock:
+            todo, self._todo = self._todo, []
+        for fn in todo:
+            fn()
 
     def _call(self, fn: Callable[[Call], None], what: str) -> Any:
         with self._cond:
@@ -253,7 +269,7 @@ class Link:
         with self._cond:
             self._ready = True
             self._last_error = ""
-            self._cond.notify_all()  # waiting receive calls make their consumers again
+            self._held.wake_all()  # waiting receive calls make their consumers again
 
     def _on_channel_closed(self, channel: Any, reason: BaseException) -> None:
         connection = self._connection

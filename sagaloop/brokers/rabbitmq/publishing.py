@@ -13,13 +13,15 @@ publishing span's (the relay's ``sagaloop.relay.publish``) when it is of the mes
 else the message's own (``tracing.amqp_headers``).
 
 Threads: ``publish`` runs on the caller's thread and waits; the writes, the confirms and the
-returns happen on the I/O thread (``link.py``).
+returns happen on the I/O thread (``link.py``). ``publish_later`` waits for nothing: what it is
+told of the confirms it is told on the I/O thread, so the thread that committed outbox rows
+sends them without a hop through the relay's thread (``runtime/relay.py``).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pika
@@ -41,6 +43,52 @@ class Publishing(Link):
         """Publish persistent JSON messages and wait for every publisher confirm; raise
         :class:`BrokerError` if one is nacked, unroutable or not confirmed within
         ``confirm_timeout``, or if the connection is down."""
+        self._publish(self._items(batch))
+
+    def _publish(self, items: list[_Item]) -> None:
+        if not items:
+            return
+        self._check_ready()
+        request = PublishRequest(len(items))
+        self._submit(functools.partial(self._publish_now, request, items))
+        if not request.wait(self.confirm_timeout):
+            self._submit(functools.partial(self._abandon, request))
+            raise BrokerError(
+                f"RabbitMQ did not confirm {request.outstanding} of {len(items)} messages "
+                f"within {self.confirm_timeout} s"
+            )
+        error = _failure(request, len(items))
+        if error is not None:
+            raise error
+
+    def publish_later(
+        self,
+        batch: Sequence[tuple[str, bytes]],
+        then: Callable[[BrokerError | None], None],
+    ) -> None:
+        """Publish as :meth:`publish` does, without waiting: ``then`` is called on the I/O
+        thread, with None once every message is confirmed, else with the error that
+        :meth:`publish` would raise. Raises at once what :meth:`publish` raises before writing
+        anything (a message too large, the broker not connected). No confirm timeout: a lost
+        connection fails the batch (heartbeats find a silent one), and the caller's outbox rows
+        are published again by a sweep once their claim runs out."""
+        items = self._items(batch)
+        if not items:
+            then(None)
+            return
+        self._check_ready()
+        size = len(items)
+        request = PublishRequest(size, then=lambda done: then(_failure(done, size)))
+        self._submit(functools.partial(self._publish_now, request, items))
+
+    def _check_ready(self) -> None:
+        with self._cond:
+            if not self._ready:
+                state = "the broker is closed" if self._closed else "not connected"
+                raise BrokerError(f"cannot publish: {state} ({self.safe_url}: {self._last_error})")
+
+    def _items(self, batch: Sequence[tuple[str, bytes]]) -> list[_Item]:
+        """The batch ready to write; raises if a message is too large."""
         for queue, body in batch:
             if len(body) > self.max_message_bytes:
                 raise UndeliverableError(
@@ -48,12 +96,8 @@ class Publishing(Link):
                     f"({self.max_message_bytes}): keep large payloads out of messages"
                 )
         here = tracing.current()  # the relay's span sagaloop.relay.publish, when tracing
-        self._publish(
-            [
-                (self.topology.internal_exchange, q, body, self._properties(q, body, here))
-                for q, body in batch
-            ]
-        )
+        exchange = self.topology.internal_exchange
+        return [(exchange, q, body, self._properties(q, body, here)) for q, body in batch]
 
     def _properties(self, queue: str, body: bytes, here: tracing.Carrier | None) -> Any:
         headers: dict[str, str] = {}
@@ -63,30 +107,6 @@ class Publishing(Link):
         return pika.BasicProperties(
             content_type=CONTENT_TYPE, delivery_mode=2, headers=headers or None
         )
-
-    def _publish(self, items: list[_Item]) -> None:
-        if not items:
-            return
-        with self._cond:
-            if not self._ready:
-                state = "the broker is closed" if self._closed else "not connected"
-                raise BrokerError(f"cannot publish: {state} ({self.safe_url}: {self._last_error})")
-        request = PublishRequest(len(items))
-        self._submit(functools.partial(self._publish_now, request, items))
-        if not request.wait(self.confirm_timeout):
-            self._submit(functools.partial(self._abandon, request))
-            raise BrokerError(
-                f"RabbitMQ did not confirm {request.outstanding} of {len(items)} messages "
-                f"within {self.confirm_timeout} s"
-            )
-        if request.error is not None:
-            raise BrokerError(request.error)
-        if request.problems:
-            unroutable = all(p.startswith("unroutable") for p in request.problems)
-            raise (UndeliverableError if unroutable else BrokerError)(
-                f"{len(request.problems)} of {len(items)} messages were not accepted: "
-                f"{request.problems[0]}"
-            )
 
     # --- the I/O thread ----------------------------------------------------------------------
 
@@ -113,3 +133,15 @@ class Publishing(Link):
 
     def _on_return(self, _channel: Any, method: Any, _props: Any, _body: bytes) -> None:
         self._confirms.returned(method.routing_key)
+
+
+def _failure(request: PublishRequest, size: int) -> BrokerError | None:
+    """What a finished ``request`` of ``size`` messages failed with (None: all confirmed)."""
+    if request.error is not None:
+        return BrokerError(request.error)
+    if request.problems:
+        unroutable = all(p.startswith("unroutable") for p in request.problems)
+        return (UndeliverableError if unroutable else BrokerError)(
+            f"{len(request.problems)} of {size} messages were not accepted: {request.problems[0]}"
+        )
+    return None
