@@ -7,6 +7,7 @@ back what was handed and not taken; a crash leaves it to the lease (or the takeo
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -120,3 +121,24 @@ def test_a_run_on_the_embedded_default_claims_almost_never(tmp_path: Path) -> No
         service.stop()
     assert store.queue_depths() == {}, "nothing left behind, claimed or not"
     store.close()
+
+
+def test_a_row_held_past_half_its_lease_is_extended_or_dropped(store: SqlStore) -> None:
+    """Consumers busy for half the lease: a held row's claim is extended before it is taken;
+    if it was lost meanwhile (the lease ran out and another consumer claimed it), the row is
+    dropped from memory, not run twice."""
+    clock, lease = VirtualClock(), timedelta(milliseconds=40)
+    broker = DatabaseBroker(store, clock=clock, lease=lease)
+    store.hand_over_to(Handoffs(None, None, broker=broker))
+    broker._waiting["q"] = 1
+    _write(store, clock, "q", "m-1")
+    time.sleep(0.03)
+    taken = broker._pop_handed(["q"], 1)
+    assert [r.deliveries for r in taken] == [1], "extended, taken"
+    with store.transaction() as tx:
+        DatabaseDelivery(broker, taken[0]).settle(tx)
+    _write(store, clock, "q", "m-2")
+    clock.advance(timedelta(seconds=1))
+    assert [r.deliveries for r in store.claim(["q"], 10, clock.now(), LEASE)] == [2]
+    time.sleep(0.03)
+    assert broker._pop_handed(["q"], 1) == [], "its claim was lost: dropped"
