@@ -5,12 +5,22 @@ transaction that records the processing, so a message is gone exactly when its e
 committed. A consumer killed mid-message leaves its lease to expire, and the row becomes
 visible again with a higher delivery count. Durable across SIGKILL.
 
+The hand-over: while a consumer of a queue waits in :meth:`DatabaseBroker.receive`, a row that
+a transaction of this process writes there is written already claimed by this process (see
+``Handoff``, ``sagaloop.runtime.lane.Handoffs``) and given to that consumer in memory after the
+commit, without the claim transaction. The row is still deleted by the transaction that records
+its processing (``settle``, by its claim token). A row held in memory is the process's: at a
+clean stop it is given back (:meth:`DatabaseBroker.release_handed`); after a crash, the claim of
+a process proven dead is released by the takeover (``sagaloop.runtime.takeover``) of the next
+process that starts or beats, else it runs out with the lease.
+
 Only rows that sagaloop's store wrote (``Store.enqueue``) are trusted deliveries; bodies put
 with :meth:`DatabaseBroker.publish` are not.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -87,6 +97,67 @@ class DatabaseBroker:
         self._looks_lock = threading.Lock()
         self._thread = threading.local()
         """``busy``: whether this thread's last look found rows (then it looks at once)."""
+        self._hand_lock = threading.Lock()
+        self._held: dict[str, collections.deque[tuple[float, QueuedMessage]]] = {}
+        """Per queue, the rows handed over after their commit (and when), not taken yet."""
+        self._waiting: collections.Counter[str] = collections.Counter()
+        """Per queue, this process's consumers waiting for rows now."""
+        self._promised: collections.Counter[str] = collections.Counter()
+        """Per queue, rows written claimed (``lease_for``) whose commit did not hand them yet."""
+
+    # --- the hand-over (``Handoff``, through ``sagaloop.runtime.lane.Handoffs``) -------------
+
+    def lease_for(self, queue: str) -> timedelta | None:
+        """The lease of a row written now to ``queue`` by this process, to hand it over after
+        the commit; None (written unclaimed, for any consumer of any process) unless a consumer
+        of ``queue`` waits here with no row handed or promised to it: rows are never held for
+        a busy process while another process's consumers could take them."""
+        with self._hand_lock:
+            held = len(self._held.get(queue, ())) + self._promised[queue]
+            if self._waiting[queue] <= held:
+                return None
+            self._promised[queue] += 1
+            return self.lease
+
+    def take(self, rows: Sequence[QueuedMessage]) -> None:
+        """Called by the store after a commit (any thread): rows written claimed for this
+        process's consumers. Each wakes one waiting consumer of its queue (a ticket of
+        ``SqlCore.nudge``), which takes it without a claim."""
+        now = time.monotonic()
+        with self._hand_lock:
+            for row in rows:
+                self._held.setdefault(row.queue, collections.deque()).append((now, row))
+                self._promised[row.queue] = max(self._promised[row.queue] - 1, 0)
+        self.store.nudge([row.queue for row in rows])
+
+    def release_handed(self) -> None:
+        """Give back the rows handed over and not taken (at a clean stop): claimable at once
+        by any consumer."""
+        with self._hand_lock:
+            held = [row for rows in self._held.values() for _, row in rows]
+            self._held.clear()
+        for row in held:
+            try:
+                self.store.release([row.id], row.claim_token, self.clock.now())
+            except Exception as e:  # their claim runs out anyway
+                logger.warning("could not give back message %s on %s: %s", row.id, row.queue, e)
+
+    def _pop_handed(self, queues: Sequence[str], limit: int) -> list[QueuedMessage]:
+        """Up to ``limit`` rows handed over for ``queues``. One held longer than half its
+        lease (its consumers were busy) has its claim extended first, and is dropped if the
+        claim was lost meanwhile (a takeover released it: it is in the database again)."""
+        fresh_after = time.monotonic() - self.lease.total_seconds() / 2
+        rows: list[QueuedMessage] = []
+        stale: list[QueuedMessage] = []
+        with self._hand_lock:
+            for queue in queues:
+                held = self._held.get(queue)
+                while held and len(rows) + len(stale) < limit:
+                    since, row = held.popleft()
+                    (rows if since >= fresh_after else stale).append(row)
+        until = self.clock.now() + self.lease
+        rows += [r for r in stale if self.store.extend_claim(r.id, r.claim_token, until)]
+        return rows
 
     def declare(self, queues: Sequence[str]) -> None:
         pass  # rows name their queue; nothing to declare
@@ -122,6 +193,13 @@ class DatabaseBroker:
         while True:
             if look and not woken:  # a wake left for this queue while its consumers worked
                 woken = self.store.wait_for_writes(0, queues)
+            handed = self._pop_handed(queues, max_messages) if self._held else []
+            if handed:  # each was counted a wake: drop those of the rows beyond this wake's
+                # Not a look: rows of this process's commits left unclaimed have their wakes,
+                # those of others wait for a turn to look (no probe read after each row).
+                self._thread.busy = False
+                self.store.drop_wakes([r.queue for r in handed[1 if woken else 0 :]])
+                return [DatabaseDelivery(self, r) for r in handed]
             turn = not (woken or look) and self._turn_to_look(key)
             if woken or look or turn:
                 now = self.clock.now()
@@ -139,7 +217,21 @@ class DatabaseBroker:
             if remaining <= 0:
                 return []
             wait = min(remaining, self._until_look(key))
-            woken = self.store.wait_for_writes(wait, queues)
+            woken = self._wait(wait, queues)
+
+    def _wait(self, timeout: float, queues: Sequence[str]) -> bool:
+        """``wait_for_writes``, counted as a consumer of ``queues`` waiting (``lease_for``)."""
+        with self._hand_lock:
+            self._waiting.update(queues)
+        try:
+            woken = self.store.wait_for_writes(timeout, queues)
+        finally:
+            with self._hand_lock:
+                self._waiting.subtract(queues)
+                if not woken:  # a whole wait without a commit here: forget the promises
+                    for queue in queues:  # (of transactions that rolled back; at worst, of
+                        self._promised[queue] = 0  # one committing now: one row more handed)
+        return woken
 
     def _turn_to_look(self, key: tuple[str, ...]) -> bool:
         """Whether this consumer of ``key`` looks now (one per ``poll_interval`` seconds)."""

@@ -114,26 +114,37 @@ class LocalLane(DatabaseBroker):
 
 class Handoffs:
     """What the store hands over after a commit, split by queue: the in-process lane's rows to
-    the lane (claimed for its lease), the others to the relay (none without a relay: the
-    database broker's consumers claim them)."""
+    the lane (claimed for its lease), the others to the relay, or, without a relay, to the
+    database broker (``broker``: the store's own, whose consumers in this process take the rows
+    of the queues they wait on; rows of other queues are written unclaimed, for any process)."""
 
     def __init__(
-        self, lane: LocalLane | None, relay: Handoff | None, *, owner: str | None = None
+        self,
+        lane: LocalLane | None,
+        relay: Handoff | None,
+        *,
+        owner: str | None = None,
+        broker: DatabaseBroker | None = None,
     ) -> None:
         self.lane = lane
         self.relay = relay
+        self.broker = broker if relay is None else None
         fresh = f"{owner}.{uuid.uuid4().hex}" if owner else uuid.uuid4().hex
         self.token = relay.token if relay is not None else fresh
 
     def lease_for(self, queue: str) -> timedelta | None:
         if self.lane is not None and queue == self.lane.queue:
             return self.lane.lease
-        return self.relay.lease_for(queue) if self.relay is not None else None
+        if self.relay is not None:
+            return self.relay.lease_for(queue)
+        return self.broker.lease_for(queue) if self.broker is not None else None
 
     def take(self, rows: Sequence[QueuedMessage]) -> None:
         lane = self.lane.queue if self.lane is not None else None
         local = [r for r in rows if r.queue == lane]
         if local and self.lane is not None:
             self.lane.take(local)
-        if self.relay is not None and len(local) < len(rows):
-            self.relay.take([r for r in rows if r.queue != lane])
+        if len(local) < len(rows):
+            others = self.relay if self.relay is not None else self.broker
+            if others is not None:
+                others.take([r for r in rows if r.queue != lane])

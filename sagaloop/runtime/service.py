@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
+from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.brokers.local_streams import LOCAL
 from sagaloop.engine.messages import step_queue
 from sagaloop.engine.ports import Broker, Clock, Delivery, Store, Streams, SystemClock
@@ -203,11 +204,22 @@ class Service:
                 self._take_over()  # before consuming: what a dead process held goes first
             self._registration.started()
             self._spawn("registry", self._beat, self._registration)
-        if self.relay is not None or self.lane is not None:
-            self.store.hand_over_to(Handoffs(self.lane, self.relay, owner=owner))
+        own = self._own_broker()
+        if self.relay is not None or self.lane is not None or own is not None:
+            handoffs = Handoffs(self.lane, self.relay, owner=owner, broker=own)
+            self.store.hand_over_to(handoffs)
         for thread in self.threads:
             thread.start()
         return self
+
+    def _own_broker(self) -> DatabaseBroker | None:
+        """The broker, when it is the store's outbox table (the embedded default, or the
+        database broker on PostgreSQL) and no relay publishes: its consumers here take the
+        rows this process writes to their queues in memory (``Handoffs``)."""
+        broker = self.broker
+        if self.relay is None and isinstance(broker, DatabaseBroker) and broker.store is self.store:
+            return broker
+        return None
 
     def problems(self) -> list[str]:
         """What is wrong with this process now: its dead threads, then what each of
@@ -319,6 +331,9 @@ class Service:
             self._flush(self.relay)
         if self.lane is not None:
             self.lane.release_handed()
+        own = self._own_broker()
+        if own is not None:
+            own.release_handed()
         self.runner.close()
         if not stuck and self.parts.engine is not None:  # no thread activates runs any more
             self.parts.engine.engine.close()
