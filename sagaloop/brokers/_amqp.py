@@ -326,18 +326,10 @@ class Holdings:
     caller asked for, and never past ``prefetch`` in all for the queue: so a process holds no
     more messages than its callers asked for, and an idle one hides none from a busy one.
     Buffered messages have no lease (a nack would count as a delivery): they wait for the next
-    ``receive`` here, or go back to the queue with the connection.
-
-    A receiver waits on a condition of its own (:meth:`wait`), so that a message wakes one
-    receiver of its queue, not every receiving thread of the process (a worker's idle threads,
-    an engine's start-queue thread): each needless wake-up is a thread switch and a turn for
-    the GIL."""
+    ``receive`` here, or go back to the queue with the connection."""
 
     def __init__(self, clock: Any, lease: float, prefetch: int) -> None:
-        self.lock = threading.RLock()
-        self.cond = threading.Condition(self.lock)
-        self.waiting: dict[str, list[threading.Condition]] = collections.defaultdict(list)
-        """Per queue, the receivers waiting for it now, longest waiting first."""
+        self.cond = threading.Condition()
         self.clock = clock
         self.lease = lease
         self.prefetch = prefetch
@@ -373,42 +365,7 @@ class Holdings:
         if message.consumer.generation == self.generation:
             message.consumer.unsettled += 1
             self.buffer[message.consumer.queue].append(message)
-            self.wake(message.consumer.queue)
-
-    def wait(self, queues: list[str], timeout: float) -> None:
-        """Wait (``cond`` held) until a message of ``queues`` comes, :meth:`wake_all`, or
-        ``timeout`` seconds."""
-        mine = threading.Condition(self.lock)
-        for q in queues:
-            self.waiting[q].append(mine)
-        try:
-            mine.wait(timeout)
-        finally:
-            self._forget_waiter(mine, queues)
-
-    def wake(self, queue: str) -> None:
-        """Wake the receiver that has waited longest for ``queue`` (``cond`` held); it stops
-        waiting for its other queues too, so a second message wakes another receiver."""
-        waiters = self.waiting.get(queue)
-        if waiters:
-            woken = waiters[0]
-            self._forget_waiter(woken, list(self.waiting))
-            woken.notify()
-
-    def wake_all(self) -> None:
-        """Wake every receiver and every other waiter of ``cond`` (``cond`` held): the broker
-        is ready, closed, or lost its connection."""
-        for waiters in self.waiting.values():
-            for w in waiters:
-                w.notify()
-        self.waiting.clear()
-        self.cond.notify_all()
-
-    def _forget_waiter(self, waiter: threading.Condition, queues: list[str]) -> None:
-        for q in queues:
-            waiters = self.waiting.get(q)
-            if waiters is not None and waiter in waiters:
-                waiters.remove(waiter)
+            self.cond.notify_all()
 
     def take(self, queues: list[str], limit: int) -> list[Message]:
         now, out = self.now(), list[Message]()
@@ -439,7 +396,8 @@ class Holdings:
         for m in due:
             self.parked.remove(m)
             self.buffer[m.consumer.queue].append(m)
-            self.wake(m.consumer.queue)
+        if due:
+            self.cond.notify_all()
         return expired, list(full)
 
     def release(self, message: Message, holder: object) -> bool:
@@ -482,4 +440,4 @@ class Holdings:
         self.leased.clear()
         self.parked.clear()
         self.consumers.clear()
-        self.wake_all()
+        self.cond.notify_all()

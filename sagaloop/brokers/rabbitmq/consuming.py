@@ -93,7 +93,7 @@ class Consuming(Link):
                 if self._ready:
                     for consumer in self._held.consumers_to_make(names, max_messages):
                         self._submit(functools.partial(self._start_consumer, consumer))
-                self._held.wait(names, min(remaining, POLL))
+                self._cond.wait(min(remaining, POLL))
 
     def _hand_out(self, message: Message) -> Delivery:
         broker = cast("RabbitBroker", self)  # the only class made of this part

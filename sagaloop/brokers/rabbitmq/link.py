@@ -156,7 +156,7 @@ class Link:
             if self._closed:
                 return
             self._closed, self._ready = True, False
-            self._held.wake_all()
+            self._cond.notify_all()
         self._ioloop.add_callback_threadsafe(self._shutdown)
         self._thread.join(10.0)
         if self._thread.is_alive():
@@ -269,7 +269,7 @@ class Link:
         with self._cond:
             self._ready = True
             self._last_error = ""
-            self._held.wake_all()  # waiting receive calls make their consumers again
+            self._cond.notify_all()  # waiting receive calls make their consumers again
 
     def _on_channel_closed(self, channel: Any, reason: BaseException) -> None:
         connection = self._connection
