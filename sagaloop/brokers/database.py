@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sagaloop.brokers.dead_letters import DeadLetter, resend_trusted
 from sagaloop.engine.messages import CONTENT_TYPE
@@ -98,8 +98,9 @@ class DatabaseBroker:
         self._thread = threading.local()
         """``busy``: whether this thread's last look found rows (then it looks at once)."""
         self._hand_lock = threading.Lock()
-        self._held: dict[str, collections.deque[tuple[float, QueuedMessage]]] = {}
-        """Per queue, the rows handed over after their commit (and when), not taken yet."""
+        self._held: dict[str, collections.deque[tuple[datetime, QueuedMessage]]] = {}
+        """Per queue, the rows handed over after their commit (and when, on ``clock``: the
+        clock of their claim's deadline), not taken yet."""
         self._waiting: collections.Counter[str] = collections.Counter()
         """Per queue, this process's consumers waiting for rows now."""
         self._promised: collections.Counter[str] = collections.Counter()
@@ -123,7 +124,7 @@ class DatabaseBroker:
         """Called by the store after a commit (any thread): rows written claimed for this
         process's consumers. Each wakes one waiting consumer of its queue (a ticket of
         ``SqlCore.nudge``), which takes it without a claim."""
-        now = time.monotonic()
+        now = self.clock.now()
         with self._hand_lock:
             for row in rows:
                 self._held.setdefault(row.queue, collections.deque()).append((now, row))
@@ -146,7 +147,7 @@ class DatabaseBroker:
         """Up to ``limit`` rows handed over for ``queues``. One held longer than half its
         lease (its consumers were busy) has its claim extended first, and is dropped if the
         claim was lost meanwhile (a takeover released it: it is in the database again)."""
-        fresh_after = time.monotonic() - self.lease.total_seconds() / 2
+        fresh_after = self.clock.now() - self.lease / 2
         rows: list[QueuedMessage] = []
         stale: list[QueuedMessage] = []
         with self._hand_lock:
