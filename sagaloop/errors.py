@@ -201,6 +201,13 @@ class MessageError(SagaloopError):
         self.reason = reason
 
 
+class RunNotStartedError(MessageError):
+    """A message for a run that does not exist, maybe not yet: a saga that starts a run and
+    sends it an event writes two messages in one commit, and two consumers (threads or
+    processes) may take them apart and process the event first. The engine's consumer hands
+    sagaloop's own such messages back a few times before dead-lettering them."""
+
+
 # --- replay ----------------------------------------------------------------------------------
 
 

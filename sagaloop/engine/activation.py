@@ -54,6 +54,7 @@ from sagaloop.errors import (
     ErrorInfo,
     MessageError,
     NonDeterminismError,
+    RunNotStartedError,
     TransientStoreError,
     ValidationError,
 )
@@ -265,7 +266,7 @@ class Engine:
     def _own(self, run_id: str, run: RunRecord | None) -> RunRecord:
         """``run``, if it exists and belongs to this engine's app; else MessageError."""
         if run is None:
-            raise MessageError(f"no run with id {run_id!r}")
+            raise RunNotStartedError(f"no run with id {run_id!r}")
         if run.app != self.app.name:
             raise MessageError(
                 f"run {run_id!r} belongs to app {run.app!r}, not {self.app.name!r}: a message "

@@ -19,10 +19,17 @@ from sagaloop.engine.activation import ENGINE_CONSUMER, ActivationConflict, Engi
 from sagaloop.engine.messages import Envelope, inbox_key, start_queue
 from sagaloop.engine.plan import Plan
 from sagaloop.engine.ports import Delivery, Store
-from sagaloop.errors import BrokerError, ErrorInfo, MessageError, TransientStoreError
+from sagaloop.errors import (
+    BrokerError,
+    ErrorInfo,
+    MessageError,
+    RunNotStartedError,
+    TransientStoreError,
+)
 from sagaloop.runtime.admission import StartGate
 from sagaloop.runtime.crashpoints import crash_point
 from sagaloop.runtime.delivery import MAX_FAILURES as MAX_FAILURES
+from sagaloop.runtime.delivery import NOT_STARTED_TRIES as NOT_STARTED_TRIES
 from sagaloop.runtime.delivery import RETRY_DELAY as RETRY_DELAY
 from sagaloop.runtime.delivery import Troubles
 from sagaloop.runtime.delivery import decode as decode
@@ -146,6 +153,8 @@ class EngineConsumer:
             except ActivationConflict as e:
                 logger.debug("%s; preparing again", e)
                 continue
+            except RunNotStartedError as e:
+                _not_started(delivery, e)
             except MessageError as e:
                 delivery.dead_letter(e.reason)
             except BrokerError as e:  # the lease was lost: another consumer owns the message now
@@ -199,6 +208,19 @@ class EngineConsumer:
             self.engine.committed()
             self._troubles.forget(env.message_id)
             delivery.ack()
+
+
+def _not_started(delivery: Delivery, e: RunNotStartedError) -> None:
+    """A message for a run that does not exist: sagaloop's own is handed back until its run's
+    start (which may come after it) has been processed, ``NOT_STARTED_TRIES`` deliveries in
+    all; one from outside sagaloop's processes is dead-lettered at once."""
+    if not delivery.trusted:
+        delivery.dead_letter(e.reason)
+    elif delivery.deliveries < NOT_STARTED_TRIES:
+        logger.debug("%s; handed back: its start may come after it", e)
+        delivery.retry_later(RETRY_DELAY)
+    else:
+        delivery.dead_letter(f"{e.reason} (after {delivery.deliveries} deliveries)")
 
 
 def _finish(delivery: Delivery, plan: Plan) -> None:

@@ -22,6 +22,10 @@ logger = logging.getLogger("sagaloop.runtime.consumers")
 RETRY_DELAY = timedelta(seconds=1)
 MAX_FAILURES = 5
 """How often a message may fail (other than for an outage) before its run is parked."""
+NOT_STARTED_TRIES = 10
+"""How often sagaloop's own message for a run that does not exist is delivered (every
+``RETRY_DELAY``) before it is dead-lettered: its run's start may come after it
+(:class:`~sagaloop.errors.RunNotStartedError`)."""
 
 
 def log_failure(what: str, exc: BaseException, extra: dict[str, Any] | None = None) -> None:

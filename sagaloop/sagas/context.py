@@ -206,7 +206,9 @@ class SagaContext(abc.ABC):
         """Send the event ``name`` to the run ``run_id`` (of this app or another), once: it is
         recorded in the history and sent through the outbox with the transaction that recorded
         it, so a replay never sends it again. Fire-and-forget: an event for a run that does not
-        exist is dead-lettered by its engine."""
+        exist is dead-lettered by its engine, after about 10 s (``NOT_STARTED_TRIES``
+        deliveries): a run started just before, by ``ctx.start`` in the same activation say,
+        may have its start processed after the event."""
 
     @abc.abstractmethod
     def start(
