@@ -216,11 +216,6 @@ def create_database(admin_url: str, name: str) -> str:
     return sa.make_url(admin_url).set(database=name).render_as_string(hide_password=False)
 
 
-def rename_database(admin_url: str, old: str, new: str) -> None:
-    with on_server(admin_url) as conn:
-        conn.exec_driver_sql(f'ALTER DATABASE "{old}" RENAME TO "{new}"')
-
-
 @pytest.fixture
 def private_postgres() -> Iterator[PrivatePostgres]:
     pg = PrivatePostgres()  # initialised, not started
@@ -255,11 +250,20 @@ def test_services_wait_for_a_database_that_is_not_there_yet(
     rabbitmq_url: str,
     services_factory: Callable[..., Services],
 ) -> None:
-    """Started before their database exists, the engine and the worker keep running and retry
-    with a growing delay; once the database is up and migrated they serve runs."""
+    """Started while their database server is down, the engine and the worker keep running
+    and retry with a growing delay; once the server is up they serve runs.
+
+    The database is made and migrated before, then its server stopped: a service that reaches
+    a server without its database stops at once (exit 78, a configuration error), and one
+    that finds an outdated schema refuses it (`db upgrade` runs before a deploy's services),
+    so neither may be seen here while the server comes up."""
     pg = private_postgres
     url = sa.make_url(pg.url).set(database="app").render_as_string(hide_password=False)
     s = services_factory(url, rabbitmq_url)
+    pg.start()
+    create_database(pg.url, "app")
+    s.sagaloop("db", "upgrade")
+    pg.stop()
     s.start()
     for role in ("engine", "worker"):  # the delay doubles: 0.5 s, 1.0 s, 2.0 s, ...
         eventually(lambda role=role: "retrying in 2.0 s" in s.log(role), 30, f"{role} to retry")
@@ -271,12 +275,6 @@ def test_services_wait_for_a_database_that_is_not_there_yet(
         assert delays[:3] == [0.5, 1.0, 2.0] and delays == sorted(delays), log
 
     pg.start()
-    # Migrate a copy, then give it the services' name: they never see an outdated schema (a
-    # service refuses one, by design: `db upgrade` runs before the services of a deploy).
-    staging = create_database(pg.url, "app_staging")
-    s.sagaloop("db", "upgrade", SAGALOOP_DATABASE_URL=staging)
-    rename_database(pg.url, "app_staging", "app")
-
     runs = start_loops(s, 2, 3)
     assert s.wait_final(list(runs), timeout=60) == dict.fromkeys(runs, "completed")
     s.assert_running()

@@ -13,7 +13,6 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -100,8 +99,15 @@ def test_an_outage_is_ridden_out_and_a_revoked_key_parks_until_retry(dev: Dev) -
     assert outage.returncode == 0, outage.stderr
     first = outage.stdout.decode().strip()
     eventually(lambda: dev.provider.failed(1) >= 3, 90, "three failed requests")
-    status: Any = dev.sagaloop("status", first).stdout.decode()
-    assert "failing: ModelProviderUnavailable: provider 503" in status, status
+    # the status says why while the step waits for its next attempt (not while one runs)
+    eventually(
+        lambda: (
+            "failing: ModelProviderUnavailable: provider 503"
+            in dev.sagaloop("status", first).stdout.decode()
+        ),
+        90,
+        "the status to say why the step fails",
+    )
     dev.provider.fail(1, None)
     eventually(
         lambda: dev.status(first) == "completed", 120, f"the run to complete\n{dev.explain()}"

@@ -149,6 +149,7 @@ def test_engine_and_workers_sigkilled_at_crash_points(rabbit: tuple[System, Ledg
     }
     eventually(
         lambda: system.logs().count("worker: app") == 3 and "engine: app" in system.logs(),
+        120,  # four processes importing the agent frameworks at once, on a busy machine
         what="the engine and the three workers to start",
     )
     run_ids = [system.client.start(SAGAS[i % 2], ORDER) for i in range(RUNS)]
@@ -170,7 +171,7 @@ def test_engine_and_workers_sigkilled_at_crash_points(rabbit: tuple[System, Ledg
         return not armed and set(statuses(system.client, run_ids).values()) <= FINAL
 
     try:
-        eventually(supervise, timeout=60, what=f"crash points {sorted(armed)} and the runs")
+        eventually(supervise, timeout=180, what=f"crash points {sorted(armed)} and the runs")
     except AssertionError as e:
         raise AssertionError(f"{e}\n{statuses(system.client, run_ids)}\n{system.logs()}") from None
 
@@ -219,7 +220,7 @@ class DevProcesses:
             stderr=log.open("wb"),
         )
         self.procs.append(proc)
-        eventually(lambda: "dev: app" in log.read_text(errors="replace"), what="dev to start")
+        eventually(lambda: "dev: app" in log.read_text(errors="replace"), 120, "dev to start")
         return proc
 
     def log_text(self) -> str:
@@ -271,7 +272,7 @@ def test_dev_sigkilled_mid_run_and_restarted(dev: DevProcesses) -> None:
             return answered and charged == RUNS
 
         try:
-            eventually(answered_and_charged, timeout=30, what="every run to hang in its charge")
+            eventually(answered_and_charged, timeout=90, what="every run to hang in its charge")
         except AssertionError as e:
             raise AssertionError(f"{e}\n{dev.log_text()}") from None
         assert set(statuses(client, run_ids).values()) == {"running"}, statuses(client, run_ids)
