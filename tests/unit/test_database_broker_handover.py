@@ -67,13 +67,29 @@ def test_a_waiting_consumer_takes_the_row_without_a_claim(store: SqlStore) -> No
 def test_rows_nobody_waits_for_here_stay_unclaimed(store: SqlStore) -> None:
     clock = VirtualClock()
     broker = _handing(store, clock)
-    broker._waiting["q"] = 1  # one consumer of q waits: one row, not two, is held for it
+    broker._waiting["q"] = 1  # one consumer of q waits: one run's rows, not two, are held
     _write(store, clock, "other", "m-1")
     with store.transaction() as tx:
-        env = [Envelope(type="event", message_id=f"m-{i}", run_id="r") for i in (2, 3)]
+        env = [Envelope(type="event", message_id=f"m-{i}", run_id=f"r-{i}") for i in (2, 3)]
         store.enqueue(tx, [Outgoing("q", e) for e in env], clock.now())
     claimed = store.claim(None, 10, clock.now(), LEASE)
     assert sorted(r.queue for r in claimed) == ["other", "q"]
+
+
+def test_the_rows_of_one_run_on_one_queue_go_to_one_consumer_in_order(store: SqlStore) -> None:
+    """A saga that starts a run and sends it an event: both rows are handed over together,
+    so the consumer that takes the start takes the event after it (split, another consumer
+    could process the event first, before the run exists)."""
+    clock = VirtualClock()
+    broker = _handing(store, clock)
+    broker._waiting["q"] = 1
+    with store.transaction() as tx:
+        start = Envelope(type="start", message_id="s", run_id="kid", saga="x", payload={})
+        go = Envelope(type="event", message_id="e", run_id="kid", payload={"name": "go"})
+        store.enqueue(tx, [Outgoing("q", start), Outgoing("q", go)], clock.now())
+    assert store.claim(["q"], 10, clock.now(), LEASE) == [], "both held, none left to claim"
+    rows = broker._pop_handed(["q"], 16)
+    assert [Envelope.from_bytes(r.body).message_id for r in rows] == ["s", "e"]
 
 
 def test_a_clean_stop_gives_back_what_was_not_taken(store: SqlStore) -> None:
