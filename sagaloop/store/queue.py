@@ -82,7 +82,8 @@ class SqlOutbox(SqlCore, OutboxQueue):
             r = _row(m.queue, m.envelope.message_id, offload.message(m.envelope), at, now)
             until = None
             if until_of is not None and at <= now:
-                until = until_of(m.queue, m.envelope.run_id)
+                env = m.envelope
+                until = until_of(m.queue, None if env.type == "step" else env.run_id)
             if handoff is not None and until is not None:
                 r.update(claim_token=handoff.token, claimed_until=until, deliveries=1)
             rows.append(r)
@@ -293,15 +294,20 @@ def batched(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
         yield items[i : i + size]
 
 
-def _deadlines(handoff: Handoff, now: datetime) -> Callable[[str, str], datetime | None]:
+def _deadlines(handoff: Handoff, now: datetime) -> Callable[[str, str | None], datetime | None]:
     """The claim deadline of a row handed over to ``handoff``, by its queue and run (None: not
     taken). The rows of one run on one queue share the first one's: they are handed over
     together, in order, or left together for a claim, which takes them in order too. Decided
     row by row, a run's start could be handed to one consumer and the event sent to the run
-    after it left for another, which may process it first."""
+    after it left for another, which may process it first. Steps (``run_id`` None) are
+    decided one by one: a run's steps have no order, and a fan-out's must not all be held for
+    this process's consumers while those of other processes wait."""
     decided: dict[tuple[str, str], datetime | None] = {}
 
-    def until(queue: str, run_id: str) -> datetime | None:
+    def until(queue: str, run_id: str | None) -> datetime | None:
+        if run_id is None:
+            lease = handoff.lease_for(queue)
+            return None if lease is None else now + lease
         key = (queue, run_id)
         if key not in decided:
             lease = handoff.lease_for(queue)
