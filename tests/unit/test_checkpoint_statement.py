@@ -18,3 +18,5 @@ def test_the_document_is_read_in_its_own_cte_only() -> None:
     # what the later CTEs expand row by row is p's own column, the array alone
     assert "json_array_elements(p.events)" in rest
     assert "json_array_elements(p.messages)" in rest
+    assert "json_array_elements(p.published)" in rest  # the relay's pending deletes
+    assert "json_array_elements(p.settles)" in rest  # the message's own row
