@@ -81,14 +81,18 @@ WITH p AS (
     ELSE consumer IS NULL OR EXISTS (SELECT 1 FROM i) END
   ORDER BY m.n
   RETURNING id, claim_token
+), dk AS MATERIALIZED (
+  SELECT k::bigint AS id, v->>0 AS token
+  FROM p, json_array_elements(p.published) AS v, json_array_elements_text(v->1) AS k
 ), d AS (
-  DELETE FROM sagaloop_outbox AS x USING p, json_array_elements(p.published) AS v
-  WHERE x.claim_token = v->>0
-    AND x.id = ANY(ARRAY(SELECT json_array_elements_text(v->1)::bigint))
+  DELETE FROM sagaloop_outbox AS x
+  WHERE x.id = ANY(ARRAY(SELECT id FROM dk)) AND (x.id, x.claim_token) IN (SELECT * FROM dk)
+), sk AS MATERIALIZED (
+  SELECT k::bigint AS id, v->>0 AS token
+  FROM p, json_array_elements(p.settles) AS v, json_array_elements_text(v->1) AS k
 ), s AS (
-  DELETE FROM sagaloop_outbox AS x USING p, json_array_elements(p.settles) AS v
-  WHERE x.claim_token = v->>0
-    AND x.id = ANY(ARRAY(SELECT json_array_elements_text(v->1)::bigint))
+  DELETE FROM sagaloop_outbox AS x
+  WHERE x.id = ANY(ARRAY(SELECT id FROM sk)) AND (x.id, x.claim_token) IN (SELECT * FROM sk)
   RETURNING x.id
 )
 SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM r),
@@ -101,7 +105,11 @@ each ``->>`` on it parses all of it again, so a field read per event or per mess
 checkpoint of n messages cost n parses of n messages (a 256-step fan-out's first checkpoint).
 Outbox ids come from the table's sequence in the order rows are inserted (``ORDER BY m.n``), so
 the claimed rows' ids, sorted, are in the order of their rows. The deletes (``d``, ``s``) take
-``[claim_token, [id, ...]]`` pairs, one per token, each an index scan of ``id = ANY(...)``."""
+``[claim_token, [id, ...]]`` pairs, one per token, expanded once into (id, token) rows
+(``dk``, ``sk``, materialized); a row is reached by ``id = ANY`` of their ids, an array computed
+once (an index scan on a large table; a plan that filtered each row of a scan with an array
+built from its token's JSON rebuilt it per row: 1 ms per checkpoint at 300 rows), then
+matched on (id, token)."""
 
 
 class SqlCheckpoints(SqlRuns, SqlInbox, SqlOutbox, RunStore):
