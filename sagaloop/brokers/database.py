@@ -53,11 +53,15 @@ class DatabaseDelivery:
         self.trusted = row.trusted
 
     def settle(self, tx: Tx) -> None:
-        if self._broker.store.delete_claimed(tx, [self._row.id], self._row.claim_token) != 1:
-            raise LeaseLostError(
-                f"lease of message {self._row.id} on {self._row.queue!r} expired: the message "
-                "was claimed again, so this attempt's result is discarded"
-            )
+        """The row's delete, by its claim token, in ``tx``; LeaseLostError if the lease was
+        lost (``tx`` must not commit). The store may make it later in ``tx``, with its next
+        checkpoint, and raise there: settle before writing the checkpoint saves a statement."""
+        row = self._row
+        lost = LeaseLostError(
+            f"lease of message {row.id} on {row.queue!r} expired: the message "
+            "was claimed again, so this attempt's result is discarded"
+        )
+        self._broker.store.settle_claimed(tx, [row.id], row.claim_token, lost)
 
     def ack(self) -> None:
         pass  # settled in the processing transaction

@@ -295,6 +295,13 @@ class OutboxQueue(Protocol):
         of its own); return how many."""
         ...
 
+    def settle_claimed(self, tx: Tx, ids: Sequence[int], claim_token: str, lost: Exception) -> None:
+        """Delete these rows in ``tx``, each still claimed with ``claim_token``, or raise
+        ``lost`` (its lease was lost: the transaction must not commit). A store may make the
+        delete later in ``tx`` (with its next ``write_checkpoint``), at the latest before the
+        commit, and raise ``lost`` there."""
+        ...
+
     def delete_later(self, ids: Sequence[int], claim_token: str) -> None:
         """Delete these rows, if still claimed with ``claim_token``, with the next
         :meth:`claim` (the relay's sweep) or :meth:`delete_published`: published rows need no

@@ -14,6 +14,13 @@ stores the reply also activates the run with it (:meth:`Engine.prepare` and
 hop. If that transaction cannot be made (the run changed under another engine, the database
 refused it), the reply goes the usual way: queued to the engine, whose consumer handles every
 case.
+
+The step's row is settled before the plan is applied: the store keeps the delete on the
+transaction and makes it in the checkpoint's own statement (on PostgreSQL, see
+``sagaloop.store.checkpoint``: 4 statements per step instead of 5), or, when no such
+statement follows (SQLite, a plan written by separate calls), just before the commit. Either
+way a lost lease raises LeaseLostError inside the transaction, as ``settle`` raised it before,
+and nothing of the attempt commits.
 """
 
 from __future__ import annotations
@@ -110,11 +117,14 @@ class LocalWorker(WorkerConsumer):
                 for c, plan in zip(group, plans, strict=True):
                     if plan.rejected is not None:
                         raise _NotHere(plan.rejected)
+                    # settled first: the store deletes the step's row with the plan's writes
+                    # (one statement on PostgreSQL), else before the commit; either way a lost
+                    # lease raises and nothing commits
+                    c.delivery.settle(tx)
                     # the reply's inbox row is written with the plan (ActivationConflict if a
                     # copy of the message stored its reply already)
                     reply = (WORKER_CONSUMER, c.key, c.reply.to_payload())
                     engine.apply(tx, plan, inbox=False, reply=reply)
-                    c.delivery.settle(tx)
                 for c in group:
                     undo = c.task.direction == UNDO
                     crash_point("local.undo_before_commit" if undo else "local.before_commit")

@@ -14,7 +14,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import Connection, RowMapping, Table
@@ -56,7 +56,7 @@ def record(cls: type[R], row: RowMapping) -> R:
 class SqlTx:
     """A transaction of the store: the connection, and what to do once it committed."""
 
-    __slots__ = ("conn", "enqueued", "handed", "own", "published", "queues")
+    __slots__ = ("conn", "enqueued", "handed", "own", "published", "queues", "settles")
 
     def __init__(self, conn: Connection, *, own: bool) -> None:
         self.conn = conn
@@ -71,6 +71,18 @@ class SqlTx:
         self.handed: list[QueuedMessage] = []
         self.published: list[tuple[list[int], str]] = []
         """Deletions of published rows this transaction carries (see SqlStore.delete_later)."""
+        self.settles: list[Settle] = []
+        """Claimed rows it must delete before it commits (see SqlStore.settle_claimed), not
+        deleted yet: its next checkpoint statement carries them, else the commit does."""
+
+
+class Settle(NamedTuple):
+    """Rows a transaction deletes, all of them still claimed with ``claim_token``, or raises
+    ``lost`` (and does not commit)."""
+
+    ids: list[int]
+    claim_token: str
+    lost: Exception
 
 
 class Statements:
@@ -266,6 +278,8 @@ class SqlCore(Transactions):
             with self.engine.begin() as conn:
                 tx = SqlTx(conn, own=True)
                 yield tx
+                if tx.settles:  # no checkpoint statement carried them
+                    flush_settles(tx)
                 if tx.queues and self.dialect == "postgresql":  # rows nobody holds: wake the
                     conn.execute(_NOTIFY)  # relays of other processes at the commit
             tx.published = []
@@ -331,3 +345,22 @@ class SqlCore(Transactions):
                 return False
             return True
         return conn.execute(stmt, values).rowcount == 1
+
+
+def flush_settles(tx: SqlTx) -> None:
+    """Delete the rows of ``tx.settles`` now, one statement each; raise the ``lost`` of the
+    first whose rows were not all still claimed with its token."""
+    settles, tx.settles = tx.settles, []
+    for s in settles:
+        if delete_claimed(tx.conn, s.ids, s.claim_token) != len(s.ids):
+            raise s.lost
+
+
+def delete_claimed(conn: Connection, ids: Sequence[int], claim_token: str) -> int:
+    return int(conn.execute(_DELETE_CLAIMED, {"ids": list(ids), "token": claim_token}).rowcount)
+
+
+_DELETE_CLAIMED = t.outbox.delete().where(
+    t.outbox.c.id.in_(sa.bindparam("ids", expanding=True)),
+    t.outbox.c.claim_token == sa.bindparam("token"),
+)

@@ -22,7 +22,7 @@ from sagaloop.engine.messages import LOCAL_SUFFIX, Envelope
 from sagaloop.engine.ports import Handoff, OutboxQueue, Outgoing, QueuedMessage
 from sagaloop.store import payloads
 from sagaloop.store import tables as t
-from sagaloop.store.core import SqlCore, SqlTx, conn_of
+from sagaloop.store.core import Settle, SqlCore, SqlTx, conn_of, delete_claimed, flush_settles
 
 c = t.outbox.c
 RAW_PREFIX = "raw:"
@@ -167,15 +167,35 @@ class SqlOutbox(SqlCore, OutboxQueue):
 
     def _delete_published(self, tx: SqlTx) -> None:
         """Delete the pending rows in ``tx``; if it does not commit, they stay pending."""
-        with self._published_lock:
-            published, self._published = self._published, []
-        tx.published = published
-        by_token: dict[str, list[int]] = {}
-        for ids, token in published:  # a relay publishes under one token: one statement
-            by_token.setdefault(token, []).extend(ids)
-        for token, ids in by_token.items():
+        for token, ids in self.take_published(tx).items():
             for chunk in batched(ids, DELETE_CHUNK):
                 delete_claimed(tx.conn, chunk, token)
+
+    def take_published(self, tx: SqlTx) -> dict[str, list[int]]:
+        """The pending deletions of published rows, by claim token, for ``tx`` to carry (a
+        relay publishes under one token: one statement): if it does not commit, they are
+        pending again (``SqlCore.transaction``). Nothing for a transaction the store does not
+        commit (``attach``): it would not know whether they were deleted."""
+        if not tx.own:
+            return {}
+        with self._published_lock:
+            published, self._published = self._published, []
+        tx.published.extend(published)
+        by_token: dict[str, list[int]] = {}
+        for ids, token in published:
+            by_token.setdefault(token, []).extend(ids)
+        return by_token
+
+    def settle_claimed(
+        self, tx: Any, ids: Sequence[int], claim_token: str, lost: Exception
+    ) -> None:
+        """In a transaction of the store's own, the delete waits in ``tx.settles`` for the
+        next checkpoint statement (``SqlCheckpoints``), else for the commit; in an attached
+        one (whose commit the store does not see), it is made at once."""
+        conn_of(tx)  # a transaction of the store
+        tx.settles.append(Settle(list(ids), claim_token, lost))
+        if not tx.own:
+            flush_settles(tx)
 
     def release(self, ids: Sequence[int], claim_token: str, available_at: datetime) -> None:
         q = (
@@ -383,14 +403,6 @@ def _trusted(row: Any) -> bool:
     """Whether sagaloop's store wrote the row (``enqueue``), not ``enqueue_raw``."""
     return not str(row.message_id).startswith(RAW_PREFIX)
 
-
-def delete_claimed(conn: Connection, ids: Sequence[int], claim_token: str) -> int:
-    return int(conn.execute(_DELETE_CLAIMED, {"ids": list(ids), "token": claim_token}).rowcount)
-
-
-_DELETE_CLAIMED = t.outbox.delete().where(
-    c.id.in_(sa.bindparam("ids", expanding=True)), c.claim_token == sa.bindparam("token")
-)
 
 _d = t.dead_letters.c
 _DEAD_COLUMNS = (_d.id, _d.queue, _d.body, _d.reason, _d.at)

@@ -18,3 +18,8 @@ def test_the_document_is_read_in_its_own_cte_only() -> None:
     # what the later CTEs expand row by row is p's own column, the array alone
     assert "json_array_elements(p.events)" in rest
     assert "json_array_elements(p.messages)" in rest
+    assert "json_array_elements(p.published)" in rest  # the relay's pending deletes
+    assert "json_array_elements(p.settles)" in rest  # the message's own row
+    # each delete reaches its rows by an array of ids computed once, not one built per row
+    assert "x.id = ANY(ARRAY(SELECT id FROM dk))" in rest
+    assert "x.id = ANY(ARRAY(SELECT id FROM sk))" in rest

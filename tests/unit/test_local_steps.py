@@ -350,3 +350,64 @@ def test_a_stopping_engine_gives_back_the_in_process_steps_it_did_not_start() ->
     stopping.release_handed()
     other._next_look = 0.0  # its next look at the database
     assert [d.queue for d in other.receive([other.queue], 10, 0)] == [local_queue("a")]
+
+
+def a_lost_lease_discards_the_attempt(url: str) -> list[str]:
+    """Run an in-process step, lose its row's lease to another engine, then checkpoint it:
+    LeaseLostError, and nothing of the attempt is written (no reply, no activation, the row
+    is the other engine's). Returns the statements of the in-process checkpoint. Shared
+    with ``tests/integration/test_checkpoint_deletes_postgres.py`` (the one statement)."""
+    import uuid
+
+    from sqlalchemy import event
+
+    from sagaloop.brokers.database import LeaseLostError
+    from sagaloop.engine.messages import inbox_key
+    from sagaloop.runtime.delivery import decode
+    from sagaloop.runtime.local import _Checkpoint
+    from sagaloop.runtime.worker import WORKER_CONSUMER
+
+    app = App(f"lost{uuid.uuid4().hex[:8]}")
+
+    @app.step(local=True)
+    def inc(ctx: StepContext, x: int) -> int:
+        return x + 1
+
+    @app.saga(name="s")
+    async def s(ctx: SagaContext) -> int:
+        return await ctx.call(inc, 0)
+
+    env = Harness(app, url=url)
+    run_id = env.start(s)
+    assert env.step_once() == 1  # the start: the step's row on the lane
+    worker, lane = env._local_consumer, local_queue(app.name)
+    (delivery,) = env._lane.receive([lane], 1, 0)
+    message = decode(delivery, env.store)
+    assert message is not None
+    task, key = StepTask.parse(message), inbox_key(app.name, message)
+    reply = worker.runner.run(message, task=task)
+    env.clock.advance(env.lease + timedelta(seconds=1))
+    (taken,) = env.store.claim([lane], 10, env.clock.now(), env.lease)  # another engine's now
+    statements: list[str] = []
+
+    def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
+        statements.append(statement)
+
+    event.listen(env.store.engine, "before_cursor_execute", seen)
+    try:
+        assert worker._checkpoint(_Checkpoint(delivery, message, task, key, reply)) is False
+    finally:
+        event.remove(env.store.engine, "before_cursor_execute", seen)
+    with pytest.raises(LeaseLostError):  # the usual way (the reply queued) refuses too
+        worker._store(delivery, message, task, key, reply)
+    assert [e.kind for e in env.history(run_id)] == [h.RUN_STARTED, h.STEP_SCHEDULED]
+    assert env.store.inbox_get(None, WORKER_CONSUMER, key) == (False, None)
+    assert env.store.queue_depths() == {lane: 1}, "no reply queued; the row is still there"
+    assert env.store.delete_claimed(None, [taken.id], taken.claim_token) == 1, "held by the other"
+    env.store.close()
+    return statements
+
+
+def test_a_lost_lease_discards_an_in_process_attempt(tmp_path: Path) -> None:
+    """On SQLite the row's delete is its own statement, made before the commit."""
+    a_lost_lease_discards_the_attempt(f"sqlite:///{tmp_path / 'db.sqlite'}")

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
+import pytest
+
 from sagaloop.engine.history import NewEvent
 from sagaloop.engine.messages import Envelope
 from sagaloop.engine.ports import (
@@ -20,7 +22,15 @@ from sagaloop.engine.ports import (
     Store,
     Written,
 )
-from sagaloop.testing.store_contract._base import LEASE, T0, ContractBase, in_threads, new_id
+from sagaloop.testing.store_contract._base import (
+    FAR,
+    LEASE,
+    T0,
+    ContractBase,
+    in_threads,
+    new_id,
+)
+from sagaloop.testing.store_contract.messages import LeaseLost
 
 BIG = "x" * 100_000
 """A value over the payload table's threshold."""
@@ -101,6 +111,28 @@ class CheckpointContract(ContractBase):
         assert store.load_history(None, run.run_id) == []
         assert store.claim([queue], 10, T0 + timedelta(seconds=1), LEASE) == []
         assert store.inbox_get(None, "engine", key) == (True, None), "the first row stays"
+
+    def test_a_settle_before_a_checkpoint_commits_with_it_or_not_at_all(self, store: Store) -> None:
+        """The message's row settled before its checkpoint (as an in-process step's is): a
+        store may delete it in the checkpoint's own statement; whether or not, it is gone
+        with the commit, and a lost lease raises the settle's error and writes nothing."""
+        queue, sent = new_id("q"), new_id("q")
+        self.enqueue(store, queue, 1)
+        (old,) = store.claim([queue], 10, T0, LEASE)
+        (new,) = store.claim([queue], 10, T0 + LEASE + timedelta(seconds=1), LEASE)
+        run, key = self.new_run(store), new_id("m")
+        with pytest.raises(LeaseLost), store.transaction() as tx:
+            store.settle_claimed(tx, [old.id], old.claim_token, LeaseLost())
+            store.write_checkpoint(tx, self._checkpoint(run, key, [self.message(sent)]))
+        assert store.inbox_get(None, "engine", key) == (False, None), "nothing was written"
+        assert store.get_run(run.run_id) == run
+        assert store.claim([sent], 10, FAR, LEASE) == []
+        with store.transaction() as tx:
+            store.settle_claimed(tx, [new.id], new.claim_token, LeaseLost())
+            cp = self._checkpoint(run, key, [self.message(sent)])
+            assert store.write_checkpoint(tx, cp) is Written.WRITTEN
+        assert store.claim([queue], 10, FAR, LEASE) == [], "settled with the checkpoint"
+        assert len(store.claim([sent], 10, FAR, LEASE)) == 1
 
     def test_a_checkpoint_without_a_run_writes_its_row_and_messages(self, store: Store) -> None:
         key, queue = new_id("m"), new_id("q")

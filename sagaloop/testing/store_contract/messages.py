@@ -25,6 +25,10 @@ from sagaloop.testing.store_contract._base import (
 )
 
 
+class LeaseLost(Exception):
+    """The error a test's settle raises when its lease was lost."""
+
+
 class MessageContract(ContractBase):
     """The inbox, the outbox queue and rate-limit slots."""
 
@@ -142,6 +146,23 @@ class MessageContract(ContractBase):
             assert store.delete_claimed(tx, ids[:2], "not-the-token") == 0
             assert store.delete_claimed(tx, ids[:2], token) == 2, "the rollback kept them"
         assert [m.id for m in store.claim([queue], 10, FAR, LEASE)] == ids[2:]
+
+    def test_settle_claimed_deletes_by_the_commit_or_raises_its_error(self, store: Store) -> None:
+        """A settle (the message being processed): its rows are gone once the transaction
+        commits; a row no longer claimed with the token (its lease was lost) raises the
+        settle's own error in the transaction, and nothing of it commits."""
+        queue, other = new_id("q"), new_id("q")
+        self.enqueue(store, queue, 2)
+        first, second = store.claim([queue], 10, T0, LEASE)
+        with store.transaction() as tx:
+            store.settle_claimed(tx, [first.id], first.claim_token, LeaseLost())
+        (again,) = store.claim([queue], 10, T0 + LEASE + timedelta(seconds=1), LEASE)
+        assert again.id == second.id, "the settled row is gone; the other one's lease ran out"
+        with pytest.raises(LeaseLost), store.transaction() as tx:
+            store.enqueue(tx, [self.message(other)], T0)
+            store.settle_claimed(tx, [second.id], second.claim_token, LeaseLost())
+        assert store.claim([other], 10, FAR, LEASE) == [], "the transaction did not commit"
+        assert store.delete_claimed(None, [again.id], again.claim_token) == 1, "still claimed"
 
     def test_extend_claim_keeps_the_lease(self, store: Store) -> None:
         queue = new_id("q")
