@@ -191,7 +191,12 @@ class SqlOutbox(SqlCore, OutboxQueue):
     ) -> None:
         """In a transaction of the store's own, the delete waits in ``tx.settles`` for the
         next checkpoint statement (``SqlCheckpoints``), else for the commit; in an attached
-        one (whose commit the store does not see), it is made at once."""
+        one (whose commit the store does not see), it is made at once; ``tx`` None: in a
+        transaction of its own."""
+        if tx is None:
+            with self.transaction() as own:
+                self.settle_claimed(own, ids, claim_token, lost)
+            return
         conn_of(tx)  # a transaction of the store
         tx.settles.append(Settle(list(ids), claim_token, lost))
         if not tx.own:
