@@ -28,10 +28,12 @@ from sagaloop.engine.event_fit import check_event
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.listing import RunOrder, run_order
 from sagaloop.engine.messages import (
+    ENGINE_CONSUMER,
     Envelope,
     EventPayload,
     derived_id,
     engine_queue,
+    inbox_key,
     start_queue,
 )
 from sagaloop.engine.ports import (
@@ -250,7 +252,8 @@ class Client:
         self, run_id: str, name: str, data: Any = None, *, event_id: str | None = None
     ) -> None:
         """Deliver an event to a run; kept until the run waits for it if it arrives early.
-        Sends with the same ``event_id`` are delivered once (safe to retry).
+        Sends with the same ``event_id`` are delivered once (safe to retry, also once the
+        event ended the run: a send its run already took is not refused as too late).
 
         Refused (ValidationError, nothing sent) if the run would refuse it: a name its saga
         does not declare (``@app.saga(events=...)``), if it declares any, or data that does
@@ -268,8 +271,15 @@ class Client:
             # an approval's answer: checked, and it claims the request
             return answer_approval(self, run_id, call_id, data, event_id=event_id)
         env = self._event(run_id, name, data, event_id=event_id)
+        if event_id is not None and run.status in s.FINAL_STATUSES and self._taken(run, env):
+            return  # a retry of a send that its run took before it ended
         events.check_fits(self, run, name, env.payload["data"])
         self._send(env, live=True, run=run)
+
+    def _taken(self, run: RunRecord, env: Envelope) -> bool:
+        """Whether the engine processed ``env`` already (its inbox has it)."""
+        key = inbox_key(run.app, env)
+        return bool(self.store.inbox_get(None, ENGINE_CONSUMER, key)[0])
 
     def cancel(self, run_id: str, reason: str | None = None, *, now: bool = False) -> None:
         """Cancel the run: ``asyncio.CancelledError`` is raised at the saga code's pending

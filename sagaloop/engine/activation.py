@@ -24,6 +24,7 @@ from sagaloop.engine import cancelling, concurrency, decide, fanout, gate, intak
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.history import Event, NewEvent
+from sagaloop.engine.messages import ENGINE_CONSUMER as ENGINE_CONSUMER
 from sagaloop.engine.messages import (
     ChildStart,
     Envelope,
@@ -62,7 +63,6 @@ from sagaloop.sagas.app import App
 
 logger = logging.getLogger(__name__)
 
-ENGINE_CONSUMER = "engine"
 Triggers = intake.Triggers
 Started = Callable[[], list[NewEvent]]
 

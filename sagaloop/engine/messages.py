@@ -166,6 +166,10 @@ def derived_id(*parts: object) -> str:
     return f"{text[:135]}~{digest}"
 
 
+ENGINE_CONSUMER = "engine"
+"""The consumer under which the engine's inbox records the messages it processed."""
+
+
 def inbox_key(app: str, env: Envelope) -> str:
     """The id under which a consumer's inbox records ``env`` as processed: scoped by app,
     message type and run, so that no id a publisher chooses can collide with another app's,
