@@ -147,9 +147,10 @@ class SqlCore(Transactions):
         """The lock of the wakes; waiters wait on a condition of theirs over it (``_waits``)."""
         self._waits: dict[frozenset[str] | None, threading.Condition] = {}
         """Per set of queues waited for (None: any queue), the condition its waiters wait on:
-        a commit wakes the waiters of the queues it queued to, not every consumer of the
-        process (the in-process lane's threads are not woken by the broker's rows, nor the
-        engine's consumer by a worker's)."""
+        a commit wakes one waiter per row among those of the row's queue, not every consumer
+        of the process (the in-process lane's threads are not woken by the broker's rows, nor
+        the engine's consumer by a worker's). A woken waiter whose ticket another took waits
+        again; one whose wait timed out as it was woken still looks for its ticket."""
         self.writes = 0
         """Counts committed transactions of this process that queued messages (to any queue)."""
         self._any_writes = 0
@@ -230,9 +231,11 @@ class SqlCore(Transactions):
             else:
                 for queue in names:  # no more than MAX_WAKES: the rest are found by looking
                     self._tickets[queue] = min(self._tickets[queue] + 1, MAX_WAKES)
-            for key, waiting in self._waits.items():
-                if names is None or key is None or not key.isdisjoint(names):
+            for key, waiting in self._waits.items():  # one waiter per row, as it has a ticket
+                if names is None:
                     waiting.notify_all()
+                elif wakes := sum(1 for q in names if key is None or q in key):
+                    waiting.notify(wakes)
 
     def wait_for_writes(self, timeout: float, queues: Sequence[str] | None = None) -> bool:
         """Wait, at most ``timeout`` seconds, until a transaction of this process committed a

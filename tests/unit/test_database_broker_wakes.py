@@ -180,3 +180,28 @@ def test_a_commit_wakes_only_the_waiters_of_its_queues(tmp_path: Path) -> None:
     assert woken == [True]
     assert checks == [False, True], "woken once, by the row of its queue"
     store.close()
+
+
+def test_each_row_wakes_a_waiter_of_its_queue(tmp_path: Path) -> None:
+    """A commit wakes one waiter per row of its queue (not all of them): three rows, three
+    waiters woken, in one commit or in several, whatever the waiters' sets of queues."""
+    store = SqlStore(f"sqlite:///{tmp_path / 'wakes.db'}")
+    woken: list[bool] = []
+    sets = [["q"], ["q"], ["p", "q"], ["q"], ["q", "r"], ["q"]]
+    waiters = [
+        threading.Thread(target=lambda qs=qs: woken.append(store.wait_for_writes(60, qs)))
+        for qs in sets
+    ]
+    for waiter in waiters:
+        waiter.start()
+    waiting = store._waits.values()  # each condition's waiters (CPython's Condition)
+    eventually(lambda: sum(len(w._waiters) for w in waiting) == 6, 10, "the six to wait")  # type: ignore[attr-defined]
+    store.nudge(["q", "q", "q"])
+    eventually(lambda: len(woken) == 3, 10, "a waiter per row of one commit")
+    for _ in range(3):
+        store.nudge(["q"])
+    eventually(lambda: len(woken) == 6, 10, "a waiter per row of three commits")
+    for waiter in waiters:
+        waiter.join(10)
+    assert woken == [True] * 6
+    store.close()
