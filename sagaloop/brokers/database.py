@@ -14,6 +14,10 @@ clean stop it is given back (:meth:`DatabaseBroker.release_handed`); after a cra
 a process proven dead is released by the takeover (``sagaloop.runtime.takeover``) of the next
 process that starts or beats, else it runs out with the lease.
 
+The queues of ``hold`` have their rows held whether or not a consumer waits: the in-process
+lane (``sagaloop.runtime.lane.LocalLane``), which no broker serves, is this hand-over applied to
+its one queue; there is no second mechanism.
+
 Only rows that sagaloop's store wrote (``Store.enqueue``) are trusted deliveries; bodies put
 with :meth:`DatabaseBroker.publish` are not.
 """
@@ -24,7 +28,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 
 from sagaloop.brokers.dead_letters import DeadLetter, resend_trusted
@@ -91,11 +95,15 @@ class DatabaseBroker:
         lease: timedelta = timedelta(seconds=60),
         clock: Clock | None = None,
         poll_interval: float = 0.05,
+        hold: Collection[str] = (),
     ) -> None:
         self.store = store
         self.lease = lease
         self.clock = clock or SystemClock()
         self.poll_interval = poll_interval
+        self.hold = frozenset(hold)
+        """Queues whose rows this process writes are always written claimed by it and held
+        for its consumers here, waiting or not (see :meth:`lease_for`)."""
         self._looks_due: dict[tuple[str, ...], float] = {}
         """Per set of queues consumed, when its idle consumers look next (see ``receive``)."""
         self._looks_lock = threading.Lock()
@@ -116,7 +124,14 @@ class DatabaseBroker:
         """The lease of a row written now to ``queue`` by this process, to hand it over after
         the commit; None (written unclaimed, for any consumer of any process) unless a consumer
         of ``queue`` waits here with no row handed or promised to it: rows are never held for
-        a busy process while another process's consumers could take them."""
+        a busy process while another process's consumers could take them.
+
+        A queue of ``hold`` always has the lease: its rows are served by this process first
+        (the in-process lane: another engine takes them only once this one gave them back,
+        died, or held them past their claim), so nothing is gained by leaving them unclaimed
+        and a claim transaction per row is saved."""
+        if queue in self.hold:
+            return self.lease
         with self._hand_lock:
             held = len(self._held.get(queue, ())) + self._promised[queue]
             if self._waiting[queue] <= held:
@@ -150,7 +165,12 @@ class DatabaseBroker:
     def _pop_handed(self, queues: Sequence[str], limit: int) -> list[QueuedMessage]:
         """Up to ``limit`` rows handed over for ``queues``. One held longer than half its
         lease (its consumers were busy) has its claim extended first, and is dropped if the
-        claim was lost meanwhile (a takeover released it: it is in the database again)."""
+        claim was lost meanwhile (a takeover released it: it is in the database again).
+
+        Extended, not dropped while its claim holds: a dropped row would wait out its claim
+        before anyone (this process included) could claim it, a step of the lane delayed by up
+        to its lease for nothing. Its age is read on ``clock``, the clock of its claim's
+        deadline (a virtual clock in tests), not ``time.monotonic()``."""
         fresh_after = self.clock.now() - self.lease / 2
         rows: list[QueuedMessage] = []
         stale: list[QueuedMessage] = []
@@ -189,7 +209,9 @@ class DatabaseBroker:
           an idle consumer); a consumer back from work looks at once, and one whose look
           found a full batch wakes another to look too. A look without a wake is a read first
           (a claim only if a row is there): idle consumers do not write (on SQLite, a claim
-          takes the database's write lock).
+          takes the database's write lock). So is a look after a wake when every queue is
+          one of ``hold``: their rows come handed over, so such a wake is a row given back or
+          released (``SqlCore.nudge`` of rows of any queue) or one another consumer took.
         """
         deadline = time.monotonic() + timeout
         key = tuple(queues)
@@ -208,7 +230,8 @@ class DatabaseBroker:
             turn = not (woken or look) and self._turn_to_look(key)
             if woken or look or turn:
                 now = self.clock.now()
-                rows = self.store.claim(queues, max_messages, now, self.lease, probe=not woken)
+                probe = not woken or self.hold.issuperset(queues)
+                rows = self.store.claim(queues, max_messages, now, self.lease, probe=probe)
                 self._thread.busy = bool(rows)
                 if rows:
                     # Rows of this process's commits taken without their wake: drop the

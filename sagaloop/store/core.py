@@ -154,7 +154,15 @@ class SqlCore(Transactions):
         self.dialect = self.engine.dialect.name
         self._sql = Statements(self.dialect)
         self._memory_lock = threading.RLock() if isinstance(self.engine.pool, StaticPool) else None
-        self.wakeup = threading.Condition()
+        self._wake_lock = threading.RLock()
+        self.wakeup = threading.Condition(self._wake_lock)
+        """The lock of the wakes; waiters wait on a condition of theirs over it (``_waits``)."""
+        self._waits: dict[frozenset[str] | None, threading.Condition] = {}
+        """Per set of queues waited for (None: any queue), the condition its waiters wait on:
+        a commit wakes one waiter per row among those of the row's queue, not every consumer
+        of the process (the in-process lane's threads are not woken by the broker's rows, nor
+        the engine's consumer by a worker's). A woken waiter whose ticket another took waits
+        again; one whose wait timed out as it was woken still looks for its ticket."""
         self.writes = 0
         """Counts committed transactions of this process that queued messages (to any queue)."""
         self._any_writes = 0
@@ -227,14 +235,19 @@ class SqlCore(Transactions):
     def nudge(self, queues: Iterable[str] | None = None) -> None:
         """Wake the consumers that wait in :meth:`wait_for_writes`: one per name in ``queues``
         (a row queued there), or, with None (rows of unnamed queues), all of them."""
+        names = None if queues is None else list(queues)  # a name per row: repeats count
         with self.wakeup:
             self.writes += 1
-            if queues is None:
+            if names is None:
                 self._any_writes += 1
             else:
-                for queue in queues:  # no more than MAX_WAKES: the rest are found by looking
+                for queue in names:  # no more than MAX_WAKES: the rest are found by looking
                     self._tickets[queue] = min(self._tickets[queue] + 1, MAX_WAKES)
-            self.wakeup.notify_all()
+            for key, waiting in self._waits.items():  # one waiter per row, as it has a ticket
+                if names is None:
+                    waiting.notify_all()
+                elif wakes := sum(1 for q in names if key is None or q in key):
+                    waiting.notify(wakes)
 
     def wait_for_writes(self, timeout: float, queues: Sequence[str] | None = None) -> bool:
         """Wait, at most ``timeout`` seconds, until a transaction of this process committed a
@@ -242,13 +255,17 @@ class SqlCore(Transactions):
         whether one did (else the caller polls: other processes' rows are only seen by
         looking). A row committed while its consumer was not waiting leaves a ticket that the
         next wait takes at once, so no commit is missed between a look and the wait."""
+        key = None if queues is None else frozenset(queues)
         with self.wakeup:
             seen = self._any_writes
+            waiting = self._waits.get(key)
+            if waiting is None:
+                waiting = self._waits[key] = threading.Condition(self._wake_lock)
 
             def woken() -> bool:
                 return self._any_writes != seen or self._take_ticket(queues)
 
-            return self.wakeup.wait_for(woken, timeout)
+            return waiting.wait_for(woken, timeout)
 
     def drop_wakes(self, queues: Iterable[str]) -> None:
         """A consumer claimed a row of each of ``queues`` without a wake: the next waiting

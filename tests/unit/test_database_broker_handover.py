@@ -18,7 +18,7 @@ from sagaloop.brokers.database import DatabaseBroker, DatabaseDelivery, LeaseLos
 from sagaloop.engine.messages import Envelope
 from sagaloop.engine.ports import Delivery, Outgoing
 from sagaloop.runtime.connect import open_broker, open_store
-from sagaloop.runtime.lane import Handoffs
+from sagaloop.runtime.lane import Handoffs, LocalLane
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import VirtualClock, eventually
 from tests.unit.test_database_broker_wakes import STEPS, app, claims_of, hops
@@ -171,3 +171,59 @@ def test_a_row_held_past_half_its_lease_is_extended_or_dropped(store: SqlStore) 
     clock.advance(timedelta(seconds=1))
     assert [r.deliveries for r in store.claim(["q"], 10, clock.now(), LEASE)] == [2]
     assert broker._pop_handed(["q"], 1) == [], "its claim was lost: dropped"
+
+
+# --- the in-process lane: the same hand-over, applied to one queue whose rows are always held
+
+
+def _lane(store: SqlStore, clock: VirtualClock) -> LocalLane:
+    lane = LocalLane(store, "a", clock=clock, lease=LEASE)
+    store.hand_over_to(Handoffs(lane, None, owner="p1"))  # its claims' tokens: "p1.…"
+    return lane
+
+
+def test_the_lane_holds_its_rows_with_nobody_waiting(store: SqlStore) -> None:
+    """Unlike a broker queue's, a lane row is written claimed even when no thread of the lane
+    waits (none does here): the lane serves its rows first, another engine only after."""
+    clock = VirtualClock()
+    lane, claims = _lane(store, clock), claims_of(store)
+    _write(store, clock, lane.queue, "m-1")
+    assert store.claim([lane.queue], 10, clock.now(), LEASE) == [], "held by this process"
+    before = claims.count
+    assert [d.deliveries for d in lane.receive([lane.queue], 4, 0)] == [1]
+    assert claims.count == before, "taken from memory, without a claim"
+
+
+def test_a_lane_row_held_past_half_its_lease_is_taken_with_its_claim_extended(
+    store: SqlStore,
+) -> None:
+    """Every thread of the lane busy for most of the lease: the row is taken with its claim
+    extended (on the lane's clock, the clock of the claim's deadline), so that no other
+    engine runs the step while this one does. The lane used to drop it, leaving the step to
+    wait out its claim, and read its age on ``time.monotonic()`` beside a deadline on
+    ``clock``."""
+    clock = VirtualClock()
+    lane = _lane(store, clock)
+    _write(store, clock, lane.queue, "m-1")
+    clock.advance(LEASE * 3 / 4)  # past half the lease, within it
+    (taken,) = lane.receive([lane.queue], 1, 0)
+    assert taken.deliveries == 1, "the row handed over, not claimed again"
+    clock.advance(LEASE / 2)  # past the first claim's deadline, within the extended one
+    assert store.claim([lane.queue], 10, clock.now(), LEASE) == [], "its claim was extended"
+    with store.transaction() as tx:
+        taken.settle(tx)
+    assert store.queue_depths() == {}
+
+
+def test_a_lane_row_whose_claim_was_released_while_held_is_claimed_again(
+    store: SqlStore,
+) -> None:
+    """A held lane row whose claim was lost (a takeover released it, believing this process
+    dead) is not run from memory: the lane claims it again from the database, as any engine
+    of the app could, so that only one attempt's result counts."""
+    clock = VirtualClock()
+    lane = _lane(store, clock)
+    _write(store, clock, lane.queue, "m-1")
+    clock.advance(LEASE * 3 / 4)
+    assert [r.queue for r in store.take_over("p1", "p1")] == [lane.queue]
+    assert [d.deliveries for d in lane.receive([lane.queue], 1, 0)] == [2]

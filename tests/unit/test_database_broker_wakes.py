@@ -149,3 +149,59 @@ def test_idle_consumers_take_turns_and_find_other_processes_rows(tmp_path: Path)
             t.join(5)
         store.close()
         other.close()
+
+
+def test_a_commit_wakes_only_the_waiters_of_its_queues(tmp_path: Path) -> None:
+    """The in-process lane's threads wait on the same store as the broker's consumers: a row
+    of one queue does not wake the waiters of other queues (each would look for its wake and
+    wait again, a thread switch per waiter per commit); it wakes one of its own. (The old
+    shared condition's spurious wakes coalesce when commits come fast, so this pins the
+    behaviour more than it catches its loss.)"""
+    store = SqlStore(f"sqlite:///{tmp_path / 'wakes.db'}")
+    checks: list[bool] = []  # each time the waiter of "b" looked for a wake
+    take_ticket = store._take_ticket
+
+    def counted(queues: Any) -> bool:
+        woken = take_ticket(queues)
+        if queues == ["b"]:
+            checks.append(woken)
+        return woken
+
+    store._take_ticket = counted  # type: ignore[method-assign]
+    woken: list[bool] = []
+    waiter = threading.Thread(target=lambda: woken.append(store.wait_for_writes(60, ["b"])))
+    waiter.start()
+    eventually(lambda: checks == [False], 10, "the waiter of b to wait")
+    for _ in range(200):
+        store.nudge(["a"])
+        store.nudge(["a", "c"])
+    store.nudge(["b"])
+    waiter.join(10)
+    assert woken == [True]
+    assert checks == [False, True], "woken once, by the row of its queue"
+    store.close()
+
+
+def test_each_row_wakes_a_waiter_of_its_queue(tmp_path: Path) -> None:
+    """A commit wakes one waiter per row of its queue (not all of them): three rows, three
+    waiters woken, in one commit or in several, whatever the waiters' sets of queues."""
+    store = SqlStore(f"sqlite:///{tmp_path / 'wakes.db'}")
+    woken: list[bool] = []
+    sets = [["q"], ["q"], ["p", "q"], ["q"], ["q", "r"], ["q"]]
+    waiters = [
+        threading.Thread(target=lambda qs=qs: woken.append(store.wait_for_writes(60, qs)))
+        for qs in sets
+    ]
+    for waiter in waiters:
+        waiter.start()
+    waiting = store._waits.values()  # each condition's waiters (CPython's Condition)
+    eventually(lambda: sum(len(w._waiters) for w in waiting) == 6, 10, "the six to wait")  # type: ignore[attr-defined]
+    store.nudge(["q", "q", "q"])
+    eventually(lambda: len(woken) == 3, 10, "a waiter per row of one commit")
+    for _ in range(3):
+        store.nudge(["q"])
+    eventually(lambda: len(woken) == 6, 10, "a waiter per row of three commits")
+    for waiter in waiters:
+        waiter.join(10)
+    assert woken == [True] * 6
+    store.close()
