@@ -28,12 +28,10 @@ from sagaloop.engine.event_fit import check_event
 from sagaloop.engine.history import Event, NewEvent
 from sagaloop.engine.listing import RunOrder, run_order
 from sagaloop.engine.messages import (
-    ENGINE_CONSUMER,
     Envelope,
     EventPayload,
     derived_id,
     engine_queue,
-    inbox_key,
     start_queue,
 )
 from sagaloop.engine.ports import (
@@ -271,15 +269,10 @@ class Client:
             # an approval's answer: checked, and it claims the request
             return answer_approval(self, run_id, call_id, data, event_id=event_id)
         env = self._event(run_id, name, data, event_id=event_id)
-        if event_id is not None and run.status in s.FINAL_STATUSES and self._taken(run, env):
+        if event_id is not None and run.status in s.FINAL_STATUSES and events.taken(self, run, env):
             return  # a retry of a send that its run took before it ended
         events.check_fits(self, run, name, env.payload["data"])
         self._send(env, live=True, run=run)
-
-    def _taken(self, run: RunRecord, env: Envelope) -> bool:
-        """Whether the engine processed ``env`` already (its inbox has it)."""
-        key = inbox_key(run.app, env)
-        return bool(self.store.inbox_get(None, ENGINE_CONSUMER, key)[0])
 
     def cancel(self, run_id: str, reason: str | None = None, *, now: bool = False) -> None:
         """Cancel the run: ``asyncio.CancelledError`` is raised at the saga code's pending

@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from sagaloop.client.checks import check_message, check_text, to_json
 from sagaloop.engine.event_fit import check_event
-from sagaloop.engine.messages import Envelope, PublishPayload, derived_id, engine_queue
+from sagaloop.engine.messages import (
+    ENGINE_CONSUMER,
+    Envelope,
+    PublishPayload,
+    derived_id,
+    engine_queue,
+    inbox_key,
+)
 from sagaloop.engine.ports import Debounced, DebounceStore, Outgoing, RunRecord
 from sagaloop.engine.state import RunState
 from sagaloop.errors import ValidationError
@@ -97,6 +104,13 @@ def publish(
         queue = engine_queue(client.app_name)
         client.store.enqueue(tx, [Outgoing(queue, env)], client.clock.now())
     return PublishedEvent(name, payload["data"], key, event_id)
+
+
+def taken(client: Client, run: RunRecord, env: Envelope) -> bool:
+    """Whether ``run``'s engine processed ``env`` already (its inbox has it): a send retried
+    after the event it repeats ended the run."""
+    key = inbox_key(run.app, env)
+    return bool(client.store.inbox_get(None, ENGINE_CONSUMER, key)[0])
 
 
 def check_fits(client: Client, run: RunRecord, name: str, data: Any) -> None:

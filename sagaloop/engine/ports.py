@@ -296,10 +296,8 @@ class OutboxQueue(Protocol):
         ...
 
     def settle_claimed(self, tx: Tx, ids: Sequence[int], claim_token: str, lost: Exception) -> None:
-        """Delete these rows in ``tx``, each still claimed with ``claim_token``, or raise
-        ``lost`` (its lease was lost: the transaction must not commit). A store may make the
-        delete later in ``tx`` (with its next ``write_checkpoint``), at the latest before the
-        commit, and raise ``lost`` there."""
+        """Delete these rows, still claimed with ``claim_token``, in ``tx`` (at the latest
+        before its commit: with its next ``write_checkpoint``, say), else raise ``lost``."""
         ...
 
     def delete_later(self, ids: Sequence[int], claim_token: str) -> None:
