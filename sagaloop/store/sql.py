@@ -12,7 +12,7 @@ or, when worth retrying, :class:`~sagaloop.errors.TransientStoreError` (see ``co
 transaction core of ``core.py``:
 
 =================  ===============  =====================================================
-module             mixin            roles (``engine/ports.py``)
+module             mixin            roles (``engine/ports.py``, ``feature_stores.py``)
 =================  ===============  =====================================================
 ``core.py``        ``SqlCore``      ``Transactions``, ``check_schema``, ``close``
 ``runs.py``        ``SqlRuns``      ``RunStore``, ``RunQueries``, ``prune``
