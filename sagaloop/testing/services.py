@@ -8,7 +8,8 @@
    missing service fails the tests; it never skips them silently.
 
 Importing this module needs neither testcontainers nor a server; it does no I/O.
-:func:`fresh_database` gives each test session (or test) a database of its own.
+:func:`fresh_database` gives each test session (or test) a database of its own;
+:func:`migrated_database`, one with sagaloop's schema.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "ServiceNotFoundError",
     "docker_answers",
     "fresh_database",
+    "migrated_database",
     "on_server",
     "port_answers",
     "postgres_url",
@@ -215,3 +217,21 @@ def queue_depth(amqp_url: str, queue: str) -> int:
     finally:
         if conn.is_open:
             conn.close()
+
+
+@contextlib.contextmanager
+def migrated_database(admin_url: str) -> Iterator[str]:
+    """A :func:`fresh_database` with sagaloop's schema made, for the ``with`` block; its URL.
+    Dropped at the block's end."""
+    from sagaloop.store.sql import SqlStore
+
+    url, drop = fresh_database(admin_url)
+    try:
+        store = SqlStore(url)
+        try:
+            store.upgrade()
+        finally:
+            store.close()
+        yield url
+    finally:
+        drop()

@@ -25,12 +25,9 @@ LEASE = timedelta(seconds=30)
 
 @pytest.fixture
 def database(postgres_url: str) -> Iterator[str]:
-    url, drop = services.fresh_database(postgres_url)
-    store = SqlStore(url)
-    store.upgrade()
-    store.close()
-    yield url
-    drop()
+    """A database of this test's own, schema upgraded."""
+    with services.migrated_database(postgres_url) as url:
+        yield url
 
 
 @pytest.fixture

@@ -33,12 +33,8 @@ TABLES = ", ".join(tb.name for tb in t.metadata.sorted_tables if tb.name != t.sc
 @pytest.fixture(scope="module")
 def database(postgres_url: str) -> Iterator[str]:
     """A database of this module's own, on the session's server, schema upgraded."""
-    url, drop = services.fresh_database(postgres_url)
-    store = SqlStore(url)
-    store.upgrade()
-    store.close()
-    yield url
-    drop()
+    with services.migrated_database(postgres_url) as url:
+        yield url
 
 
 @pytest.fixture
