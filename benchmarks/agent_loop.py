@@ -68,7 +68,7 @@ LABELS = {
     "broker": "broker steps",
     "embedded": "embedded (SQLite)",
 }
-FULL = {"runs": 20, "stream_runs": 2, "fanout_runs": 2, "agent_runs": 3, "fanout": 256}
+FULL = {"runs": 20, "stream_runs": 2, "fanout_runs": 5, "agent_runs": 3, "fanout": 256}
 QUICK = {"runs": 8, "stream_runs": 1, "fanout_runs": 1, "agent_runs": 2, "fanout": 256}
 GAP_P75_MS = {"inprocess": 5.0, "broker": 8.0, "embedded": 8.0}
 STREAM_OVERHEAD_MS = 20.0

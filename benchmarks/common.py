@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -53,6 +54,17 @@ def cpu_seconds(pid: int) -> float:
 
 def load_average() -> float:
     return os.getloadavg()[0]
+
+
+def settle(below: float = 1.5, at_most: float = 45.0) -> float:
+    """Wait until the one-minute load average is under ``below`` (the section before may
+    have left it high: it lags a minute behind), for ``at_most`` seconds; the seconds waited.
+    On a machine that others keep busy it gives up at ``at_most``: the load is printed with
+    every section's figures either way."""
+    t0 = time.monotonic()
+    while load_average() >= below and time.monotonic() - t0 < at_most:
+        time.sleep(1.0)
+    return time.monotonic() - t0
 
 
 @contextlib.contextmanager

@@ -34,7 +34,7 @@ from benchmarks import (
     scale,
     steps,
 )
-from benchmarks.common import Figure, fmt_ms, fmt_ratio, load_average
+from benchmarks.common import Figure, fmt_ms, fmt_ratio, load_average, settle
 from benchmarks.steps import err, ok, pooled_floor, trips
 
 FULL: dict[str, Any] = {
@@ -158,8 +158,13 @@ def measure(plan: dict[str, Any], only: set[str] | None = None) -> dict[str, Any
     for name, fn in sections(plan):
         if only is not None and name not in only and name not in ("floor", "floor_after"):
             continue
+        waited = settle()
         t0, load0 = time.monotonic(), load_average()
-        print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        print(
+            f"bench: {name} ... (after {waited:.0f} s for the load to settle)",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             results[name] = fn()
         except Exception as e:
