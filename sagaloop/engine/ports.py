@@ -117,10 +117,14 @@ class Handoff(Protocol):
 class Transactions(Protocol):
     """Opening a transaction of the store, or adopting the caller's."""
 
-    def transaction(self) -> AbstractContextManager[Tx]:
+    def transaction(self, *, lone: bool = False) -> AbstractContextManager[Tx]:
         """A write transaction, committed when the block ends without an exception. Driver
         errors (raised by the store's methods inside the block, or by the commit) come out as
-        StoreError, or TransientStoreError when running the block again may succeed."""
+        StoreError, or TransientStoreError when running the block again may succeed.
+
+        ``lone``: the block's last write is a ``write_checkpoint``. A store may then commit
+        with that write (PostgreSQL: its one statement is the transaction, with no ``BEGIN``
+        or ``COMMIT``, when it is also the first); a write after it raises RuntimeError."""
         ...
 
     def attach(self, conn: Any) -> Tx:

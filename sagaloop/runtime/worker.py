@@ -367,7 +367,8 @@ class WorkerConsumer:
     def _store(
         self, delivery: Delivery, env: Envelope, task: StepTask, key: str, reply: StepReply | None
     ) -> None:
-        with self.store.transaction() as tx:
+        # lone: the reply's checkpoint is the last write (on PostgreSQL the whole transaction)
+        with self.store.transaction(lone=reply is not None) as tx:
             self._write(tx, delivery, env, task, key, reply)
         crash_point("worker.after_commit")
 
@@ -381,24 +382,24 @@ class WorkerConsumer:
         reply: StepReply | None,
         attempt: Any = None,
     ) -> None:
-        """In ``tx``: store ``reply`` in the inbox, queue it and settle the message. When a
+        """In ``tx``: settle the message, store ``reply`` in the inbox and queue it. When a
         copy stored its reply first, that one is sent, and the savepoint ``attempt`` (a
-        transactional step's writes) is rolled back."""
+        transactional step's writes) is rolled back. The reply's checkpoint is the last write:
+        in a lone transaction (``_store``) its statement may be the commit."""
         now, ran = self.clock.now(), False
+        delivery.settle(tx)  # first: the checkpoint's statement carries it (a database queue)
         if reply is not None:  # the inbox row and the reply message, one write on PostgreSQL
+            undo = task.direction == UNDO
+            crash_point("worker.undo_before_commit" if undo else "worker.before_commit")
             sent = [Outgoing(self.reply_queue, step_result(env, reply, now))]
             write = Checkpoint(now, (WORKER_CONSUMER, key, reply.to_payload()), messages=sent)
             ran = self.store.write_checkpoint(tx, write) is Written.WRITTEN
         if attempt is not None:
             (attempt.commit if ran else attempt.rollback)()
-        if not ran:
+        if not ran:  # a copy stored its reply first (the checkpoint wrote nothing): send that
             _, stored = self.store.inbox_get(tx, WORKER_CONSUMER, key)
             reply = StepReply.model_validate(stored)  # as this worker (or a copy) built it
             self.store.enqueue(tx, [Outgoing(self.reply_queue, step_result(env, reply, now))], now)
-        delivery.settle(tx)
-        if ran:  # a copy whose reply was stored already ran nothing: no effect cut off
-            undo = task.direction == UNDO
-            crash_point("worker.undo_before_commit" if undo else "worker.before_commit")
 
     def _failed(
         self, delivery: Delivery, env: Envelope, task: StepTask, key: str, exc: Exception

@@ -39,7 +39,7 @@ from typing import Any
 from sagaloop.engine.history import number
 from sagaloop.engine.ports import Checkpoint, RunRecord, RunStore, Written
 from sagaloop.store import payloads
-from sagaloop.store.core import Settle, SqlTx, conn_of
+from sagaloop.store.core import Settle, SqlTx, conn_of, lone_statement, reopen
 from sagaloop.store.inbox import SqlInbox
 from sagaloop.store.queue import SqlOutbox, inserted
 from sagaloop.store.runs import SqlRuns
@@ -129,7 +129,7 @@ class SqlCheckpoints(SqlRuns, SqlInbox, SqlOutbox, RunStore):
         return Written.WRITTEN
 
     def _fused(self, tx: SqlTx, cp: Checkpoint) -> Written:
-        conn, now, offload = conn_of(tx), cp.now, payloads.Offloader()
+        now, offload = cp.now, payloads.Offloader()
         doc: dict[str, Any] = {"now": _at(now)}
         if cp.inbox is not None:
             consumer, message_id, result = cp.inbox
@@ -140,18 +140,28 @@ class SqlCheckpoints(SqlRuns, SqlInbox, SqlOutbox, RunStore):
         rows = self.outbox_rows(tx, cp.messages, now, offload)
         doc["messages"] = [_outbox_fields(r) for r in rows]
         settles: list[Settle] = []
-        if not conn.in_nested_transaction():  # a savepoint rolled back would undo the deletes
+        if not tx.conn.in_nested_transaction():  # a savepoint rolled back would undo deletes
             doc["published"] = list(self.take_published(tx).items())
             settles, tx.settles = tx.settles, []
             doc["settles"] = [[s.claim_token, s.ids] for s in settles]
-        offload.flush(conn, now)
+        if offload.rows:  # the payload rows first: a lone transaction begins here
+            offload.flush(conn_of(tx), now)
+        # the first write of a lone transaction that settles nothing (a lost lease must undo
+        # it): the statement commits by itself
+        lone = None if settles else lone_statement(tx)
+        conn = lone or conn_of(tx)
         params = {"p": json.dumps(doc, separators=(",", ":"))}
         added, saved, claimed_ids, settled = conn.exec_driver_sql(_FUSED, params).one()
         _check_settled(settles, settled)
+        written = Written.WRITTEN
         if not added and cp.inbox is not None:
-            return Written.DUPLICATE
-        if not saved and cp.run is not None:
-            return Written.CONFLICT
+            written = Written.DUPLICATE
+        elif not saved and cp.run is not None:
+            written = Written.CONFLICT
+        if written is not Written.WRITTEN:
+            if lone is not None:  # it wrote nothing of the block's: the block may go on
+                reopen(tx)
+            return written
         inserted(tx, rows, claimed_ids)
         return Written.WRITTEN
 

@@ -53,13 +53,29 @@ def record(cls: type[R], row: RowMapping) -> R:
     return cls(**{name: row[name] for name in names})
 
 
+FIRST, BEGUN, DONE = "first", "begun", "done"  # the states of a lone transaction (SqlTx.lone)
+
+
 class SqlTx:
     """A transaction of the store: the connection, and what to do once it committed."""
 
-    __slots__ = ("conn", "enqueued", "handed", "own", "published", "queues", "settles")
+    __slots__ = (
+        "conn",
+        "enqueued",
+        "handed",
+        "lone",
+        "own",
+        "published",
+        "queues",
+        "settles",
+    )
 
-    def __init__(self, conn: Connection, *, own: bool) -> None:
+    def __init__(self, conn: Connection, *, own: bool, lone: bool = False) -> None:
         self.conn = conn
+        self.lone = FIRST if lone else ""
+        """Of a lone transaction (``transaction(lone=True)`` on PostgreSQL), on an
+        autocommitting connection: ``FIRST`` until its first write, which is either the
+        checkpoint's one statement (``DONE``: it committed) or ``BEGIN`` (``BEGUN``)."""
         self.enqueued = False
         """Rows of queues it does not name became claimable (released, taken over): after the
         commit, wake every waiting consumer."""
@@ -118,9 +134,30 @@ class Statements:
 
 
 def conn_of(tx: Any) -> Connection:
-    """The connection of a transaction the store gave (``transaction()`` or ``attach()``)."""
+    """The connection of a transaction the store gave (``transaction()`` or ``attach()``), to
+    write in it: a lone transaction's first write begins it."""
     assert isinstance(tx, SqlTx), "pass the transaction object given by store.transaction()"
+    if tx.lone == FIRST:
+        tx.conn.exec_driver_sql("BEGIN")
+        tx.lone = BEGUN
+    elif tx.lone == DONE:
+        raise RuntimeError("a lone transaction committed with its checkpoint: no write after it")
     return tx.conn
+
+
+def lone_statement(tx: SqlTx) -> Connection | None:
+    """The connection on which the checkpoint's one statement commits by itself, if it is a
+    lone transaction's first write (else None). The transaction is over once it ran."""
+    if tx.lone != FIRST:
+        return None
+    tx.lone = DONE
+    return tx.conn
+
+
+def reopen(tx: SqlTx) -> None:
+    """The lone statement wrote nothing of the block's (a duplicate, a conflict): the
+    transaction is not over, its next write begins it."""
+    tx.lone = FIRST
 
 
 class SqlCore(Transactions):
@@ -284,21 +321,34 @@ class SqlCore(Transactions):
         return False
 
     @contextmanager
-    def transaction(self) -> Iterator[SqlTx]:
+    def transaction(self, *, lone: bool = False) -> Iterator[SqlTx]:
         """``engine.begin()``; on SQLite in memory, one at a time (with the reads) under a lock.
-        After the commit, hand over the rows it enqueued and wake waiting consumers."""
+        After the commit, hand over the rows it enqueued and wake waiting consumers.
+
+        ``lone`` on PostgreSQL: an autocommitting connection, on which the transaction begins
+        with its first write (``conn_of``), unless that write is the checkpoint's one statement
+        (``lone_statement``): then the statement is the whole transaction, 2 round trips fewer
+        (a worker's reply, an in-process step's checkpoint)."""
         lock = self._memory_lock
         if lock is not None:
             lock.acquire()
         tx: SqlTx | None = None
         try:
-            with self.engine.begin() as conn:
-                tx = SqlTx(conn, own=True)
-                yield tx
-                if tx.settles:  # no checkpoint statement carried them
-                    flush_settles(tx)
-                if tx.queues and self.dialect == "postgresql":  # rows nobody holds: wake the
-                    conn.execute(_NOTIFY)  # relays of other processes at the commit
+            lone = lone and self.dialect == "postgresql"
+            with self._begin(lone) as conn:
+                tx = SqlTx(conn, own=True, lone=lone)
+                try:
+                    yield tx
+                    if tx.settles:  # no checkpoint statement carried them
+                        flush_settles(tx)
+                    if tx.queues and self.dialect == "postgresql":  # rows nobody holds: wake
+                        conn.execute(_NOTIFY)  # the relays of other processes at the commit
+                except BaseException:
+                    if tx.lone == BEGUN:
+                        conn.exec_driver_sql("ROLLBACK")
+                    raise
+                if tx.lone == BEGUN:
+                    conn.exec_driver_sql("COMMIT")
             tx.published = []
             if tx.handed and self.handoff is not None:
                 self.handoff.take(tx.handed)
@@ -312,6 +362,17 @@ class SqlCore(Transactions):
                     self._published.extend(tx.published)
             if lock is not None:
                 lock.release()
+
+    @contextmanager
+    def _begin(self, lone: bool) -> Iterator[Connection]:
+        """``engine.begin()``; ``lone``: a connection that autocommits (``transaction`` sends
+        ``BEGIN`` and ``COMMIT`` itself if a write began a transaction on it)."""
+        if lone:
+            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                yield conn
+        else:
+            with self.engine.begin() as conn:
+                yield conn
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
@@ -369,7 +430,7 @@ def flush_settles(tx: SqlTx) -> None:
     first whose rows were not all still claimed with its token."""
     settles, tx.settles = tx.settles, []
     for s in settles:
-        if delete_claimed(tx.conn, s.ids, s.claim_token) != len(s.ids):
+        if delete_claimed(conn_of(tx), s.ids, s.claim_token) != len(s.ids):
             raise s.lost
 
 

@@ -134,6 +134,31 @@ class CheckpointContract(ContractBase):
         assert store.claim([queue], 10, FAR, LEASE) == [], "settled with the checkpoint"
         assert len(store.claim([sent], 10, FAR, LEASE)) == 1
 
+    def test_a_lone_transaction_is_atomic_up_to_its_checkpoint(self, store: Store) -> None:
+        """``transaction(lone=True)``: its checkpoint may commit it, but never a part of it: a
+        settle whose lease was lost still writes nothing, and a write before the checkpoint
+        commits with it or not at all."""
+        queue, sent = new_id("q"), new_id("q")
+        self.enqueue(store, queue, 1)
+        (old,) = store.claim([queue], 10, T0, LEASE)
+        store.claim([queue], 10, T0 + LEASE + timedelta(seconds=1), LEASE)  # the lease is lost
+        run, key = self.new_run(store), new_id("m")
+        with pytest.raises(LeaseLost), store.transaction(lone=True) as tx:
+            store.settle_claimed(tx, [old.id], old.claim_token, LeaseLost())
+            store.write_checkpoint(tx, self._checkpoint(run, key, [self.message(sent)]))
+        assert store.inbox_get(None, "engine", key) == (False, None), "nothing was written"
+        with pytest.raises(LeaseLost), store.transaction(lone=True) as tx:
+            store.enqueue(tx, [self.message(sent)], T0)
+            store.write_checkpoint(tx, self._checkpoint(None, key, []))
+            raise LeaseLost
+        assert store.inbox_get(None, "engine", key) == (False, None)
+        assert store.claim([sent], 10, FAR, LEASE) == [], "the write before it rolled back too"
+        with store.transaction(lone=True) as tx:
+            cp = self._checkpoint(run, key, [self.message(sent)])
+            assert store.write_checkpoint(tx, cp) is Written.WRITTEN
+        assert store.inbox_get(None, "engine", key) == (True, None)
+        assert len(store.claim([sent], 10, FAR, LEASE)) == 1
+
     def test_a_checkpoint_without_a_run_writes_its_row_and_messages(self, store: Store) -> None:
         key, queue = new_id("m"), new_id("q")
         with store.transaction() as tx:
