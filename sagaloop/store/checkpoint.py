@@ -148,7 +148,7 @@ class SqlCheckpoints(SqlRuns, SqlInbox, SqlOutbox, RunStore):
             offload.flush(conn_of(tx), now)
         # the first write of a lone transaction that settles nothing (a lost lease must undo
         # it): the statement commits by itself
-        lone = None if settles else lone_statement(tx)
+        lone = None if settles or tx.settles else lone_statement(tx)
         conn = lone or conn_of(tx)
         params = {"p": json.dumps(doc, separators=(",", ":"))}
         added, saved, claimed_ids, settled = conn.exec_driver_sql(_FUSED, params).one()

@@ -148,7 +148,7 @@ def conn_of(tx: Any) -> Connection:
 def lone_statement(tx: SqlTx) -> Connection | None:
     """The connection on which the checkpoint's one statement commits by itself, if it is a
     lone transaction's first write (else None). The transaction is over once it ran."""
-    if tx.lone != FIRST:
+    if tx.lone != FIRST or tx.conn.in_nested_transaction():
         return None
     tx.lone = DONE
     return tx.conn
@@ -328,7 +328,7 @@ class SqlCore(Transactions):
         ``lone`` on PostgreSQL: an autocommitting connection, on which the transaction begins
         with its first write (``conn_of``), unless that write is the checkpoint's one statement
         (``lone_statement``): then the statement is the whole transaction, 2 round trips fewer
-        (a worker's reply, an in-process step's checkpoint)."""
+        (a worker's reply)."""
         lock = self._memory_lock
         if lock is not None:
             lock.acquire()
