@@ -9,23 +9,14 @@ pytest.register_assert_rewrite("sagaloop.testing.contracts", "sagaloop.testing.s
 
 from collections.abc import Iterator  # noqa: E402
 
-from sagaloop.store.sql import SqlStore  # noqa: E402
 from sagaloop.testing import services  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A database of its own for this test session, schema upgraded, dropped at the end."""
-    url, drop = services.fresh_database(services.postgres_url())
-    try:
-        store = SqlStore(url)
-        try:
-            store.upgrade()
-        finally:
-            store.close()
+    with services.migrated_database(services.postgres_url()) as url:
         yield url
-    finally:
-        drop()
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from system import System
 
+from sagaloop.testing import services
+
+
+@pytest.fixture(scope="module")
+def database(postgres_url: str) -> Iterator[str]:
+    """A database of the test module's own, on the session's server, schema upgraded."""
+    with services.migrated_database(postgres_url) as url:
+        yield url
+
 
 @pytest.fixture
 def system(tmp_path: Path, rabbitmq_url: str) -> Iterator[System]:

@@ -15,17 +15,10 @@ from sqlalchemy import event
 from sagaloop.engine.messages import Envelope
 from sagaloop.engine.ports import Checkpoint, Outgoing, Written
 from sagaloop.store.sql import SqlStore
-from sagaloop.testing import services
 
 pytestmark = pytest.mark.integration
 
 T0 = datetime(2030, 1, 2, tzinfo=UTC)
-
-
-@pytest.fixture(scope="module")
-def database(postgres_url: str) -> Iterator[str]:
-    with services.migrated_database(postgres_url) as url:
-        yield url
 
 
 @pytest.fixture

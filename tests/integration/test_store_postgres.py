@@ -30,13 +30,6 @@ LEASE = timedelta(seconds=30)
 TABLES = ", ".join(tb.name for tb in t.metadata.sorted_tables if tb.name != t.schema_version.name)
 
 
-@pytest.fixture(scope="module")
-def database(postgres_url: str) -> Iterator[str]:
-    """A database of this module's own, on the session's server, schema upgraded."""
-    with services.migrated_database(postgres_url) as url:
-        yield url
-
-
 @pytest.fixture
 def store(database: str) -> Iterator[SqlStore]:
     """A fresh (empty) store: the tables are truncated before each test."""
