@@ -367,8 +367,7 @@ class WorkerConsumer:
     def _store(
         self, delivery: Delivery, env: Envelope, task: StepTask, key: str, reply: StepReply | None
     ) -> None:
-        # lone: the reply's checkpoint is the last write (on PostgreSQL the whole transaction)
-        with self.store.transaction(lone=reply is not None) as tx:
+        with self.store.transaction(lone=reply is not None) as tx:  # see _write
             self._write(tx, delivery, env, task, key, reply)
         crash_point("worker.after_commit")
 
