@@ -35,6 +35,7 @@ from sagaloop.engine.messages import (
     inbox_key,
     parse_payload,
 )
+from sagaloop.engine.plan import ActivationConflict as ActivationConflict
 from sagaloop.engine.plan import Live, Plan, drop
 from sagaloop.engine.ports import (
     Checkpoint,
@@ -56,7 +57,6 @@ from sagaloop.errors import (
     MessageError,
     NonDeterminismError,
     RunNotStartedError,
-    TransientStoreError,
     ValidationError,
 )
 from sagaloop.sagas.app import App
@@ -65,11 +65,6 @@ logger = logging.getLogger(__name__)
 
 Triggers = intake.Triggers
 Started = Callable[[], list[NewEvent]]
-
-
-class ActivationConflict(TransientStoreError):
-    """The run changed (another engine activated it) between prepare and apply: prepare
-    again."""
 
 
 class Engine:
@@ -161,6 +156,19 @@ class Engine:
         record = live.record
         return record if record is not None and record.last_seq == live.state.last_seq else None
 
+    def alone(self, plan: Plan) -> bool:
+        """Whether :meth:`apply` writes ``plan`` as its checkpoint and nothing after it (no
+        slot freed, approval indexed, timer or subscription changed), so that it may be
+        applied in ``transaction(lone=True)``. Keep in step with apply: a write after raises."""
+        run, e = plan.run, plan.effects
+        if run is None or e is None or not plan.checkpoint_only:
+            return False
+        if e.clear_timers or e.timers or e.dropped_timers or any(map(gate.indexed, e.events)):
+            return False
+        if run.status in s.FINAL_STATUSES and concurrency.limit_of(self.app, run.saga):
+            return False
+        return plan.subscriptions is None or not isinstance(self.store, SubscriptionStore)
+
     def apply(
         self, tx: Tx, plan: Plan, *, inbox: bool = True, reply: InboxRow | None = None
     ) -> None:
@@ -209,7 +217,7 @@ class Engine:
             self.store.enqueue(tx, effects.messages, now)
         if run.status in s.FINAL_STATUSES and concurrency.limit_of(self.app, run.saga):
             concurrency.release(self.store, tx, self.app, run.run_id, now)  # its slot frees
-        self._index_approvals(tx, plan.env, run, effects)
+        gate.index_effects(self.store, tx, run, effects, plan.env, self._staged.get(run.run_id))
         if effects.clear_timers:
             self.store.delete_timers(tx, run.run_id)
         for timer in effects.timers:
@@ -239,14 +247,6 @@ class Engine:
         if plan.cached:
             self._distrust()
         raise ActivationConflict(f"run {run.run_id!r} changed meanwhile")
-
-    def _index_approvals(
-        self, tx: Tx, env: Envelope, run: RunRecord, effects: decide.Effects
-    ) -> None:
-        try:
-            gate.index_effects(self.store, tx, run, effects, env, self._staged.get(run.run_id))
-        except gate.AnsweredMeanwhile as e:
-            raise ActivationConflict(str(e)) from e
 
     def park(self, env: Envelope, error: ErrorInfo, failures: int) -> Plan:
         """A plan that parks the run of ``env`` in ``needs_attention`` without running saga

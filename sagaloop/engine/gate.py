@@ -14,9 +14,9 @@ import pydantic
 from sagaloop.engine import history as h
 from sagaloop.engine.history import NewEvent
 from sagaloop.engine.messages import Envelope
+from sagaloop.engine.plan import ActivationConflict
 from sagaloop.engine.ports import RunRecord, Store, Tx
 from sagaloop.engine.state import RunState
-from sagaloop.errors import TransientStoreError
 from sagaloop.sagas.approvals import ApprovalRequest, answer_refusal, call_id_of
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("sagaloop.engine.activation")
 
 
-class AnsweredMeanwhile(TransientStoreError):
+class AnsweredMeanwhile(ActivationConflict):
     """Another answer claimed the request between prepare and apply: prepare again (the
     activation then refuses this one)."""
 
@@ -85,8 +85,10 @@ def index(
     ``message_id``) writes for ``run``: the answer it gave the run claims its request (one
     claimed since the index was read wins: AnsweredMeanwhile), published requests are
     indexed, and a finished (or cancelling) run's are forgotten (``asked``: the run ever
-    asked one)."""
+    asked one). Only events :func:`indexed` names are looked at."""
     for ev in events:
+        if not indexed(ev):
+            continue
         call_id = call_id_of(ev.name or "")
         if ev.kind == h.EVENT_ARRIVED and call_id is not None and "claim" in ev.data:
             claim, said = ev.data["claim"], ev.data["data"]
@@ -107,6 +109,14 @@ def index(
                 store.publish_approval(tx, run, call_id, value, now=at, release=message_id)
         elif ev.kind in (h.RUN_FINISHED, h.CANCEL_DELIVERED) and asked:
             store.end_approvals(tx, run.run_id)  # cancelling: the code waits for them no more
+
+
+def indexed(ev: NewEvent) -> bool:
+    """Whether :func:`index` may write for ``ev`` (so an activation without one has nothing
+    to index: its checkpoint may be its transaction's last write, see ``Engine.alone``)."""
+    if ev.kind in (h.RUN_FINISHED, h.CANCEL_DELIVERED):
+        return True
+    return ev.kind in (h.EVENT_ARRIVED, h.PUBLISHED) and call_id_of(ev.name or "") is not None
 
 
 def _request(value: Any) -> ApprovalRequest | None:

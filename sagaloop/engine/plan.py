@@ -12,6 +12,12 @@ from sagaloop.engine.messages import Envelope, PublishPayload
 from sagaloop.engine.ports import RunRecord
 from sagaloop.engine.replay import Replayer
 from sagaloop.engine.state import RunState
+from sagaloop.errors import TransientStoreError
+
+
+class ActivationConflict(TransientStoreError):
+    """The run changed (another engine activated it) between prepare and apply: prepare
+    again."""
 
 
 @dataclasses.dataclass

@@ -16,7 +16,8 @@ import threading
 from collections.abc import Iterable
 
 POINTS = {
-    "engine.before_commit": "the engine appended history and outbox rows, not yet committed",
+    "engine.before_commit": "the engine decided the run's history and outbox rows, none of "
+    "them committed",
     "engine.after_commit": "the engine committed, the message that caused it is not yet acked",
     "worker.before_commit": "the step ran (its effect happened), its result is not committed",
     "worker.after_commit": "the step's result is committed, the message is not yet acked",

@@ -1,20 +1,27 @@
 """A lone transaction on PostgreSQL (``store.transaction(lone=True)``): when the checkpoint is
 its first write, the checkpoint's one statement is the whole transaction, with no ``BEGIN``
 and no ``COMMIT`` (a worker's reply: 2 round trips instead of 4); any other first write
-begins a usual transaction, and nothing written after the statement can slip out of it."""
+begins a usual transaction, and nothing written after the statement can slip out of it.
+
+The engine applies a message whose plan is its checkpoint alone (``Engine.alone``) in a lone
+transaction; every other plan (a timer, an approval, a subscription, a freed slot) in a usual
+one, whose writes all commit together."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from contextlib import closing
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import event
 
+from sagaloop import App, Concurrency, SagaContext, StepContext
 from sagaloop.engine.messages import Envelope
 from sagaloop.engine.ports import Checkpoint, Outgoing, Written
 from sagaloop.store.sql import SqlStore
+from sagaloop.testing import Harness
 
 pytestmark = pytest.mark.integration
 
@@ -109,3 +116,81 @@ def test_a_duplicate_lone_checkpoint_leaves_the_transaction_open(store: SqlStore
         raise _Boom
     assert trips == ["WITH", "BEGIN", "INSERT", "ROLLBACK"], trips
     assert store.queue_depths() == {"replies": 1}, "the resend rolled back"
+
+
+def _blocks(trips: list[str]) -> list[list[str]]:
+    """The writes of ``trips`` by transaction: ``BEGIN`` to ``COMMIT``, or one statement that
+    autocommits (reads and ``NOTIFY`` left out)."""
+    blocks: list[list[str]] = []
+    open_: list[str] | None = None
+    for trip in trips:
+        if trip == "BEGIN":
+            open_ = []
+        if open_ is not None:
+            open_.append(trip)
+            if trip in ("COMMIT", "ROLLBACK"):
+                blocks.append(open_)
+                open_ = None
+        elif trip not in ("SELECT", "NOTIFY"):
+            blocks.append([trip])
+    return blocks
+
+
+app = App("lone")
+
+
+@app.step(queue="work")
+def add(ctx: StepContext, x: int) -> int:
+    return x + 1
+
+
+@app.saga(name="everything", concurrency=Concurrency(limit=1))
+async def everything(ctx: SagaContext, x: int) -> dict[str, Any]:
+    """Plain steps, then each write an activation makes after its checkpoint: a subscription,
+    a timer, an approval asked and answered, a published event, the slot freed at the end."""
+    for _ in range(3):
+        x = await ctx.call(add, x)
+    ctx.subscribe("price", key="k")
+    await ctx.sleep(timedelta(minutes=5))
+    ok = await ctx.approval("refund", {"x": x})
+    price = await ctx.wait_for_event("price")
+    ctx.unsubscribe("price", key="k")
+    return {"x": await ctx.call(add, x), "approved": ok.approved, "price": price}
+
+
+def test_the_engine_commits_a_checkpoint_alone_with_its_statement(database: str) -> None:
+    """Each engine transaction is either the checkpoint's statement alone (no ``BEGIN``, no
+    ``COMMIT``) or a usual one; an activation that writes after its checkpoint is never lone
+    (the store would refuse the write: the run would not finish)."""
+    with closing(Harness(app, url=database, broker="memory")) as h:
+        trips = _trips(h.store)
+        engine: list[list[str]] = []  # the round trips of each message the engine processed
+        roles: list[str] = []
+        h.crash_hook = lambda role, _: roles.append(role)
+
+        def drain() -> None:
+            while True:
+                trips.clear(), roles.clear()
+                if not h.step_once():
+                    return
+                if roles == ["engine"]:  # its transaction is the step's last (a relay's first)
+                    engine.append(_blocks(trips)[-1])
+
+        run_id = h.start("everything", 1)
+        drain()
+        h.advance(timedelta(minutes=5))
+        drain()
+        (pending,) = h.approvals(run_id)
+        h.approve(run_id, pending.call_id)
+        drain()
+        h.publish_event(run_id, "price", 42)
+        drain()
+        assert h.result(run_id) == {"x": 5, "approved": True, "price": 42}
+        assert h.approvals(run_id) == [] and h.store.get_run(run_id).status == "completed"
+    # the replies of the first two steps each schedule the next step: nothing but the checkpoint
+    assert [t for t in engine if t[0] != "BEGIN"] == [["WITH"], ["WITH"]], engine
+    # the start (its slot), the subscription and the timer, the approval asked, its answer
+    # (the timer's wait over), the event with the last step (the subscription dropped)
+    usual = [t for t in engine if t[0] == "BEGIN"]
+    assert len(usual) == 5 and all(t[-1] == "COMMIT" for t in usual), engine
+    assert all(len(t) > 3 for t in usual), "each writes more than its checkpoint"
