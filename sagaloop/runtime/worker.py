@@ -465,9 +465,9 @@ def _storable_reply(task: StepTask, reply: StepReply) -> StepReply:
 
 class _Heartbeat:
     """What ``ctx.heartbeat()`` does on a worker, at most once per ``every`` seconds: renew the
-    delivery's lease (False: another worker took the message) and look at the run (being
-    cancelled or undone, or over; or ``cancelling`` and its saga code no longer awaits this
-    step): either way the attempt is told to stop."""
+    lease (not in the first ``every`` s: it is fresh) and look at the run (cancelled, undone,
+    over; or ``cancelling`` and its saga code no longer awaits this step): either way, or if
+    another worker took the message, the attempt is told to stop."""
 
     STOPPING = frozenset({s.COMPENSATING, *s.FINAL_STATUSES})
 
@@ -482,6 +482,7 @@ class _Heartbeat:
         self.store, self.delivery, self.run_id, self.every = store, delivery, run_id, every
         self.position = position
         self._next = 0.0
+        self._renew_after = time.monotonic() + every
         self._abandoned: bool | None = None
         """Whether the cancel delivered into the saga code cancelled its await of this step
         (None: not looked yet; the answer never changes once the cancel is recorded)."""
@@ -491,7 +492,7 @@ class _Heartbeat:
         if now < self._next:
             return
         self._next = now + self.every
-        if not self.delivery.extend():
+        if now >= self._renew_after and not self.delivery.extend():
             raise StepCancelled("the attempt was superseded: another worker took its message")
         run = self.store.get_run(self.run_id)
         if run is not None and run.status in self.STOPPING:
@@ -553,9 +554,8 @@ def _sleeper(clock: Clock) -> Callable[[float], None]:
 
 
 class _KeepAlive:
-    """Renews the leases of the deliveries whose steps are running, every ``interval`` seconds,
-    so that a long step is not redelivered to another worker; a worker that dies stops renewing
-    them. One thread per worker consumer renews them all; it runs while steps do."""
+    """Renews the leases of the deliveries whose steps are running, every ``interval`` seconds
+    (a worker that dies stops): one thread per worker consumer, while steps run."""
 
     def __init__(self, interval: float | None) -> None:
         self.interval = interval

@@ -8,15 +8,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event
 
 from sagaloop import App, Client, RetryPolicy, SagaContext, StepCancelled, StepContext
 from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.engine import history as h
+from sagaloop.engine.messages import Envelope
+from sagaloop.engine.ports import Outgoing
 from sagaloop.runtime.service import Runtime
+from sagaloop.runtime.worker import _Heartbeat
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import eventually
 
@@ -125,3 +129,24 @@ def test_schedule_to_close_bounds_all_attempts_together(client: Client) -> None:
     eventually(lambda: client.get(run_id).status == "failed", timeout=20, what="the step to fail")
     assert time.monotonic() - started < 5
     assert 2 <= len(seen) <= 10, seen  # unlimited attempts, yet bounded by 0.8 s
+
+
+def test_an_attempts_first_heartbeat_looks_at_the_run_and_renews_nothing(tmp_path: Path) -> None:
+    """The lease was taken, or renewed, as the attempt began: its first beat only reads the run
+    (so a cancel recorded meanwhile is seen at once); renewals start ``every`` seconds in. A
+    model step that streams beats with its first token: a transaction less per request."""
+    store = SqlStore(f"sqlite:///{tmp_path / 'lease.db'}")
+    store.upgrade()
+    env = Envelope(type="step", message_id="m", run_id="r", created_at=datetime.now(UTC))
+    with store.transaction() as tx:
+        store.enqueue(tx, [Outgoing("q", env)], datetime.now(UTC))
+    broker = DatabaseBroker(store, lease=timedelta(seconds=60), poll_interval=0.02)
+    (delivery,) = broker.receive(["q"], 1, 0)
+    statements: list[str] = []
+    event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    beat = _Heartbeat(store, delivery, "r", every=0.2)
+    beat(None)
+    renewed = lambda: any(s.startswith("UPDATE") for s in statements)  # noqa: E731
+    assert not renewed() and any("FROM sagaloop_runs" in s for s in statements), statements
+    eventually(lambda: beat(None) or renewed(), 10, "a renewal once 0.2 s passed")
+    store.close()
