@@ -31,7 +31,8 @@ event's timestamp (the engine's wall clock). The figures:
 - **agent loop**: ``SagaAgent(stream=True)`` around a Pydantic AI agent whose scripted model
   (``FunctionModel``, offline) streams five text deltas 10 ms apart per request and calls one of
   two tools (each sleeps 20 ms) in each of five turns: 6 model steps, 5 tool steps. Overhead:
-  wall time minus the model's and the tools' scripted time (0.4 s);
+  wall time minus the model's and the tools' scripted time (0.4 s). On the in-process setup
+  the same agent with ``local=True`` (its model requests and tools in-process steps);
 - **fan-out**: ``asyncio.gather`` of 256 ``ctx.call`` of a trivial step; overhead: the run's
   wall time minus its slowest step body's time.
 """
@@ -190,7 +191,7 @@ def agent(s: Setup, runs: int) -> dict[str, Any]:
     own = loopapp.MODEL_S + loopapp.TOOLS_S
     walls = []
     for _ in range(runs):
-        calls, t0, run_id = _run(s.client, "agent5", {})
+        calls, t0, run_id = _run(s.client, "agent5", {"local": s.local})
         if calls != loopapp.TURNS:
             raise RuntimeError(f"the agent made {calls} tool calls, not {loopapp.TURNS}")
         walls.append(_finished_at(s.client, run_id) - t0)
@@ -204,8 +205,7 @@ def measure_setup(kind: str, plan: dict[str, Any]) -> dict[str, Any]:
         out["sequential"] = sequential(s, plan["runs"])
         out["stream"] = streamed(s, plan["stream_runs"])
         out["fanout"] = fanned(s, plan["fanout_runs"], plan["fanout"])
-        if not s.local:  # an agent's model and tool steps go to a queue: a worker runs them
-            out["agent"] = agent(s, plan["agent_runs"])
+        out["agent"] = agent(s, plan["agent_runs"])
     out["load"].append(load_average())
     return out
 

@@ -141,13 +141,18 @@ def weather(i: int) -> str:
 loop_agent = SagaAgent(
     _agent, app=app, model_queue="bench", tool_queue="bench", model_rate_limit=None, stream=True
 )
+local_agent = SagaAgent(
+    _agent, app=app, name="loop_local", model_rate_limit=None, stream=True, local=True
+)
+"""The same agent with its model requests and tools as in-process steps (``local=True``)."""
 
 
 @app.saga(name="agent5")
 async def agent5(ctx: SagaContext, spec: dict[str, Any]) -> int:
     """The five-turn loop: six model requests (each streamed), five tool calls; returns how
-    many tools it called."""
-    result = await loop_agent.run("go", usage_limits=UsageLimits(request_limit=None))
+    many tools it called. ``spec["local"]``: its steps in-process."""
+    agent = local_agent if spec.get("local") else loop_agent
+    result = await agent.run("go", usage_limits=UsageLimits(request_limit=None))
     calls = [
         p
         for m in result.all_messages()

@@ -38,7 +38,9 @@ class ToolPolicy:
     (``sagaloop approve``), waiting at most ``approval_timeout``, then ``on_timeout``.
     ``rate_limit`` (``"10/s"``, ``"600/m"``) caps how often the tool's attempts start, across
     every worker; tools (and model steps) with the same ``rate_key`` share one quota, as an
-    API's does (see ``@app.step(rate_limit=...)``)."""
+    API's does (see ``@app.step(rate_limit=...)``). ``local=True`` runs the tool as an
+    in-process step (``@app.step(local=True)``: the engine's processes run it, with no worker and
+    no broker hop), ``local=False`` on its queue; None: as the agent's ``local`` option says."""
 
     queue: str | None = None
     retry: RetryPolicy | None = None
@@ -51,6 +53,7 @@ class ToolPolicy:
     on_timeout: Literal["deny", "escalate"] = "deny"
     rate_limit: str | None = None
     rate_key: str | None = None
+    local: bool | None = None
 
 
 class _PlainStepContext(StepContext):
@@ -273,7 +276,7 @@ def policy_step(
     app: App, name: str, policy: ToolPolicy, queue: str
 ) -> Callable[[Callable[..., Any]], StepDef[Any, Any]]:
     """Declares a step with a tool's (or an MCP server's) policy: its retry, timeout,
-    idempotence and rate limit, on ``queue``."""
+    idempotence and rate limit, on ``queue`` (or in-process: ``local``)."""
 
     def register(fn: Callable[..., Any]) -> StepDef[Any, Any]:
         step: StepDef[Any, Any] = app.step(
@@ -284,6 +287,7 @@ def policy_step(
             idempotent=policy.idempotent,
             rate_limit=policy.rate_limit,
             rate_key=policy.rate_key,
+            local=bool(policy.local),
         )(fn)
         return step
 
@@ -301,13 +305,8 @@ def server_steps(
     """The two steps of an agent's MCP server, with the server's policy: ``{prefix}__{name}``
     lists its tools (``listing``: its name and function; idempotent, as listing changes
     nothing), ``{prefix}__call_tool`` calls one of them."""
-    listed: StepDef[Any, Any] = app.step(
-        name=f"{prefix}__{listing[0]}",
-        queue=queue,
-        retry=policy.retry,
-        timeout=policy.timeout,
-        idempotent=True,
-    )(listing[1])
+    listing_policy = dataclasses.replace(policy, idempotent=True, rate_limit=None, rate_key=None)
+    listed = policy_step(app, f"{prefix}__{listing[0]}", listing_policy, queue)(listing[1])
     return listed, policy_step(app, f"{prefix}__call_tool", policy, queue)(calling)
 
 

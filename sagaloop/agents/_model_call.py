@@ -23,14 +23,16 @@ from sagaloop.sagas.policy import RetryPolicy
 class ModelStepOptions:
     """How an agent's model requests run as the step ``{prefix}__model_request``: ``retry``
     (else :data:`~sagaloop.agents.providers.MODEL_RETRY`, within
-    :data:`~sagaloop.agents.providers.MODEL_DEADLINE`), ``timeout`` per attempt, and the rate
-    limit of its starts (shared with the steps of the same ``rate_key``)."""
+    :data:`~sagaloop.agents.providers.MODEL_DEADLINE`), ``timeout`` per attempt, the rate
+    limit of its starts (shared with the steps of the same ``rate_key``), on ``queue`` or
+    in-process (``local``)."""
 
     queue: str = "model"
     retry: RetryPolicy | None = None
     timeout: timedelta | None = timedelta(minutes=10)
     rate_limit: str | None = None
     rate_key: str | None = None
+    local: bool = False
 
     def declare(
         self, app: App, prefix: str, request: Callable[[StepContext, dict[str, Any]], Any]
@@ -45,6 +47,7 @@ class ModelStepOptions:
             schedule_to_close=None if self.retry else MODEL_DEADLINE,
             rate_limit=self.rate_limit,
             rate_key=self.rate_key,
+            local=self.local,
         )(guarded(request))
         return step
 

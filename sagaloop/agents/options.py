@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, Literal, TypedDict, cast
@@ -30,7 +31,12 @@ class AgentOptions(TypedDict, total=False):
     - ``budget``: bounds the agent runs of a saga run (a run's own ``budget=`` comes first);
     - ``approval_timeout`` and ``on_approval_timeout`` (``"deny"`` or ``"escalate"``): how long
       a tool that needs approval waits for a person;
-    - ``stream``: the worker streams the model's events to the run's live channel.
+    - ``stream``: the worker streams the model's events to the run's live channel;
+    - ``local``: the model requests and the tools run as in-process steps
+      (``@app.step(local=True)``): ``sagaloop engine`` runs them on its ``--concurrency``
+      threads, with no worker and no broker hop (a tool's ``ToolPolicy(local=False)`` keeps it
+      on its queue). For agents whose model calls are few and short next to the engine's
+      threads: a request holds one of them while it waits for the model.
     """
 
     model_queue: str
@@ -44,6 +50,7 @@ class AgentOptions(TypedDict, total=False):
     approval_timeout: timedelta | None
     on_approval_timeout: Literal["deny", "escalate"]
     stream: bool
+    local: bool
 
 
 _MODEL_STEP = {
@@ -52,6 +59,7 @@ _MODEL_STEP = {
     "model_timeout": "timeout",
     "model_rate_limit": "rate_limit",
     "model_rate_key": "rate_key",
+    "local": "local",
 }
 """The keys of :class:`AgentOptions` that are fields of :class:`ModelStepOptions`."""
 
@@ -65,6 +73,7 @@ class DurableAdapter:
     on_approval_timeout: Literal["deny", "escalate"]
     stream: bool
     tool_queue: str
+    local: bool
     model_options: ModelStepOptions
 
     def _take_options(self, app: App, options: AgentOptions) -> dict[str, ToolPolicy]:
@@ -82,6 +91,7 @@ class DurableAdapter:
         self.on_approval_timeout = options.get("on_approval_timeout", "deny")
         self.stream = options.get("stream", False)
         self.tool_queue = options.get("tool_queue", "tools")
+        self.local = options.get("local", False)
         self.model_options = ModelStepOptions(
             **{field: given[key] for key, field in _MODEL_STEP.items() if key in given}
         )
@@ -94,7 +104,12 @@ class DurableAdapter:
         ``{prefix}__tool__{tool_name}``, with the tool's ``policy``, on its queue (else
         ``tool_queue``)."""
         name = f"{prefix}__tool__{step_part(tool_name)}"
+        policy = self._placed(policy)
         return tool_step(self.app, name, policy, policy.queue or self.tool_queue)(run_tool)
+
+    def _placed(self, policy: ToolPolicy) -> ToolPolicy:
+        """``policy``, in-process or not as it says, else as the agent's ``local`` says."""
+        return policy if policy.local is not None else dataclasses.replace(policy, local=self.local)
 
 
 def steps_prefix(agent_name: str) -> str:

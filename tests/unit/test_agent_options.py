@@ -30,6 +30,7 @@ OPTIONS: dict[str, Any] = {
     "approval_timeout": timedelta(hours=1),
     "on_approval_timeout": "escalate",
     "stream": True,
+    "local": True,
 }
 
 
@@ -61,11 +62,13 @@ def test_both_adapters_keep_the_same_options(make: Any) -> None:
     )
     assert (model.rate_limit, model.rate_key) == ("5/s", "provider")
     step = adapter.app.steps["agent__helper__model_request"]
-    assert (step.queue, step.timeout, step.rate_limit.key) == (
+    assert (step.queue, step.timeout, step.rate_limit.key, step.local) == (
         "llm",
         timedelta(seconds=30),
         "provider",
+        True,
     )
+    assert adapter.local and model.local
 
 
 @pytest.mark.parametrize("make", ADAPTERS)
@@ -75,6 +78,7 @@ def test_the_defaults_are_those_of_the_documented_signature(make: Any) -> None:
     assert (adapter.on_approval_timeout, adapter.tool_queue) == ("deny", "tools")
     assert adapter.model_options.queue == "model"
     assert adapter.model_options.timeout == timedelta(minutes=10)
+    assert not adapter.local and not adapter.app.steps["agent__helper__model_request"].local
 
 
 @pytest.mark.parametrize("make", ADAPTERS)

@@ -222,3 +222,19 @@ def test_outside_a_saga_the_agent_uses_its_server(tmp_path: Path) -> None:
     result = saga_agent.run_sync("refund o1")
     assert json.loads(result.output) == ["rf-o1-5"]
     assert refunds(ledger) == ["refund o1 5"] and model.requests == 2
+
+
+def test_an_mcp_server_of_a_local_agent_is_in_process_unless_its_policy_says(
+    tmp_path: Path,
+) -> None:
+    """``local=True`` reaches the server's steps and its tools' (their policy's ``local`` first,
+    then the server's, then the agent's)."""
+    servers = {"mcp:payments": ToolPolicy(local=False), "refund": ToolPolicy(local=True)}
+    for tools, expected in [
+        ({}, {"get_tools": True, "call_tool": True}),
+        (servers, {"get_tools": False, "call_tool": False, "call_tool__refund": True}),
+    ]:
+        app, _, _, _ = mcp_app(tmp_path / str(len(tools)), local=True, tools=tools)
+        for name, local in expected.items():
+            step = app.get_step(f"agent__refunds__mcp__payments__{name}")
+            assert step is not None and step.local is local, name

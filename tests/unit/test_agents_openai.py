@@ -26,6 +26,7 @@ from sagaloop.agents import USAGE_KEY, Budget, BudgetExceeded, ToolPolicy
 from sagaloop.agents.openai_agents import SagaRunner, step_as_function_tool
 from sagaloop.engine import history as h
 from sagaloop.errors import ValidationError
+from sagaloop.runtime.assembly import lane_queue
 from sagaloop.testing import Harness
 
 MCP_SERVER = Path(__file__).with_name("mcp_server.py")
@@ -581,3 +582,24 @@ def test_a_known_model_is_priced_on_the_worker_and_a_cost_budget_stops_the_run()
     assert len(model.calls) == 2, "0.0075 each: the third request would pass 0.01"
     assert effects == Counter({"greet n0": 1, "greet n1": 1})
     assert env.client._published(run_id)[USAGE_KEY]["cost"] == pytest.approx(0.015)
+
+
+def test_a_runner_whose_steps_are_local_runs_without_a_worker() -> None:
+    """``SagaRunner(..., local=True)``: the model requests and the tools are in-process steps,
+    run by the engine's processes (the harness consumes the engine's queue and the in-process
+    lane only); ``ToolPolicy(local=False)`` keeps a tool on its queue."""
+    model = two_tools_then_answer()
+    app, runner, _, effects = refund_app(
+        model, local=True, tools={"greet": ToolPolicy(local=False)}
+    )
+    assert runner.model_steps["refunds"].local and runner.tool_steps[("refunds", "add")].local
+    assert not runner.tool_steps[("refunds", "greet")].local
+    env = Harness(app)
+    env.queues = [f"{app.name}.engine", lane_queue(app)]
+    run_id = env.start("ask", "refund please")
+    env.run_until_idle()
+    assert env.get(run_id).status == "running", "greet waits on its queue for a worker"
+    env.queues = None
+    env.run_until_idle()
+    assert env.get(run_id).status == "completed", env.get(run_id)
+    assert effects == Counter({"add 1 2": 1, "greet ann": 1})

@@ -31,6 +31,7 @@ from sagaloop.agents.pydantic_ai import SagaAgent, ToolPolicy, step_as_tool
 from sagaloop.agents.pydantic_ai.agent import _RESPONSE
 from sagaloop.engine import history as h
 from sagaloop.errors import ValidationError
+from sagaloop.runtime.assembly import lane_queue
 from sagaloop.testing import Harness
 
 models.ALLOW_MODEL_REQUESTS = False  # a test that reached a real provider would fail
@@ -725,3 +726,32 @@ def test_capabilities_of_the_run_and_the_agent_shape_the_tools_a_saga_offers() -
     assert effects == Counter({"add 1 2": 1})
     steps = [e.name for e in env.history(run_id) if e.kind == h.STEP_COMPLETED]
     assert steps.count("agent__refunds__tool__add") == 1
+
+
+def test_an_agent_whose_steps_are_local_runs_without_a_worker() -> None:
+    """``local=True``: the model requests and the tools are in-process steps, which the engine's
+    processes run (here the harness consumes the engine's queue and the in-process lane only,
+    so a step sent to a worker's queue would never run); a tool whose policy says
+    ``local=False`` keeps its queue. Killed between its steps, the run goes on from its history:
+    nothing is paid twice."""
+    script = Script([("add", {"a": 1, "b": 2}), ("greet", {"who": "ann"})])
+    app, saga_agent, effects = refund_app(
+        script, local=True, tools={"greet": ToolPolicy(local=False, queue="io")}
+    )
+    steps = {name: app.get_step(name) for name in saga_agent.step_names}
+    assert {name: (s.local, s.queue) for name, s in steps.items() if s is not None} == {
+        "agent__refunds__model_request": (True, "model"),
+        "agent__refunds__tool__add": (True, "tools"),
+        "agent__refunds__tool__greet": (False, "io"),
+    }
+    env = Harness(app)
+    env.queues = [f"{app.name}.engine", lane_queue(app)]
+    run_id = env.start("ask", "refund please")
+    env.step_once()
+    env.restart()
+    env.run_until_idle()
+    assert env.get(run_id).status == "running", "greet waits on its queue for a worker"
+    env.queues = None  # a worker of queue io comes up
+    env.run_until_idle()
+    assert json.loads(env.result(run_id)) == [13, "hi ann"]
+    assert script.requests == 2 and effects == Counter({"add 1 2": 1, "greet ann": 1})

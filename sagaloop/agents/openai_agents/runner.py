@@ -237,7 +237,7 @@ class SagaRunner(DurableAdapter):
         policy = self._given.get(key) or ToolPolicy()
         if key in self._given:
             self.policies[key] = policy
-        steps = mcp.declare(self.app, prefix, server, policy, self.tool_queue)
+        steps = mcp.declare(self.app, prefix, server, self._placed(policy), self.tool_queue)
         self.mcp_steps[(agent.name, server.name)] = steps
 
     def agent_as_tool(

@@ -178,6 +178,7 @@ def _declare_server(
     tool_policies: Mapping[str, ToolPolicy],
 ) -> MCPServerSteps:
     prefix = f"{agent.prefix}__mcp__{step_part(toolset_id)}"
+    policy = agent._placed(policy)
     queue = policy.queue or agent.tool_queue
     server = MCPServerSteps(id=toolset_id, toolset=toolset, policies=dict(tool_policies))
 
@@ -221,6 +222,7 @@ def _declare_server(
                 timeout=p.timeout or policy.timeout,
                 rate_limit=p.rate_limit or policy.rate_limit,
                 rate_key=p.rate_key or policy.rate_key,
+                local=policy.local if p.local is None else p.local,
             ),
             p.queue or queue,
         )(call_tool)
