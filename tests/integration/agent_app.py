@@ -232,12 +232,22 @@ def note(ctx: RunContext[Deps], text: str) -> str:
 
 
 shop = SagaAgent(agent, app=app, model_retry=FAST)
+shop_here = SagaAgent(agent, app=app, name="shop_here", model_retry=FAST, local=True)
+"""The same agent with its model requests, ``charge`` and ``note`` as in-process steps
+(``ship`` is an app step of its own, on "tools"): saga ``checkout_here``."""
 
 
 @app.saga(name="checkout")
 async def checkout(ctx: SagaContext, order: dict[str, Any]) -> str:
     prompt = json.dumps({"run": ctx.run_id, **order})
     result = await shop.run(prompt, deps=Deps(run_id=ctx.run_id))
+    return str(result.output)
+
+
+@app.saga(name="checkout_here")
+async def checkout_here(ctx: SagaContext, order: dict[str, Any]) -> str:
+    prompt = json.dumps({"run": ctx.run_id, **order})
+    result = await shop_here.run(prompt, deps=Deps(run_id=ctx.run_id))
     return str(result.output)
 
 

@@ -41,6 +41,7 @@ SAGAS = ("checkout", "checkout_oa")
 MODEL_STEPS = {
     "checkout": "agent__shop__model_request",
     "checkout_oa": "agent__shop_oa__model_request",
+    "checkout_here": "agent__shop_here__model_request",
 }
 CHARGE_STEPS = {"agent__shop__tool__charge", "agent__shop_oa__tool__charge"}
 FINAL = {"completed", "failed", "compensated", "cancelled"}
@@ -186,6 +187,47 @@ def test_engine_and_workers_sigkilled_at_crash_points(rabbit: tuple[System, Ledg
     assert system.dead_letter_count() == 0, system.logs()
     dead = [p.returncode for p in system.procs if p.poll() is not None]
     assert dead == [-signal.SIGKILL] * 4, f"only the armed processes died\n{system.logs()}"
+
+
+def test_an_agent_of_in_process_steps_runs_in_the_engine_killed_mid_run(
+    tmp_path: Path, rabbitmq_url: str
+) -> None:
+    """``SagaAgent(..., local=True)`` (saga ``checkout_here``): its model requests and the tools
+    ``charge`` and ``note`` run in `sagaloop engine`'s process, which no worker helps (one
+    worker runs "tools", for ``ship``, an app step of its own). The engine is SIGKILLed right
+    after its 4th in-process checkpoint, before its ack, and restarted: the runs go on from their
+    histories and every effect happens once."""
+    ledger_url, drop = services.fresh_database(services.postgres_url())
+    system = System(tmp_path, rabbitmq_url, app=APP)
+    try:
+        system.env["LEDGER_URL"] = ledger_url
+        ledger = Ledger(url=ledger_url)
+        ledger.create()
+        armed = system.engine(SAGALOOP_CRASH_AT="local.after_commit:4")
+        worker = system.worker(queues="tools")
+        run_ids = [system.client.start("checkout_here", ORDER) for _ in range(3)]
+        eventually(lambda: armed.poll() is not None, 120, what="the armed engine to die")
+        assert armed.returncode == -signal.SIGKILL, system.logs()
+        assert {s for s in statuses(system.client, run_ids).values()} - FINAL, "runs left"
+        engine = system.engine()
+        eventually(
+            lambda: set(statuses(system.client, run_ids).values()) <= FINAL,
+            120,
+            what="the runs to finish after the restart",
+        )
+        assert statuses(system.client, run_ids) == dict.fromkeys(run_ids, "completed")
+        assert_each_once(ledger, system.client, run_ids)
+        ran = Counter(
+            str(n)
+            for n, pid in ledger.query("select name, pid from bodies")
+            if int(pid) in (armed.pid, engine.pid)
+        )
+        assert ran["charge"] == ran["note"] == len(run_ids), f"in the engines: {ran}"
+        assert ran["ship"] == 0, "ship is the worker's"
+        assert worker.poll() is None
+    finally:
+        system.close()
+        drop()
 
 
 # --- one `sagaloop dev` process on a SQLite file -------------------------------------------------
