@@ -8,7 +8,9 @@ CTEs, each part guarded by the one before (``WHERE EXISTS`` on its ``RETURNING``
 duplicate still writes nothing and a conflict writes no run, and the result says which: the
 inbox insert's row count and the update's are returned. Its text is fixed (its values travel
 as one JSON parameter), so psycopg prepares it once per connection, and it is executed below
-SQLAlchemy's statement layer (``exec_driver_sql``) on the transaction's own connection. Large
+SQLAlchemy's statement layer (``exec_driver_sql``) on the transaction's own connection. As a
+lone transaction's commit (``transaction(lone=True)``) it must write nothing on a conflict,
+where the usual transaction is rolled back by its caller: ``_FUSED_LONE`` then aborts. Large
 values go to the payload table first, as each separate write does. Elsewhere (SQLite) the same
 writes are the separate calls.
 
@@ -35,6 +37,8 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from typing import Any
+
+from sqlalchemy.exc import DBAPIError
 
 from sagaloop.engine.history import number
 from sagaloop.engine.ports import Checkpoint, RunRecord, RunStore, Written
@@ -98,6 +102,19 @@ WITH p AS (
 SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM r),
   ARRAY(SELECT id FROM o WHERE claim_token IS NOT NULL ORDER BY id), ARRAY(SELECT id FROM s)
 """
+_FUSED_LONE = (
+    _FUSED.rstrip()
+    + """,
+  1 / CASE WHEN p.run_id IS NOT NULL AND EXISTS (SELECT 1 FROM i) AND NOT EXISTS (SELECT 1 FROM r)
+    THEN 0 ELSE 1 END
+FROM p
+"""
+)
+"""The statement as its transaction's commit (``lone``): a conflict (its inbox row added, its
+run moved) must write nothing, and an inbox row written alone would mark the message processed
+for good. Its last column divides by zero then (by a value the CTEs decide, so only when it
+runs): the error aborts the statement, which was its own transaction (``CONFLICT_ABORTED``)."""
+CONFLICT_ABORTED = "22012"  # division_by_zero
 """Its one parameter is a JSON document (one parameter costs psycopg far less to adapt than
 thirty), with JSON values as their texts, as ``tables.JSONText`` stores them, timestamps in ISO
 format and bodies in hex. The document is read once, in ``p``: a ``json`` value is text, and
@@ -151,7 +168,14 @@ class SqlCheckpoints(SqlRuns, SqlInbox, SqlOutbox, RunStore):
         lone = None if settles or tx.settles else lone_statement(tx)
         conn = lone or conn_of(tx)
         params = {"p": json.dumps(doc, separators=(",", ":"))}
-        added, saved, claimed_ids, settled = conn.exec_driver_sql(_FUSED, params).one()
+        try:
+            row = conn.exec_driver_sql(_FUSED if lone is None else _FUSED_LONE, params).one()
+        except DBAPIError as e:
+            if lone is None or getattr(e.orig, "sqlstate", None) != CONFLICT_ABORTED:
+                raise
+            reopen(tx)  # it wrote nothing: the block may go on
+            return Written.CONFLICT
+        added, saved, claimed_ids, settled = row[:4]
         _check_settled(settles, settled)
         written = Written.WRITTEN
         if not added and cp.inbox is not None:

@@ -177,6 +177,21 @@ class CheckpointContract(ContractBase):
         assert [e.seq for e in store.load_history(None, run.run_id)] == [1, 2]
         assert store.claim([queue], 10, T0 + timedelta(seconds=1), LEASE) == []
 
+    def test_a_lone_checkpoint_on_a_moved_run_writes_nothing(self, store: Store) -> None:
+        """A conflict's checkpoint is rolled back by its caller; when the checkpoint is its
+        transaction's commit (``lone``) it must have written nothing, not even its inbox row:
+        else the message would look processed and its activation would never be written."""
+        run, key = self.new_run(store), new_id("m")
+        with store.transaction() as tx:
+            assert store.write_checkpoint(tx, self._checkpoint(run, new_id("m"))) is Written.WRITTEN
+        with pytest.raises(LeaseLost), store.transaction(lone=True) as tx:
+            assert store.write_checkpoint(tx, self._checkpoint(run, key)) is Written.CONFLICT
+            raise LeaseLost  # the engine raises ActivationConflict: the transaction rolls back
+        assert store.inbox_get(None, "engine", key) == (False, None), "no inbox row"
+        with store.transaction(lone=True) as tx:  # the block may still write: it is open
+            assert store.inbox_put(tx, "engine", key, None, T0)
+        assert store.inbox_get(None, "engine", key) == (True, None)
+
     def test_racing_checkpoints_of_a_run_write_it_once(self, store: Store) -> None:
         run = self.new_run(store)
 
