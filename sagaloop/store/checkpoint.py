@@ -102,6 +102,20 @@ WITH p AS (
 SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM r),
   ARRAY(SELECT id FROM o WHERE claim_token IS NOT NULL ORDER BY id), ARRAY(SELECT id FROM s)
 """
+"""Its one parameter is a JSON document (one parameter costs psycopg far less to adapt than
+thirty), with JSON values as their texts, as ``tables.JSONText`` stores them, timestamps in ISO
+format and bodies in hex. The document is read once, in ``p``: a ``json`` value is text, and
+each ``->>`` on it parses all of it again, so a field read per event or per message made a
+checkpoint of n messages cost n parses of n messages (a 256-step fan-out's first checkpoint).
+Outbox ids come from the table's sequence in the order rows are inserted (``ORDER BY m.n``), so
+the claimed rows' ids, sorted, are in the order of their rows. The deletes (``d``, ``s``) take
+``[claim_token, [id, ...]]`` pairs, one per token, expanded once into (id, token) rows
+(``dk``, ``sk``, materialized); a row is reached by ``id = ANY`` of their ids, an array computed
+once (an index scan on a large table; a plan that filtered each row of a scan with an array
+built from its token's JSON rebuilt it per row: 1 ms per checkpoint at 300 rows), then
+matched on (id, token)."""
+
+
 _FUSED_LONE = (
     _FUSED.rstrip()
     + """,
@@ -115,18 +129,6 @@ run moved) must write nothing, and an inbox row written alone would mark the mes
 for good. Its last column divides by zero then (by a value the CTEs decide, so only when it
 runs): the error aborts the statement, which was its own transaction (``CONFLICT_ABORTED``)."""
 CONFLICT_ABORTED = "22012"  # division_by_zero
-"""Its one parameter is a JSON document (one parameter costs psycopg far less to adapt than
-thirty), with JSON values as their texts, as ``tables.JSONText`` stores them, timestamps in ISO
-format and bodies in hex. The document is read once, in ``p``: a ``json`` value is text, and
-each ``->>`` on it parses all of it again, so a field read per event or per message made a
-checkpoint of n messages cost n parses of n messages (a 256-step fan-out's first checkpoint).
-Outbox ids come from the table's sequence in the order rows are inserted (``ORDER BY m.n``), so
-the claimed rows' ids, sorted, are in the order of their rows. The deletes (``d``, ``s``) take
-``[claim_token, [id, ...]]`` pairs, one per token, expanded once into (id, token) rows
-(``dk``, ``sk``, materialized); a row is reached by ``id = ANY`` of their ids, an array computed
-once (an index scan on a large table; a plan that filtered each row of a scan with an array
-built from its token's JSON rebuilt it per row: 1 ms per checkpoint at 300 rows), then
-matched on (id, token)."""
 
 
 class SqlCheckpoints(SqlRuns, SqlInbox, SqlOutbox, RunStore):
