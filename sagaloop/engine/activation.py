@@ -157,17 +157,23 @@ class Engine:
         return record if record is not None and record.last_seq == live.state.last_seq else None
 
     def alone(self, plan: Plan) -> bool:
-        """Whether :meth:`apply` writes ``plan`` as its checkpoint and nothing after it (no
-        slot freed, approval indexed, timer or subscription changed), so that it may be
-        applied in ``transaction(lone=True)``. Keep in step with apply: a write after raises."""
+        """Whether :meth:`apply` writes ``plan`` as its checkpoint and nothing after it (no slot
+        freed, approval indexed, timer or subscription changed: ``transaction(lone=True)``)."""
         run, e = plan.run, plan.effects
         if run is None or e is None or not plan.checkpoint_only:
             return False
         if e.clear_timers or e.timers or e.dropped_timers or any(map(gate.indexed, e.events)):
             return False
-        if run.status in s.FINAL_STATUSES and concurrency.limit_of(self.app, run.saga):
-            return False
-        return plan.subscriptions is None or not isinstance(self.store, SubscriptionStore)
+        return not self._frees_slot(run) and self._subscriptions(plan) is None
+
+    def _frees_slot(self, run: RunRecord) -> bool:
+        return run.status in s.FINAL_STATUSES and bool(concurrency.limit_of(self.app, run.saga))
+
+    def _subscriptions(self, plan: Plan) -> frozenset[tuple[str, str]] | None:
+        """What apply sets the run's subscriptions to (None: nothing, or no store of them)."""
+        restart = plan.effects is not None and plan.effects.restart is not None
+        wanted = frozenset() if restart else plan.subscriptions
+        return wanted if isinstance(self.store, SubscriptionStore) else None
 
     def apply(
         self, tx: Tx, plan: Plan, *, inbox: bool = True, reply: InboxRow | None = None
@@ -215,7 +221,7 @@ class Engine:
                 at, events = effects.at, effects.events
                 self.store.append_events(tx, run.run_id, effects.after_seq, events, at)
             self.store.enqueue(tx, effects.messages, now)
-        if run.status in s.FINAL_STATUSES and concurrency.limit_of(self.app, run.saga):
+        if self._frees_slot(run):
             concurrency.release(self.store, tx, self.app, run.run_id, now)  # its slot frees
         gate.index_effects(self.store, tx, run, effects, plan.env, self._staged.get(run.run_id))
         if effects.clear_timers:
@@ -226,8 +232,8 @@ class Engine:
                 self._first_timer = timer.fire_at
         for pos in effects.dropped_timers:  # after the adds: a timer may be both in one
             self.store.delete_timers(tx, run.run_id, pos=pos)
-        wanted = frozenset() if effects.restart is not None else plan.subscriptions
-        if wanted is not None and isinstance(self.store, SubscriptionStore):
+        wanted = self._subscriptions(plan)
+        if wanted is not None and isinstance(self.store, SubscriptionStore):  # (for the types)
             self.store.set_subscriptions(tx, self.app.name, run.run_id, wanted)
         self._logs.extend(plan.logs)
 
