@@ -17,10 +17,12 @@ case.
 
 The step's row is settled before the plan is applied: the store keeps the delete on the
 transaction and makes it in the checkpoint's own statement (on PostgreSQL, see
-``sagaloop.store.checkpoint``: 4 statements per step instead of 5), or, when no such
-statement follows (SQLite, a plan written by separate calls), just before the commit. Either
-way a lost lease raises LeaseLostError inside the transaction, as ``settle`` raised it before,
-and nothing of the attempt commits.
+``sagaloop.store.checkpoint``), or, when no such statement follows (SQLite, a plan written by
+separate calls), just before the commit. Either way a lost lease raises LeaseLostError inside
+the transaction, as ``settle`` raised it before, and nothing of the attempt commits. A reply
+whose plan is its checkpoint alone (``Engine.alone``: the next step's message, no timer or
+approval) is applied in a lone transaction: on PostgreSQL that statement is the whole
+transaction, with no ``BEGIN`` or ``COMMIT``, and it commits nothing when its lease was lost.
 """
 
 from __future__ import annotations
@@ -113,7 +115,9 @@ class LocalWorker(WorkerConsumer):
             plans = [
                 engine.prepare(step_result(c.env, c.reply, now), trust_cache=True) for c in group
             ]
-            with self.store.transaction() as tx:
+            # a reply whose plan is its checkpoint alone: that statement may be the commit
+            lone = len(plans) == 1 and engine.alone(plans[0])
+            with self.store.transaction(lone=lone) as tx:
                 for c, plan in zip(group, plans, strict=True):
                     if plan.rejected is not None:
                         raise _NotHere(plan.rejected)
@@ -121,19 +125,25 @@ class LocalWorker(WorkerConsumer):
                     # (one statement on PostgreSQL), else before the commit; either way a lost
                     # lease raises and nothing commits
                     c.delivery.settle(tx)
+                    if lone:
+                        _before_commit(c)
                     # the reply's inbox row is written with the plan (ActivationConflict if a
                     # copy of the message stored its reply already)
                     reply = (WORKER_CONSUMER, c.key, c.reply.to_payload())
                     engine.apply(tx, plan, inbox=False, reply=reply)
-                for c in group:
-                    undo = c.task.direction == UNDO
-                    crash_point("local.undo_before_commit" if undo else "local.before_commit")
+                if not lone:
+                    for c in group:
+                        _before_commit(c)
         except BaseException:
             engine.rolled_back()
             raise
         engine.committed()
         for c in group:
             c.done = True
+
+
+def _before_commit(c: _Checkpoint) -> None:
+    crash_point("local.undo_before_commit" if c.task.direction == UNDO else "local.before_commit")
 
 
 @dataclasses.dataclass(eq=False)

@@ -9,8 +9,9 @@ duplicate still writes nothing and a conflict writes no run, and the result says
 inbox insert's row count and the update's are returned. Its text is fixed (its values travel
 as one JSON parameter), so psycopg prepares it once per connection, and it is executed below
 SQLAlchemy's statement layer (``exec_driver_sql``) on the transaction's own connection. As a
-lone transaction's commit (``transaction(lone=True)``) it must write nothing on a conflict,
-where the usual transaction is rolled back by its caller: ``_FUSED_LONE`` then aborts. Large
+lone transaction's commit (``transaction(lone=True)``) it must commit all of its block or
+nothing of it: ``_FUSED_LONE`` aborts where it would write a part, and runs again in a usual
+transaction, whose caller rolls back what it must (a conflict, a lost lease). Large
 values go to the payload table first, as each separate write does. Elsewhere (SQLite) the same
 writes are the separate calls.
 
@@ -120,15 +121,24 @@ _FUSED_LONE = (
     _FUSED.rstrip()
     + """,
   1 / CASE WHEN p.run_id IS NOT NULL AND EXISTS (SELECT 1 FROM i) AND NOT EXISTS (SELECT 1 FROM r)
+    OR EXISTS (SELECT 1 FROM sk) AND ((SELECT count(*) FROM s) < (SELECT count(*) FROM sk)
+      OR p.consumer IS NOT NULL AND NOT EXISTS (SELECT 1 FROM i)
+      OR p.run_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM r))
     THEN 0 ELSE 1 END
 FROM p
 """
 )
-"""The statement as its transaction's commit (``lone``): a conflict (its inbox row added, its
-run moved) must write nothing, and an inbox row written alone would mark the message processed
-for good. Its last column divides by zero then (by a value the CTEs decide, so only when it
-runs): the error aborts the statement, which was its own transaction (``CONFLICT_ABORTED``)."""
-CONFLICT_ABORTED = "22012"  # division_by_zero
+"""The statement as its transaction's commit (``lone``), which must commit all of its block or
+nothing of it. Two outcomes would write a part: a conflict (its inbox row added, its run moved:
+the inbox row alone would mark the message processed for good), and a settle that is not all
+there is (its lease lost: nothing may commit; or its checkpoint a duplicate or a conflict: the
+usual transaction gives its caller the choice, with the delete made, to go on or roll back).
+The last column divides by zero then (by a value the CTEs decide, so only when it runs): the
+error aborts the statement, which was its own transaction (``PART_ABORTED``), and it runs again
+as the first statement of a usual transaction, whose outcome is the usual one. Every other
+outcome writes all (``WRITTEN``) or nothing but published rows' deletes (a duplicate or a
+conflict with no settle): the block may go on."""
+PART_ABORTED = "22012"  # division_by_zero
 
 
 class SqlCheckpoints(SqlRuns, SqlInbox, SqlOutbox, RunStore):
@@ -165,18 +175,19 @@ class SqlCheckpoints(SqlRuns, SqlInbox, SqlOutbox, RunStore):
             doc["settles"] = [[s.claim_token, s.ids] for s in settles]
         if offload.rows:  # the payload rows first: a lone transaction begins here
             offload.flush(conn_of(tx), now)
-        # the first write of a lone transaction that settles nothing (a lost lease must undo
-        # it): the statement commits by itself
-        lone = None if settles or tx.settles else lone_statement(tx)
-        conn = lone or conn_of(tx)
         params = {"p": json.dumps(doc, separators=(",", ":"))}
-        try:
-            row = conn.exec_driver_sql(_FUSED if lone is None else _FUSED_LONE, params).one()
-        except DBAPIError as e:
-            if lone is None or getattr(e.orig, "sqlstate", None) != CONFLICT_ABORTED:
-                raise
-            reopen(tx)  # it wrote nothing: the block may go on
-            return Written.CONFLICT
+        row = None
+        lone = lone_statement(tx)  # the first write of a lone transaction: it commits it
+        if lone is not None:
+            try:
+                row = lone.exec_driver_sql(_FUSED_LONE, params).one()
+            except DBAPIError as e:
+                if getattr(e.orig, "sqlstate", None) != PART_ABORTED:
+                    raise
+                reopen(tx)  # it wrote nothing: again, in a usual transaction
+                lone = None
+        if row is None:
+            row = conn_of(tx).exec_driver_sql(_FUSED, params).one()
         added, saved, claimed_ids, settled = row[:4]
         _check_settled(settles, settled)
         written = Written.WRITTEN

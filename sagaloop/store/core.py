@@ -136,13 +136,19 @@ class Statements:
 def conn_of(tx: Any) -> Connection:
     """The connection of a transaction the store gave (``transaction()`` or ``attach()``), to
     write in it: a lone transaction's first write begins it."""
-    assert isinstance(tx, SqlTx), "pass the transaction object given by store.transaction()"
-    if tx.lone == FIRST:
+    if open_tx(tx).lone == FIRST:
         tx.conn.exec_driver_sql("BEGIN")
         tx.lone = BEGUN
-    elif tx.lone == DONE:
-        raise RuntimeError("a lone transaction committed with its checkpoint: no write after it")
     return tx.conn
+
+
+def open_tx(tx: Any) -> SqlTx:
+    """``tx``, a transaction the store gave, still open to writes (for a write it keeps for
+    later, as a settle that the checkpoint's statement carries: it begins nothing)."""
+    assert isinstance(tx, SqlTx), "pass the transaction object given by store.transaction()"
+    if tx.lone == DONE:
+        raise RuntimeError("a lone transaction committed with its checkpoint: no write after it")
+    return tx
 
 
 def lone_statement(tx: SqlTx) -> Connection | None:
@@ -328,7 +334,7 @@ class SqlCore(Transactions):
         ``lone`` on PostgreSQL: an autocommitting connection, on which the transaction begins
         with its first write (``conn_of``), unless that write is the checkpoint's one statement
         (``lone_statement``): then the statement is the whole transaction, 2 round trips fewer
-        (a worker's reply)."""
+        (a worker's reply, an engine's or an in-process step's checkpoint-only activation)."""
         lock = self._memory_lock
         if lock is not None:
             lock.acquire()

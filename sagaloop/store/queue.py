@@ -22,7 +22,15 @@ from sagaloop.engine.messages import LOCAL_SUFFIX, Envelope
 from sagaloop.engine.ports import Handoff, OutboxQueue, Outgoing, QueuedMessage
 from sagaloop.store import payloads
 from sagaloop.store import tables as t
-from sagaloop.store.core import Settle, SqlCore, SqlTx, conn_of, delete_claimed, flush_settles
+from sagaloop.store.core import (
+    Settle,
+    SqlCore,
+    SqlTx,
+    conn_of,
+    delete_claimed,
+    flush_settles,
+    open_tx,
+)
 
 c = t.outbox.c
 RAW_PREFIX = "raw:"
@@ -197,8 +205,7 @@ class SqlOutbox(SqlCore, OutboxQueue):
             with self.transaction() as own:
                 self.settle_claimed(own, ids, claim_token, lost)
             return
-        conn_of(tx)  # a transaction of the store
-        tx.settles.append(Settle(list(ids), claim_token, lost))
+        open_tx(tx).settles.append(Settle(list(ids), claim_token, lost))
         if not tx.own:
             flush_settles(tx)
 

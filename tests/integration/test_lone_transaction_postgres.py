@@ -194,3 +194,58 @@ def test_the_engine_commits_a_checkpoint_alone_with_its_statement(database: str)
     usual = [t for t in engine if t[0] == "BEGIN"]
     assert len(usual) == 5 and all(t[-1] == "COMMIT" for t in usual), engine
     assert all(len(t) > 3 for t in usual), "each writes more than its checkpoint"
+
+
+def test_a_lone_checkpoint_carries_its_settle(store: SqlStore) -> None:
+    """The message's row deleted in the statement: still one round trip. Its lease lost, the
+    statement aborts, writes nothing and runs again in a usual transaction, which the lost
+    lease rolls back."""
+    env = Envelope(type="step", message_id="s", run_id="run", created_at=T0)
+    with store.transaction() as tx:
+        store.enqueue(tx, [Outgoing("lane", env)], T0)
+    (row,) = store.claim(["lane"], 10, T0, timedelta(minutes=1))
+    trips = _trips(store)
+    with pytest.raises(_Boom), store.transaction(lone=True) as tx:
+        store.settle_claimed(tx, [row.id], "not-the-token", _Boom())
+        store.write_checkpoint(tx, _reply("m5"))
+    assert trips == ["WITH", "BEGIN", "WITH", "ROLLBACK"], trips
+    assert not _inbox(store, "m5") and store.queue_depths() == {"lane": 1}, "nothing written"
+    trips.clear()
+    with store.transaction(lone=True) as tx:
+        store.settle_claimed(tx, [row.id], row.claim_token, _Boom())
+        assert store.write_checkpoint(tx, _reply("m5")) is Written.WRITTEN
+    assert trips == ["WITH", "NOTIFY"], trips
+    assert _inbox(store, "m5") and store.queue_depths() == {"replies": 1}, "settled with it"
+
+
+@app.step(local=True)
+def here(ctx: StepContext, x: int) -> int:
+    return x * 2
+
+
+@app.saga(name="in_process")
+async def in_process(ctx: SagaContext, x: int) -> int:
+    for _ in range(4):
+        x = await ctx.call(here, x)
+    return x
+
+
+def test_an_in_process_steps_checkpoint_is_its_one_statement(database: str) -> None:
+    """The reply of an in-process step whose plan is the next step's message: its lane row's
+    delete, its inbox row and the run's activation are the statement alone."""
+    with closing(Harness(app, url=database, broker="memory")) as h:
+        trips = _trips(h.store)
+        local: list[list[str]] = []  # the transactions of each in-process step's message
+        roles: list[str] = []
+        h.crash_hook = lambda role, _: roles.append(role)
+        run_id = h.start("in_process", 1)
+        while True:
+            trips.clear(), roles.clear()
+            if not h.step_once():
+                break
+            if roles == ["worker"]:  # the harness claims the row first (an engine has it
+                local.append(_blocks(trips)[-1])  # in memory); its checkpoint is the last
+        assert h.result(run_id) == 16
+    # the first three schedule the next step; the last ends the run (its timers cleared)
+    assert local[:3] == [["WITH"]] * 3, local
+    assert len(local) == 4 and local[3][0] == "BEGIN" and local[3][-1] == "COMMIT", local

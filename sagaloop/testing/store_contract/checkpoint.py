@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from datetime import timedelta
 
 import pytest
@@ -158,6 +159,33 @@ class CheckpointContract(ContractBase):
             assert store.write_checkpoint(tx, cp) is Written.WRITTEN
         assert store.inbox_get(None, "engine", key) == (True, None)
         assert len(store.claim([sent], 10, FAR, LEASE)) == 1
+
+    def test_a_lone_checkpoint_that_settles_a_duplicate_lets_the_block_decide(
+        self, store: Store
+    ) -> None:
+        """A copy's reply stored already: as in a usual transaction, the checkpoint reports a
+        duplicate with the settle's delete made, and the block's later writes (the stored
+        reply sent again) commit with it, or roll back with it."""
+        queue, sent = new_id("q"), new_id("q")
+        run, key = self.new_run(store), new_id("m")
+        with store.transaction() as tx:
+            assert store.write_checkpoint(tx, self._checkpoint(run, key)) is Written.WRITTEN
+        self.enqueue(store, queue, 1)
+        (row,) = store.claim([queue], 10, T0, LEASE)
+        for fails in (True, False):
+            expect = pytest.raises(LeaseLost) if fails else nullcontext()
+            with expect, store.transaction(lone=True) as tx:
+                store.settle_claimed(tx, [row.id], row.claim_token, LeaseLost())
+                cp = self._checkpoint(run, key, [self.message(sent)])
+                assert store.write_checkpoint(tx, cp) is Written.DUPLICATE
+                store.enqueue(tx, [self.message(sent)], T0)
+                if fails:
+                    raise LeaseLost
+            if fails:
+                assert store.claim([sent], 10, FAR, LEASE) == [], "the resend rolled back"
+        assert len(store.claim([sent], 10, FAR, LEASE)) == 1, "the resend, once"
+        assert store.claim([queue], 10, FAR, LEASE) == [], "settled with it"
+        assert [e.seq for e in store.load_history(None, run.run_id)] == [1, 2]
 
     def test_a_checkpoint_without_a_run_writes_its_row_and_messages(self, store: Store) -> None:
         key, queue = new_id("m"), new_id("q")
