@@ -29,7 +29,11 @@ class Subscription(Protocol):
 
 class Streams(Protocol):
     def publish(self, run_id: str, item: Any) -> None:
-        """Send ``item`` (JSON) to the readers of ``run_id``; never raises (logs instead)."""
+        """Send ``item`` (JSON) to the readers of ``run_id``; never raises (logs instead), and
+        may return before the item has gone."""
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until what was published has gone; False if ``timeout`` seconds passed first."""
 
     def subscribe(self, run_id: str) -> Subscription: ...
 

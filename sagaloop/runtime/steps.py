@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("sagaloop.step")
 COMPLETED, FAILED, HALTED = Outcome.COMPLETED, Outcome.FAILED, Outcome.HALTED
 HANDED_OFF = Outcome.HANDED_OFF
+STREAM_FLUSH = 1.0  # how long an attempt that streamed waits at its end for its items to go
 
 
 class StepTimeoutError(SagaloopError):
@@ -101,6 +102,7 @@ class _StepContext(StepContext):
         self._history = history
         self.last_beat = time.monotonic()
         self.details: Any = None
+        self.streamed = False
         self.abandoned = False
         """Set when the attempt ran past its timeout: its outcome is dropped, and
         ``heartbeat()`` tells it to stop."""
@@ -135,6 +137,7 @@ class _StepContext(StepContext):
         except ValidationError as e:
             self.logger.warning("stream item of step %s dropped: %s", self.step, e)
             return
+        self.streamed = True
         self._streams.publish(self.run_id, item)
 
     def history(self, run_id: str | None = None, *, after: int = 0) -> list[Event]:
@@ -455,6 +458,9 @@ class StepRunner:
             return StepReply(
                 direction=direction, worker=self.worker, outcome=FAILED, error=info.to_json()
             )
+        finally:
+            if ctx.streamed and self.streams is not None:  # its items reach the run's readers
+                self.streams.flush(STREAM_FLUSH)  # before its reply can finish the run
         # what the attempt itself took: a reconciled step's duration (the message may have
         # waited out a dead worker's lease first)
         took = time.monotonic() - started

@@ -1,13 +1,17 @@
 """The per-run live channel on RabbitMQ: a reader gets its run's items, in order, and only
-its run's; an item for a run nobody follows is dropped (nothing is kept)."""
+its run's; an item for a run nobody follows is dropped (nothing is kept); publishing never
+waits for RabbitMQ."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
+import socket
 import statistics
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 
 import pika
 import pytest
@@ -21,6 +25,7 @@ def test_a_reader_gets_its_runs_items_only(rabbitmq_url: str) -> None:
     streams = RabbitStreams(rabbitmq_url, namespace=f"t{uuid.uuid4().hex[:8]}")
     try:
         streams.publish("r-1", {"n": -1})  # nobody listens yet: dropped
+        assert streams.flush(10.0), "sent before anyone subscribed"
         mine, other = streams.subscribe("r-1"), streams.subscribe("r-2")
         for n in range(3):
             streams.publish("r-1", {"n": n})
@@ -102,3 +107,50 @@ def test_an_item_that_is_not_json_is_dropped_and_the_next_arrives(
         raw.close()
         reader.close()
         streams.close()
+
+
+@pytest.fixture
+def silent_broker() -> Iterator[str]:
+    """An AMQP URL whose server accepts connections and never answers (RabbitMQ hung, or a
+    network that drops the replies)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                held.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"amqp://guest:guest@127.0.0.1:{server.getsockname()[1]}/?socket_timeout=30"
+    stop.set()
+    thread.join(5.0)
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+def test_publishing_does_not_wait_for_rabbitmq(
+    silent_broker: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A step that streams goes on while RabbitMQ does not answer: the items wait for the
+    channel's own thread. (A blocking publish held the step for pika's handshake timeout, 15 s,
+    then raised pika's AMQPConnectorStackTimeout, which is no AMQPError, into the step: its
+    attempt failed.) Past ``max_pending`` items are dropped, with one warning; ``flush`` and
+    ``close`` give up after their timeout, with a warning."""
+    streams = RabbitStreams(silent_broker, namespace="silent")
+    began = time.monotonic()
+    streams.publish("r-1", {"n": 0})
+    assert time.monotonic() - began < 5.0, "publish waited for the broker"
+    assert not streams.flush(0.2), "nothing could be sent"
+    streams.close(timeout=0.2)
+    assert "stream items not sent to RabbitMQ" in caplog.text
+    full = RabbitStreams(silent_broker, namespace="silent", max_pending=3)
+    for n in range(6):
+        full.publish("r-1", {"n": n})
+    # three wait (the thread may hold one more, connecting): the others found no room
+    assert caplog.text.count("stream items dropped: 3 wait for RabbitMQ") == 1, caplog.text
+    full.close(timeout=0.2)
