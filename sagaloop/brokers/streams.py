@@ -128,7 +128,7 @@ class RabbitStreams:
         self._full = False  # dropping for lack of room (warned once per spell)
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._connection: Any = None  # the thread's (and close's, once it stopped)
+        self._connection: Any = None  # the thread's
         self._channel: Any = None
 
     def publish(self, run_id: str, item: Any) -> None:
@@ -147,7 +147,7 @@ class RabbitStreams:
                     )
                 return
             self._pending.append((run_id, body))
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # first, or after a fork
                 self._thread = threading.Thread(target=self._run, name="streams", daemon=True)
                 self._thread.start()
             self._ready.notify()
@@ -166,15 +166,18 @@ class RabbitStreams:
             with self._lock:
                 self._ready.wait_for(lambda: self._pending or self._closed)
                 if not self._pending:
-                    return  # closed, and all sent
+                    break  # closed, and all sent
                 batch, self._sending = list(self._pending), len(self._pending)
                 self._pending.clear()
-            for run_id, body in batch:
-                self._send(run_id, body)
-            with self._lock:
-                self._sending = 0
-                self._full = self._full and bool(self._pending)
-                self._sent.notify_all()
+            try:
+                for run_id, body in batch:
+                    self._send(run_id, body)
+            finally:  # whatever happened, flush must not wait for these
+                with self._lock:
+                    self._sending = 0
+                    self._full = self._full and bool(self._pending)
+                    self._sent.notify_all()
+        self._drop()
 
     def _send(self, run_id: str, body: bytes) -> None:
         for attempt in (1, 2):
@@ -194,7 +197,7 @@ class RabbitStreams:
     def _drop(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
         if connection is not None:
-            with contextlib.suppress(pika.exceptions.AMQPError):
+            with contextlib.suppress(Exception):  # it is lost already
                 connection.close()
 
     def close(self, timeout: float = 5.0) -> None:
@@ -205,10 +208,8 @@ class RabbitStreams:
             self._ready.notify()
             thread = self._thread
         if thread is not None:
-            thread.join(timeout)
-            if thread.is_alive():  # RabbitMQ does not take them: the thread owns the connection
+            thread.join(timeout)  # it closes its connection once all went
+            if thread.is_alive():
                 logger.warning(
                     "stream items not sent to RabbitMQ at %s in %g s", self._where, timeout
                 )
-                return
-        self._drop()
