@@ -136,10 +136,11 @@ class Statements:
 def conn_of(tx: Any) -> Connection:
     """The connection of a transaction the store gave (``transaction()`` or ``attach()``), to
     write in it: a lone transaction's first write begins it."""
-    if open_tx(tx).lone == FIRST:
-        tx.conn.exec_driver_sql("BEGIN")
-        tx.lone = BEGUN
-    return tx.conn
+    own = open_tx(tx)
+    if own.lone == FIRST:
+        own.conn.exec_driver_sql("BEGIN")
+        own.lone = BEGUN
+    return own.conn
 
 
 def open_tx(tx: Any) -> SqlTx:
