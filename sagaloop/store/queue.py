@@ -127,14 +127,25 @@ class SqlOutbox(SqlCore, OutboxQueue):
         probe: bool = False,
     ) -> list[QueuedMessage]:
         """The token is :func:`claim_token` of the store's ``claim_owner``. In the same
-        transaction, first, delete the published rows :meth:`delete_later` left pending.
-        ``probe``: with nothing to delete and nothing to claim, one read and no transaction."""
+        transaction, first, delete the published rows :meth:`delete_later` left pending (with
+        none, on PostgreSQL, the claim is one statement: ``_CLAIM_ONE``, which writes nothing
+        when nothing is due). ``probe``: elsewhere, with nothing to delete and nothing to claim,
+        one read and no transaction."""
         with self._published_lock:
             pending = bool(self._published)
         named = queues is not None
         params: dict[str, Any] = {"now": now, "limit": limit}
         if queues is not None:
             params["queues"] = list(queues)
+        if self.dialect == "postgresql" and not pending:  # one statement, its own commit
+            token = params["token"] = claim_token(self.claim_owner)
+            params["until"] = now + lease
+            with self._one_write() as conn:
+                rows = sorted(conn.execute(_CLAIM_ONE[named], params), key=lambda r: int(r.id))
+            return [
+                QueuedMessage(r.id, r.queue, bytes(r.body), r.deliveries, token, _trusted(r))
+                for r in rows
+            ]
         if probe and not pending:
             with self._read() as conn:
                 if conn.execute(_PROBE[named], params).first() is None:
@@ -385,6 +396,27 @@ _CLAIM = {
 """The claims' statements, built once (a sweep runs every ``--poll`` seconds in every process:
 building them each time was a third of its cost). ``skip_locked``: PostgreSQL's
 ``FOR UPDATE SKIP LOCKED``; SQLite serializes write transactions instead."""
+
+
+def _claim_one(where: Any) -> sa.Update:
+    picked = sa.select(c.id).where(_DUE, where).order_by(c.id)
+    picked = picked.limit(sa.bindparam("limit", type_=sa.Integer)).with_for_update(skip_locked=True)
+    return (
+        t.outbox.update()
+        .where(c.id.in_(picked))
+        .values(
+            claimed_until=sa.bindparam("until"),
+            claim_token=sa.bindparam("token"),
+            deliveries=c.deliveries + 1,
+        )
+        .returning(c.id, c.queue, c.body, c.deliveries, c.message_id)
+    )
+
+
+_CLAIM_ONE = {named: _claim_one(where) for named, where in _WHERE.items()}
+"""On PostgreSQL with no published rows to delete first: the claim as one statement on an
+autocommitting connection (its rows locked and skipped by other claims as in ``_CLAIM``), 1
+round trip instead of 4. ``RETURNING`` has no order: the rows are sorted by id."""
 
 
 def claim_token(owner: str | None) -> str:

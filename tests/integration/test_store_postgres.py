@@ -133,6 +133,30 @@ def test_claim_skips_rows_another_transaction_holds(store: SqlStore) -> None:
     assert [m.id for m in store.claim(["q"], 10, T0, LEASE)] == ids[:2]
 
 
+def test_a_claim_is_one_statement_its_own_commit(store: SqlStore) -> None:
+    """Rows locked and skipped, claimed and counted in one ``UPDATE ... RETURNING`` on an
+    autocommitting connection (a database queue's receive, a relay's sweep): 1 round trip,
+    not ``BEGIN``, a locking ``SELECT``, an ``UPDATE`` and ``COMMIT``. In id order, whatever
+    order ``RETURNING`` gives; a due row that is claimed already is not claimed again."""
+    store.enqueue_raw([("q", b"%d" % i) for i in range(5)], T0)
+    ids = sorted(_outbox_ids(store))
+    sent: list[str] = []
+
+    def begin(conn: sa.Connection) -> None:  # psycopg sends BEGIN unless it autocommits
+        if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+            sent.append("BEGIN")
+
+    sa.event.listen(store.engine, "before_cursor_execute", lambda *a: sent.append(a[2].split()[0]))
+    sa.event.listen(store.engine, "begin", begin)
+    claimed = store.claim(["q"], 3, T0, LEASE, probe=True)
+    assert sent == ["UPDATE"], sent
+    assert [m.id for m in claimed] == ids[:3] and {m.deliveries for m in claimed} == {1}
+    assert len({m.claim_token for m in claimed}) == 1
+    again = store.claim(["q"], 10, T0, LEASE)
+    assert [m.id for m in again] == ids[3:], "the claimed rows are held"
+    assert store.claim(["q"], 10, T0 + LEASE + timedelta(seconds=1), LEASE)[0].deliveries == 2
+
+
 def _outbox_ids(store: SqlStore) -> list[int]:
     with store.engine.connect() as conn:
         return [int(i) for i in conn.execute(sa.select(t.outbox.c.id)).scalars()]
