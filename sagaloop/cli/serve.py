@@ -122,7 +122,6 @@ def _serve(obj: Obj, serving: Serving, role: str, *, upgrade: bool, roles: Roles
         store = _wait_for_database(obj, stop, upgrade=upgrade, role=role)
         broker = _wait_for_broker(obj, store, stop, role=role)
         retention = timedelta(days=obj.settings.retention_days) if role != "worker" else None
-        streams = obj.streams()
         runtime = Service(
             app,
             store,
@@ -136,7 +135,7 @@ def _serve(obj: Obj, serving: Serving, role: str, *, upgrade: bool, roles: Roles
                 activation_deadline=obj.settings.activation_deadline,
             ),
             name=f"{role}@{_host()}",
-            streams=streams,
+            streams=obj.streams(),
         )
         metrics_server = _start_metrics(store, broker, *metrics)
     runtime.start(role=role, on_death=stop.set)
@@ -158,7 +157,6 @@ def _serve(obj: Obj, serving: Serving, role: str, *, upgrade: bool, roles: Roles
     if cut_off:
         _exit_cut_off(role, grace, cut_off, runtime.deaths)
     broker.close()  # what the process still held goes back to the queue
-    streams.flush(5.0)  # the live items its steps streamed last are sent
     if metrics_server is not None:
         metrics_server.stop()
     store.close()

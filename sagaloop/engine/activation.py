@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import NoReturn
+from typing import NoReturn, cast
 
 from sagaloop import tracing
 from sagaloop.engine import cancelling, concurrency, decide, fanout, gate, intake, runlog, updates
@@ -156,12 +156,13 @@ class Engine:
         record = live.record
         return record if record is not None and record.last_seq == live.state.last_seq else None
 
-    def alone(self, plan: Plan) -> bool:
-        """Whether :meth:`apply` writes ``plan`` as its checkpoint and nothing after it (no slot
-        freed, approval indexed, timer or subscription changed: ``transaction(lone=True)``)."""
-        run, e = plan.run, plan.effects
-        if run is None or e is None or not plan.checkpoint_only:
+    def alone(self, plans: Sequence[Plan]) -> bool:
+        """Whether :meth:`apply` writes ``plans`` as one checkpoint and nothing after it (one
+        plan; no slot freed, approval indexed, timer or subscription changed): ``lone=True``."""
+        plan = plans[0] if len(plans) == 1 else None
+        if plan is None or plan.run is None or plan.effects is None or not plan.checkpoint_only:
             return False
+        run, e = plan.run, plan.effects
         if e.clear_timers or e.timers or e.dropped_timers or any(map(gate.indexed, e.events)):
             return False
         return not self._frees_slot(run) and self._subscriptions(plan) is None
@@ -232,9 +233,9 @@ class Engine:
                 self._first_timer = timer.fire_at
         for pos in effects.dropped_timers:  # after the adds: a timer may be both in one
             self.store.delete_timers(tx, run.run_id, pos=pos)
-        wanted = self._subscriptions(plan)
-        if wanted is not None and isinstance(self.store, SubscriptionStore):  # (for the types)
-            self.store.set_subscriptions(tx, self.app.name, run.run_id, wanted)
+        if (wanted := self._subscriptions(plan)) is not None:  # the store keeps them
+            subscriptions = cast(SubscriptionStore, self.store)
+            subscriptions.set_subscriptions(tx, self.app.name, run.run_id, wanted)
         self._logs.extend(plan.logs)
 
     def _duplicate(self, plan: Plan, reply: InboxRow | None) -> None:

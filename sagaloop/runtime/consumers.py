@@ -130,19 +130,16 @@ class EngineConsumer:
                 Plan(env) if seen else self.engine.prepare(env, trust_cache=trust_cache)
                 for _, env in batch
             ]
-            # a plan written as its checkpoint alone: that statement may be the commit
-            lone = len(plans) == 1 and self.engine.alone(plans[0])
-            with self.store.transaction(lone=lone) as tx:
+            # a plan written as its checkpoint alone: that statement may be the commit, so the
+            # crash point comes before any write
+            with self.store.transaction(lone=self.engine.alone(plans)) as tx:
+                crash_point("engine.before_commit")
                 for (delivery, _), plan in zip(batch, plans, strict=True):
                     if plan.rejected is None:  # first: the checkpoint's statement carries it
                         delivery.settle(tx)
-                    if lone:
-                        crash_point("engine.before_commit")
                     self.engine.apply(tx, plan)
                     if plan.fanout is not None:
                         crash_point("engine.fanout_before_commit")
-                if not lone:
-                    crash_point("engine.before_commit")
         except BaseException:
             self.engine.rolled_back()
             raise

@@ -115,35 +115,28 @@ class LocalWorker(WorkerConsumer):
             plans = [
                 engine.prepare(step_result(c.env, c.reply, now), trust_cache=True) for c in group
             ]
-            # a reply whose plan is its checkpoint alone: that statement may be the commit
-            lone = len(plans) == 1 and engine.alone(plans[0])
-            with self.store.transaction(lone=lone) as tx:
+            # a reply whose plan is its checkpoint alone: that statement may be the commit, so
+            # the crash points come before any write
+            with self.store.transaction(lone=engine.alone(plans)) as tx:
                 for c, plan in zip(group, plans, strict=True):
                     if plan.rejected is not None:
                         raise _NotHere(plan.rejected)
+                    undo = c.task.direction == UNDO
+                    crash_point("local.undo_before_commit" if undo else "local.before_commit")
                     # settled first: the store deletes the step's row with the plan's writes
                     # (one statement on PostgreSQL), else before the commit; either way a lost
                     # lease raises and nothing commits
                     c.delivery.settle(tx)
-                    if lone:
-                        _before_commit(c)
                     # the reply's inbox row is written with the plan (ActivationConflict if a
                     # copy of the message stored its reply already)
                     reply = (WORKER_CONSUMER, c.key, c.reply.to_payload())
                     engine.apply(tx, plan, inbox=False, reply=reply)
-                if not lone:
-                    for c in group:
-                        _before_commit(c)
         except BaseException:
             engine.rolled_back()
             raise
         engine.committed()
         for c in group:
             c.done = True
-
-
-def _before_commit(c: _Checkpoint) -> None:
-    crash_point("local.undo_before_commit" if c.task.direction == UNDO else "local.before_commit")
 
 
 @dataclasses.dataclass(eq=False)

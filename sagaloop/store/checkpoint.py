@@ -120,20 +120,20 @@ matched on (id, token)."""
 _FUSED_LONE = (
     _FUSED.rstrip()
     + """,
-  1 / CASE WHEN p.run_id IS NOT NULL AND EXISTS (SELECT 1 FROM i) AND NOT EXISTS (SELECT 1 FROM r)
-    OR EXISTS (SELECT 1 FROM sk) AND ((SELECT count(*) FROM s) < (SELECT count(*) FROM sk)
-      OR p.consumer IS NOT NULL AND NOT EXISTS (SELECT 1 FROM i)
-      OR p.run_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM r))
+  1 / CASE WHEN (SELECT count(*) FROM s) < (SELECT count(*) FROM sk)
+    OR (EXISTS (SELECT 1 FROM i) OR EXISTS (SELECT 1 FROM sk))
+      AND NOT ((p.consumer IS NULL OR EXISTS (SELECT 1 FROM i))
+        AND (p.run_id IS NULL OR EXISTS (SELECT 1 FROM r)))
     THEN 0 ELSE 1 END
 FROM p
 """
 )
 """The statement as its transaction's commit (``lone``), which must commit all of its block or
-nothing of it. Two outcomes would write a part: a conflict (its inbox row added, its run moved:
-the inbox row alone would mark the message processed for good), and a settle that is not all
-there is (its lease lost: nothing may commit; or its checkpoint a duplicate or a conflict: the
-usual transaction gives its caller the choice, with the delete made, to go on or roll back).
-The last column divides by zero then (by a value the CTEs decide, so only when it runs): the
+nothing of it. Its last column says it wrote a part: a settled row not deleted (the lease was
+lost: nothing may commit), or its inbox row added or its settle made while the checkpoint is
+not written (a conflict, whose inbox row alone would mark the message processed for good; a
+settled duplicate, which a usual transaction lets its caller go on with, or roll back).
+It divides by zero then (by a value the CTEs decide, so only when it runs): the
 error aborts the statement, which was its own transaction (``PART_ABORTED``), and it runs again
 as the first statement of a usual transaction, whose outcome is the usual one. Every other
 outcome writes all (``WRITTEN``) or nothing but published rows' deletes (a duplicate or a
