@@ -15,7 +15,7 @@ import collections
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
 from typing import NoReturn, cast
 
@@ -36,7 +36,7 @@ from sagaloop.engine.messages import (
     parse_payload,
 )
 from sagaloop.engine.plan import ActivationConflict as ActivationConflict
-from sagaloop.engine.plan import Live, Plan, drop
+from sagaloop.engine.plan import Live, Plan, Stage, Stages, drop
 from sagaloop.engine.ports import (
     Checkpoint,
     Clock,
@@ -70,7 +70,9 @@ Started = Callable[[], list[NewEvent]]
 class Engine:
     """Processes the messages of the engine queue. Thread-compatible, not thread-safe: give each
     thread its own Engine (they may share the store), or share one under a lock (as
-    ``EngineConsumer.lock`` does for the engine's and the in-process steps' threads)."""
+    ``EngineConsumer.lock`` does for the engine's and the in-process steps' threads); there,
+    transactions overlap if each prepares in a :class:`Stage` of its own (:meth:`stage`) and
+    applies its plans outside the lock."""
 
     def __init__(
         self,
@@ -87,16 +89,9 @@ class Engine:
         self.cache_size = cache_size
         self.watchdog = watchdog or Watchdog()
         self._cache: collections.OrderedDict[str, Live] = collections.OrderedDict()
-        self._staged: dict[str, Live] = {}
-        self._staged_runs: dict[str, RunRecord] = {}
-        self._restarted: set[str] = set()
-        """Runs whose history a staged plan restarts: not activated again before it commits."""
+        self._stages = Stages()
         self._distrust_until = 0.0
         """``time.monotonic()`` until which :meth:`prepare` does not trust the cache."""
-        self._logs: list[runlog.Line] = []
-        """The log lines of the plans applied in the open transaction (see ``runlog``)."""
-        self._first_timer: datetime | None = None
-        """The earliest timer the plans applied in the open transaction set."""
         self.on_timers: Callable[[datetime], None] | None = None
         """Called after a commit that set timers, with the earliest one's due time: the timer
         scheduler of this process then knows about it without looking at the database."""
@@ -104,14 +99,38 @@ class Engine:
 
     # --- messages ----------------------------------------------------------------------------
 
-    def prepare(self, env: Envelope, *, trust_cache: bool = False) -> Plan:
+    def stage(self) -> Stage:
+        """A new stage for a transaction's plans (see the class); end it with :meth:`committed`
+        or :meth:`rolled_back`."""
+        return self._stages.new()
+
+    def holds(self, run_ids: Collection[str]) -> bool:
+        """Whether an open stage holds any of ``run_ids``: preparing one in another stage now
+        raises ActivationConflict (wait for :meth:`committed` or :meth:`rolled_back`)."""
+        return self._stages.holds(run_ids)
+
+    @property
+    def _st(self) -> Stage:
+        return self._stages.current
+
+    def prepare(
+        self, env: Envelope, *, trust_cache: bool = False, stage: Stage | None = None
+    ) -> Plan:
         """Decide what ``env`` does, outside any transaction: the saga code runs here. Raises
         MessageError for a message that can never be processed (the consumer dead-letters it).
 
-        Call :meth:`committed` or :meth:`rolled_back` once the plan's transaction ended, so that
-        the cache only ever holds committed state. With ``trust_cache``, a run this engine
-        activated last is not read again: if another engine changed it since, :meth:`apply`
-        raises ActivationConflict (its update names the ``last_seq`` it started from)."""
+        Call :meth:`committed` or :meth:`rolled_back` (with the same ``stage``) once the plan's
+        transaction ended, so that the cache only ever holds committed state. With
+        ``trust_cache``, a run this engine activated last is not read again: if another engine
+        changed it since, :meth:`apply` raises ActivationConflict (its update names the
+        ``last_seq`` it started from)."""
+        with self._stages.working_in(stage) as st:
+            self._stages.check_free(env.run_id)
+            plan = self._prepare(env, trust_cache)
+        plan.stage = st
+        return plan
+
+    def _prepare(self, env: Envelope, trust_cache: bool) -> Plan:
         if env.type == "start":
             return self._on_start(env)
         if env.type == "child_start":
@@ -127,11 +146,11 @@ class Engine:
         run = cached or self._read_run(env.run_id)
         if concurrency.queued(self.app, run):  # record, without starting its code
             plan = self._activate(env, run, triggers, run_code=False)
-            drop(self._staged.pop(run.run_id, None))
+            drop(self._st.live.pop(run.run_id, None))
             if plan.run is not None and plan.run.status not in s.FINAL_STATUSES:
                 kept = {"status": s.RUNNING, "processed_seq": 0, "reason": run.reason}
                 plan.run = dataclasses.replace(plan.run, **kept)  # type: ignore[arg-type]
-                self._staged_runs[run.run_id] = plan.run
+                self._st.runs[run.run_id] = plan.run
             return plan
         plan = self._activate(env, run, triggers)
         plan.cached = cached is not None
@@ -151,7 +170,7 @@ class Engine:
 
     def _cached_record(self, run_id: str) -> RunRecord | None:
         live = self._cache.get(run_id)
-        if live is None or run_id in self._staged or run_id in self._restarted:
+        if live is None or run_id in self._st.live or run_id in self._st.restarted:
             return None
         record = live.record
         return record if record is not None and record.last_seq == live.state.last_seq else None
@@ -188,6 +207,7 @@ class Engine:
         row: InboxRow | None = (ENGINE_CONSUMER, inbox_key(self.app.name, plan.env), None)
         row = row if inbox else reply
         run, effects = plan.run, plan.effects
+        st = plan.stage or self._stages.own  # apply may run outside the lock: not self._st
         if run is not None and effects is not None and plan.checkpoint_only:  # the hot path
             write = Checkpoint(now, row, run, plan.base_seq, effects.events, effects.at)
             write.messages = effects.messages
@@ -224,26 +244,25 @@ class Engine:
             self.store.enqueue(tx, effects.messages, now)
         if self._frees_slot(run):
             concurrency.release(self.store, tx, self.app, run.run_id, now)  # its slot frees
-        gate.index_effects(self.store, tx, run, effects, plan.env, self._staged.get(run.run_id))
+        gate.index_effects(self.store, tx, run, effects, plan.env, st.live.get(run.run_id))
         if effects.clear_timers:
             self.store.delete_timers(tx, run.run_id)
         for timer in effects.timers:
             self.store.add_timer(tx, timer)
-            if self._first_timer is None or timer.fire_at < self._first_timer:
-                self._first_timer = timer.fire_at
+            if st.first_timer is None or timer.fire_at < st.first_timer:
+                st.first_timer = timer.fire_at
         for pos in effects.dropped_timers:  # after the adds: a timer may be both in one
             self.store.delete_timers(tx, run.run_id, pos=pos)
         if (wanted := self._subscriptions(plan)) is not None:  # the store keeps them
             subscriptions = cast(SubscriptionStore, self.store)
             subscriptions.set_subscriptions(tx, self.app.name, run.run_id, wanted)
-        self._logs.extend(plan.logs)
+        st.logs.extend(plan.logs)
 
     def _duplicate(self, plan: Plan, reply: InboxRow | None) -> None:
         """The message's inbox row existed: nothing of ``plan`` is written."""
         logger.debug("duplicate message %s ignored", plan.env.message_id)
-        run_id = plan.env.run_id  # what prepare staged for it did not happen
-        drop(self._staged.pop(run_id, None))
-        self._staged_runs.pop(run_id, None)
+        # what prepare staged for it did not happen
+        (plan.stage or self._stages.own).forget(plan.env.run_id)
         if reply is not None:
             raise ActivationConflict(f"the reply to {plan.env.message_id} is stored already")
         if plan.run is not None:  # its activation is not written, and later plans of
@@ -255,20 +274,25 @@ class Engine:
             self._distrust()
         raise ActivationConflict(f"run {run.run_id!r} changed meanwhile")
 
-    def park(self, env: Envelope, error: ErrorInfo, failures: int) -> Plan:
+    def park(
+        self, env: Envelope, error: ErrorInfo, failures: int, *, stage: Stage | None = None
+    ) -> Plan:
         """A plan that parks the run of ``env`` in ``needs_attention`` without running saga
         code: ``env`` failed ``failures`` times. The message is kept with the run, and
         ``sagaloop retry`` processes it again."""
-        run = self._read_run(env.run_id)
-        parked = decide.engine_failed(env, error, failures)
-        drop(self._cache.pop(run.run_id, None))  # its state may be what failed: start afresh
-        drop(self._staged.pop(run.run_id, None))
-        return self._activate(env, run, [lambda st: [] if st.finished else parked], run_code=False)
+        with self._stages.working_in(stage) as st:
+            run = self._read_run(env.run_id)
+            parked = decide.engine_failed(env, error, failures)
+            drop(self._cache.pop(run.run_id, None))  # its state may be what failed: start afresh
+            drop(st.live.pop(run.run_id, None))
+            finish = [lambda rs: [] if rs.finished else parked]
+            return self._activate(env, run, finish, run_code=False)
 
     def _read_run(self, run_id: str) -> RunRecord:
-        if run_id in self._restarted:
+        self._stages.check_free(run_id)
+        if run_id in self._st.restarted:
             raise ActivationConflict(f"run {run_id!r} continues as new in this transaction")
-        return self._own(run_id, self._staged_runs.get(run_id) or self.store.get_run(run_id))
+        return self._own(run_id, self._st.runs.get(run_id) or self.store.get_run(run_id))
 
     def _own(self, run_id: str, run: RunRecord | None) -> RunRecord:
         """``run``, if it exists and belongs to this engine's app; else MessageError."""
@@ -282,9 +306,9 @@ class Engine:
         return run
 
     def _on_start(self, env: Envelope) -> Plan:
-        if env.run_id in self._restarted:
+        if env.run_id in self._st.restarted:
             raise ActivationConflict(f"run {env.run_id!r} continues as new in this transaction")
-        run = self._staged_runs.get(env.run_id) or self.store.get_run(env.run_id)
+        run = self._st.runs.get(env.run_id) or self.store.get_run(env.run_id)
         try:
             payload: StartPayload = parse_payload(StartPayload, env)
             saga = self.app.get_saga(env.saga or "")
@@ -330,7 +354,7 @@ class Engine:
             base = 0 if create else record.last_seq
             plan = Plan(env, run=saved, base_seq=base, slot=slot, create=create)
             plan.effects = decide.Effects(now, base, events=began)
-            self._staged_runs[env.run_id] = saved
+            self._st.runs[env.run_id] = saved
             return plan
         if slot is not None and slot.kind == "cancel_new":
             cancel = NewEvent(h.CANCEL_REQUESTED, data={"reason": slot.describe()})
@@ -354,7 +378,7 @@ class Engine:
         if pos is None or saga is None:
             raise MessageError("invalid child_start: needs a known saga, parent and position")
         link = {"run_id": parent_id, "position": pos}
-        run = self._staged_runs.get(env.run_id) or self.store.get_run(env.run_id)
+        run = self._st.runs.get(env.run_id) or self.store.get_run(env.run_id)
         if run is None:
             now = self.clock.now()
             value = start.input
@@ -400,36 +424,23 @@ class Engine:
         """Drop every run held in memory, unwinding its saga code on its own loop (``finally``
         blocks run there, not in the garbage collector): what a stopping process does once
         no thread activates runs any more. The engine can go on after it, from the store."""
-        for live in [*self._staged.values(), *self._cache.values()]:
+        for live in self._cache.values():
             live.drop_code()
         self._cache.clear()
-        self.rolled_back()
+        for st in [*self._stages.open]:
+            self.rolled_back(st)
 
-    def committed(self) -> None:
+    def committed(self, stage: Stage | None = None) -> None:
         """Keep the runs activated in the transaction that just committed in the cache."""
-        for run_id, live in self._staged.items():
-            self._cache[run_id] = live
-            self._cache.move_to_end(run_id)
-        self._staged.clear()
-        self._staged_runs.clear()
-        self._restarted.clear()
-        while len(self._cache) > self.cache_size:
-            drop(self._cache.popitem(last=False)[1])
-        logs, self._logs = self._logs, []
-        runlog.emit(logs)
-        first, self._first_timer = self._first_timer, None
-        if first is not None and self.on_timers is not None:
-            self.on_timers(first)
+        st = self._stages.end(stage)
+        st.keep(self._cache, self.cache_size)
+        runlog.emit(st.logs)
+        if st.first_timer is not None and self.on_timers is not None:
+            self.on_timers(st.first_timer)
 
-    def rolled_back(self) -> None:
+    def rolled_back(self, stage: Stage | None = None) -> None:
         """Forget what the failed transaction's plans did to in-memory state."""
-        for live in self._staged.values():
-            live.drop_code()
-        self._staged.clear()
-        self._staged_runs.clear()
-        self._restarted.clear()
-        self._logs.clear()
-        self._first_timer = None
+        self._stages.end(stage).drop()
 
     # --- activation --------------------------------------------------------------------------
 
@@ -437,7 +448,7 @@ class Engine:
         self, env: Envelope, run: RunRecord, triggers: Sequence[Triggers], *, run_code: bool = True
     ) -> Plan:
         run_id = run.run_id
-        plan = Plan(env, base_seq=run.last_seq)
+        plan = Plan(env, base_seq=run.last_seq, stage=self._st)
         began = tracing.now_ns()
         try:
             live = self._load(run, run_code=run_code)
@@ -469,21 +480,20 @@ class Engine:
                                 plan.run, status=s.RUNNING, last_seq=1, processed_seq=0, reason=None
                             )
         except BaseException:
-            drop(self._staged.pop(run_id, None))
-            self._staged_runs.pop(run_id, None)
+            self._st.forget(run_id)
             raise
         if plan.effects is not None and plan.effects.restart is not None:
-            drop(self._staged.pop(run_id, None))  # the next activation replays the fresh history
-            self._restarted.add(run_id)
+            drop(self._st.live.pop(run_id, None))  # the next activation replays the fresh history
+            self._st.restarted.add(run_id)
         else:
             live.record = plan.run or run  # in the cache once committed
-            self._staged[run_id] = live
+            self._st.live[run_id] = live
         if plan.run is not None:
-            self._staged_runs[run_id] = plan.run
+            self._st.runs[run_id] = plan.run
         return plan
 
     def _load(self, run: RunRecord, *, run_code: bool = True) -> Live:
-        live = self._staged.get(run.run_id) or self._cache.pop(run.run_id, None)
+        live = self._st.live.get(run.run_id) or self._cache.pop(run.run_id, None)
         if live is not None and live.state.last_seq <= run.last_seq:
             if live.state.last_seq < run.last_seq:  # another engine appended since
                 newer = self.store.load_history(None, run.run_id, after_seq=live.state.last_seq)

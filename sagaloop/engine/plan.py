@@ -4,7 +4,11 @@ outside any transaction and :meth:`~sagaloop.engine.activation.Engine.apply` wri
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
+from collections.abc import Collection, Iterator
+from datetime import datetime
 from typing import Any
 
 from sagaloop.engine import concurrency, decide, runlog
@@ -45,6 +49,85 @@ def drop(live: Live | None) -> None:
         live.drop_code()
 
 
+@dataclasses.dataclass(eq=False)
+class Stage:
+    """What the plans of one transaction did to the engine's memory, kept apart until the
+    transaction ends (:meth:`Engine.committed` moves it to the cache, :meth:`Engine.rolled_back`
+    forgets it). While it is open its runs are its own: another stage's prepare of one of them
+    is an ActivationConflict (see :meth:`Engine.holds`)."""
+
+    live: dict[str, Live] = dataclasses.field(default_factory=dict)
+    """The runs its plans activated, as they leave them."""
+    runs: dict[str, RunRecord] = dataclasses.field(default_factory=dict)
+    """The runs' rows as its plans save them."""
+    restarted: set[str] = dataclasses.field(default_factory=set)
+    """Runs whose history a plan restarts: not activated again before it commits."""
+    logs: list[runlog.Line] = dataclasses.field(default_factory=list)
+    """The log lines of the plans applied in it (see ``runlog``)."""
+    first_timer: datetime | None = None
+    """The earliest timer the plans applied in it set."""
+
+    def holds(self, run_id: str) -> bool:
+        return run_id in self.live or run_id in self.runs or run_id in self.restarted
+
+    def forget(self, run_id: str) -> None:
+        """What the stage did to ``run_id`` did not happen (its saga code is dropped)."""
+        drop(self.live.pop(run_id, None))
+        self.runs.pop(run_id, None)
+
+    def keep(self, cache: collections.OrderedDict[str, Live], size: int) -> None:
+        """Its runs go to ``cache`` (least recently used first out, past ``size``)."""
+        for run_id, live in self.live.items():
+            cache[run_id] = live
+            cache.move_to_end(run_id)
+        while len(cache) > size:
+            drop(cache.popitem(last=False)[1])
+
+    def drop(self) -> None:
+        for live in self.live.values():
+            live.drop_code()
+
+
+class Stages:
+    """An engine's open stages: its own one (used when a caller names none) and those of the
+    transactions under way (see :meth:`Engine.stage`)."""
+
+    def __init__(self) -> None:
+        self.own = self.current = Stage()
+        """``current``: the stage :meth:`Engine.prepare` works in."""
+        self.open = [self.own]
+
+    def new(self) -> Stage:
+        self.open.append(stage := Stage())
+        return stage
+
+    def holds(self, run_ids: Collection[str]) -> bool:
+        return any(st.holds(run_id) for st in self.open for run_id in run_ids)
+
+    @contextlib.contextmanager
+    def working_in(self, stage: Stage | None) -> Iterator[Stage]:
+        self.current = stage or self.own
+        try:
+            yield self.current
+        finally:
+            self.current = self.own
+
+    def check_free(self, run_id: str) -> None:
+        """ActivationConflict if a stage other than the current one holds ``run_id``."""
+        if any(st is not self.current and st.holds(run_id) for st in self.open):
+            raise ActivationConflict(f"run {run_id!r} is in another open transaction")
+
+    def end(self, stage: Stage | None) -> Stage:
+        """``stage`` (None: the engine's own, which starts afresh) is no longer open."""
+        st = stage or self.own
+        if st in self.open:
+            self.open.remove(st)
+        if st is self.own:
+            self.own = self.current = Stage()
+            self.open.append(self.own)
+        return st
+
+
 @dataclasses.dataclass
 class Plan:
     """What :meth:`Engine.prepare` decided for one message; :meth:`Engine.apply` writes it."""
@@ -72,6 +155,8 @@ class Plan:
     them (None: unchanged)."""
     fanout: PublishPayload | None = None
     """A ``publish``: the event :meth:`Engine.apply` delivers to the runs subscribed to it."""
+    stage: Stage | None = None
+    """The stage it was prepared in (None: the engine's own)."""
 
     @property
     def checkpoint_only(self) -> bool:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 from sagaloop.engine.activation import ENGINE_CONSUMER, ActivationConflict, Engine
 from sagaloop.engine.messages import Envelope, inbox_key, start_queue
-from sagaloop.engine.plan import Plan
-from sagaloop.engine.ports import Delivery, Store
+from sagaloop.engine.plan import Plan, Stage
+from sagaloop.engine.ports import Delivery, Store, Tx
 from sagaloop.errors import (
     BrokerError,
     ErrorInfo,
@@ -74,9 +74,10 @@ class EngineConsumer:
         """Takes up new runs after the work of runs in flight (see ``admission.py``)."""
         self.max_failures = max_failures
         self._troubles = Troubles()
-        self.lock = threading.Lock()
-        """Held while the engine activates: its threads and the in-process steps' (see
-        ``local.py``) share one :class:`Engine`, which is not thread-safe."""
+        self.lock = threading.Condition()
+        """Held while the engine prepares and while a transaction's stage ends: its threads and
+        the in-process steps' (see ``local.py``) share one :class:`Engine`, which is not
+        thread-safe. A transaction's own writes run without it (:meth:`prepared`)."""
 
     def process_batch(self, deliveries: Sequence[Delivery], *, starts: bool = False) -> None:
         """Process the messages in one transaction (one commit for the batch), then ack them.
@@ -90,15 +91,48 @@ class EngineConsumer:
         read large payloads back) happens before the engine's lock is taken."""
         with contextlib.nullcontext() if starts else self.gate.first():
             batch = [(d, env) for d in deliveries if (env := decode(d, self.store)) is not None]
-            with self.lock:
-                self._activate_batch(batch)
+            self._activate_batch(batch)
 
     def process(self, delivery: Delivery) -> None:
         with self.gate.first():
             env = decode(delivery, self.store)
             if env is not None:
-                with self.lock:
-                    self._process(delivery, env)
+                self._process(delivery, env)
+
+    def prepared(
+        self, run_ids: Collection[str], prepare: Callable[[Stage], list[Plan]]
+    ) -> tuple[Stage, list[Plan]]:
+        """Under :attr:`lock`: once no open transaction of this engine holds any of
+        ``run_ids``, ``prepare`` plans in a stage of their own (ended if it raises). Write them
+        in :meth:`transaction`, without the lock: the next plans are prepared meanwhile."""
+        self.lock.wait_for(lambda: not self.engine.holds(run_ids))
+        stage = self.engine.stage()
+        try:
+            return stage, prepare(stage)
+        except BaseException:
+            self._end(stage, committed=False)
+            raise
+
+    @contextlib.contextmanager
+    def transaction(self, stage: Stage, plans: Sequence[Plan]) -> Iterator[Tx]:
+        """The transaction that writes the plans of ``stage``; their stage ends with it."""
+        try:
+            # a plan written as its checkpoint alone: that statement may be the commit, so the
+            # caller's crash points come before any write
+            with self.store.transaction(lone=self.engine.alone(plans)) as tx:
+                yield tx
+        except BaseException:
+            self._end(stage, committed=False)
+            raise
+        self._end(stage, committed=True)
+
+    def _end(self, stage: Stage, *, committed: bool) -> None:
+        with self.lock:
+            if committed:
+                self.engine.committed(stage)
+            else:
+                self.engine.rolled_back(stage)
+            self.lock.notify_all()
 
     def _activate_batch(self, batch: list[tuple[Delivery, Envelope]]) -> None:
         if len(batch) > 1:
@@ -125,25 +159,23 @@ class EngineConsumer:
         activated last are not read again (a change by another engine since is an
         ActivationConflict, and the retry reads them). ``seen``: the inbox has the batch's one
         message already: it is settled as the duplicate it is, not prepared."""
-        try:
-            plans = [
-                Plan(env) if seen else self.engine.prepare(env, trust_cache=trust_cache)
-                for _, env in batch
-            ]
-            # a plan written as its checkpoint alone: that statement may be the commit, so the
-            # crash point comes before any write
-            with self.store.transaction(lone=self.engine.alone(plans)) as tx:
-                crash_point("engine.before_commit")
-                for (delivery, _), plan in zip(batch, plans, strict=True):
-                    if plan.rejected is None:  # first: the checkpoint's statement carries it
-                        delivery.settle(tx)
-                    self.engine.apply(tx, plan)
-                    if plan.fanout is not None:
-                        crash_point("engine.fanout_before_commit")
-        except BaseException:
-            self.engine.rolled_back()
-            raise
-        self.engine.committed()
+        envs = [env for _, env in batch]
+
+        def prepare(stage: Stage) -> list[Plan]:
+            if seen:
+                return [Plan(env, stage=stage) for env in envs]
+            return [self.engine.prepare(e, trust_cache=trust_cache, stage=stage) for e in envs]
+
+        with self.lock:
+            stage, plans = self.prepared({env.run_id for env in envs}, prepare)
+        with self.transaction(stage, plans) as tx:
+            crash_point("engine.before_commit")
+            for (delivery, _), plan in zip(batch, plans, strict=True):
+                if plan.rejected is None:  # first: the checkpoint's statement carries it
+                    delivery.settle(tx)
+                self.engine.apply(tx, plan)
+                if plan.fanout is not None:
+                    crash_point("engine.fanout_before_commit")
         crash_point("engine.after_commit")
         return plans
 
@@ -190,24 +222,25 @@ class EngineConsumer:
         logger.error(
             "%s %d times: parking the run", what, failures, exc_info=exc, extra=run_extra(env)
         )
+        error = ErrorInfo.from_exception(exc, with_traceback=True)
+
+        def park(stage: Stage) -> list[Plan]:
+            return [self.engine.park(env, error, failures, stage=stage)]
+
         try:
-            error = ErrorInfo.from_exception(exc, with_traceback=True)
-            plan = self.engine.park(env, error, failures)
-            with self.store.transaction() as tx:
-                self.engine.apply(tx, plan)
-                delivery.settle(tx)
+            with self.lock:
+                stage, plans = self.prepared([env.run_id], park)
+            with self.transaction(stage, plans) as tx:
+                delivery.settle(tx)  # first: the checkpoint's statement carries it
+                self.engine.apply(tx, plans[0])
         except MessageError as e:
-            self.engine.rolled_back()
             delivery.dead_letter(e.reason)
         except BrokerError as e:
-            self.engine.rolled_back()
             logger.warning("%s", e)
         except Exception as e:
-            self.engine.rolled_back()
             log_failure(f"could not park run {env.run_id}", e, run_extra(env))
             delivery.retry_later(RETRY_DELAY)
         else:
-            self.engine.committed()
             self._troubles.forget(env.message_id)
             delivery.ack()
 

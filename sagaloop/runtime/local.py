@@ -34,6 +34,7 @@ from typing import Any
 
 from sagaloop.engine.contract import UNDO
 from sagaloop.engine.messages import Envelope, StepReply, StepTask, step_result
+from sagaloop.engine.plan import Plan, Stage
 from sagaloop.engine.ports import Delivery
 from sagaloop.runtime.consumers import EngineConsumer
 from sagaloop.runtime.crashpoints import crash_point
@@ -44,7 +45,9 @@ logger = logging.getLogger(__name__)
 
 class LocalWorker(WorkerConsumer):
     """Runs in-process steps as a worker runs its steps; the reply is stored and applied to the
-    run in one transaction with the engine's ``consumer`` (under its lock).
+    run in one transaction with the engine's ``consumer``: prepared under its lock, written
+    without it (``EngineConsumer.prepared``), so one group's transaction overlaps the next
+    group's saga code.
 
     Group commit: replies that are ready while another thread holds the engine's lock wait for
     it, and the thread that takes it next checkpoints all of them in one transaction (in order
@@ -68,75 +71,95 @@ class LocalWorker(WorkerConsumer):
         (nothing of it written) if it cannot be done here."""
         with self._ready_lock:
             self._ready.append(mine)
-        with self.consumer.gate.first(), self.consumer.lock:
-            if mine.done is None:  # no other thread took it: take every ready one
-                with self._ready_lock:
+        with self.consumer.gate.first():
+            with self.consumer.lock:
+                with self._ready_lock:  # empty if another thread took mine
                     group, self._ready = self._ready, []
-                self._commit_group(group)
+                group.sort(key=lambda c: c.env.run_id)
+                try:
+                    first: _Prepared | Exception | None = self._prepared(group) if group else None
+                except Exception as e:
+                    first = e
+            if first is not None:
+                self._commit_group(group, first)
+        mine.finished.wait()
         if mine.done:
             crash_point("local.after_commit")
         return bool(mine.done)
 
-    def _commit_group(self, group: list[_Checkpoint]) -> None:
-        """Under the engine's lock: all in one transaction, else one at a time."""
-        group.sort(key=lambda c: c.env.run_id)
+    def _commit_group(self, group: list[_Checkpoint], first: _Prepared | Exception) -> None:
+        """All in one transaction (``first``: its plans, or why they could not be made), else
+        one at a time."""
         try:
-            if len(group) > 1:
+            if not isinstance(first, Exception):
                 try:
-                    self._transaction(group)
+                    self._transaction(group, first)
                 except Exception as e:
-                    logger.debug("a checkpoint of %d failed (%s); one at a time", len(group), e)
+                    first = e
                 else:
                     return
+            if len(group) == 1:
+                return _not_here(group[0], first)
+            logger.debug("a checkpoint of %d failed (%s); one at a time", len(group), first)
             for one in group:
                 try:
-                    self._transaction([one])
+                    with self.consumer.lock:
+                        prepared = self._prepared([one])
+                    self._transaction([one], prepared)
                 except Exception as e:
-                    one.done = False
-                    logger.debug(
-                        "in-process step %s of run %s: its reply goes to the engine queue (%s)",
-                        one.task.step,
-                        one.env.run_id,
-                        e,
-                    )
+                    _not_here(one, e)
         finally:
-            for one in group:  # a thread that raised (a crash point) leaves the others waiting
+            for one in group:  # a thread that raised (a crash point) leaves no one waiting
                 if one.done is None:
                     one.done = False
+                one.finished.set()
 
-    def _transaction(self, group: list[_Checkpoint]) -> None:
+    def _prepared(self, group: list[_Checkpoint]) -> _Prepared:
+        """Under the engine's lock: the plans of the replies (the runs as this engine left
+        them; a change by another engine since is found by apply: then the reply takes the
+        usual way)."""
+        now, engine = self.clock.now(), self.consumer.engine
+
+        def prepare(stage: Stage) -> list[Plan]:
+            replies = [step_result(c.env, c.reply, now) for c in group]
+            return [engine.prepare(r, trust_cache=True, stage=stage) for r in replies]
+
+        return self.consumer.prepared({c.env.run_id for c in group}, prepare)
+
+    def _transaction(self, group: list[_Checkpoint], prepared: _Prepared) -> None:
         """Store the replies, activate their runs and settle their messages, in one
         transaction (each sets ``done``), or raise with nothing written."""
-        engine = self.consumer.engine
-        try:
-            # The runs as this engine left them (a change by another engine since is found by
-            # apply: then the reply takes the usual way).
-            now = self.clock.now()
-            plans = [
-                engine.prepare(step_result(c.env, c.reply, now), trust_cache=True) for c in group
-            ]
-            # a reply whose plan is its checkpoint alone: that statement may be the commit, so
-            # the crash points come before any write
-            with self.store.transaction(lone=engine.alone(plans)) as tx:
-                for c, plan in zip(group, plans, strict=True):
-                    if plan.rejected is not None:
-                        raise _NotHere(plan.rejected)
-                    undo = c.task.direction == UNDO
-                    crash_point("local.undo_before_commit" if undo else "local.before_commit")
-                    # settled first: the store deletes the step's row with the plan's writes
-                    # (one statement on PostgreSQL), else before the commit; either way a lost
-                    # lease raises and nothing commits
-                    c.delivery.settle(tx)
-                    # the reply's inbox row is written with the plan (ActivationConflict if a
-                    # copy of the message stored its reply already)
-                    reply = (WORKER_CONSUMER, c.key, c.reply.to_payload())
-                    engine.apply(tx, plan, inbox=False, reply=reply)
-        except BaseException:
-            engine.rolled_back()
-            raise
-        engine.committed()
+        stage, plans = prepared
+        with self.consumer.transaction(stage, plans) as tx:
+            for c, plan in zip(group, plans, strict=True):
+                if plan.rejected is not None:
+                    raise _NotHere(plan.rejected)
+                undo = c.task.direction == UNDO
+                crash_point("local.undo_before_commit" if undo else "local.before_commit")
+                # settled first: the store deletes the step's row with the plan's writes (one
+                # statement on PostgreSQL), else before the commit; either way a lost lease
+                # raises and nothing commits
+                c.delivery.settle(tx)
+                # the reply's inbox row is written with the plan (ActivationConflict if a copy
+                # of the message stored its reply already)
+                reply = (WORKER_CONSUMER, c.key, c.reply.to_payload())
+                self.consumer.engine.apply(tx, plan, inbox=False, reply=reply)
         for c in group:
             c.done = True
+            c.finished.set()
+
+
+_Prepared = tuple[Stage, list[Plan]]
+
+
+def _not_here(one: _Checkpoint, e: Exception) -> None:
+    one.done = False
+    logger.debug(
+        "in-process step %s of run %s: its reply goes to the engine queue (%s)",
+        one.task.step,
+        one.env.run_id,
+        e,
+    )
 
 
 @dataclasses.dataclass(eq=False)
@@ -149,7 +172,8 @@ class _Checkpoint:
     key: str
     reply: StepReply
     done: bool | None = None
-    """Set under the engine's lock: True, committed; False, to be queued instead."""
+    """True, committed; False, to be queued instead (set before ``finished``)."""
+    finished: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
 class _NotHere(Exception):

@@ -13,10 +13,10 @@ from sqlalchemy import event
 from sagaloop import App, Client, SagaContext, StepContext
 from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.engine import history as h
-from sagaloop.engine.activation import ENGINE_CONSUMER, Engine
+from sagaloop.engine.activation import ENGINE_CONSUMER, ActivationConflict, Engine
 from sagaloop.engine.messages import Envelope, engine_queue, inbox_key, start_queue
 from sagaloop.engine.ports import Delivery, Outgoing
-from sagaloop.runtime.consumers import EngineConsumer
+from sagaloop.runtime.consumers import EngineConsumer, decode
 from sagaloop.store.sql import SqlStore
 
 app = App("batch")
@@ -133,3 +133,32 @@ def test_a_duplicate_ahead_of_a_live_message_of_its_run_does_not_swallow_its_act
     kinds = [e.kind for e in client.history("r-1")]
     assert kinds[-1] == h.STEP_SCHEDULED, kinds
     assert store.queue_depths() == {"batch.steps.q": 1}, "both settled, the step dispatched"
+
+
+def test_a_run_is_in_one_open_stage_at_a_time(store: SqlStore) -> None:
+    """Transactions of one engine may overlap (each prepares in a stage of its own, see
+    ``Engine.stage``), never on one run: preparing a run that another open stage holds is a
+    conflict; each stage keeps what it did apart until it ends, in whatever order they end."""
+    client = Client(store, app)
+    client.start("wait", run_id="r-1")
+    client.start("wait", run_id="r-2")
+    engine = Engine(app, store)
+    EngineConsumer(engine, store).process_batch(_take(store, 2))  # both wait, in the cache
+    client.send_event("r-1", "go", "one")
+    client.send_event("r-2", "go", "two")
+    envs = {e.run_id: e for d in _take(store, 2) if (e := decode(d, store)) is not None}
+    first, second = engine.stage(), engine.stage()
+    plan_1 = engine.prepare(envs["r-1"], trust_cache=True, stage=first)
+    assert engine.holds(["r-1"]) and not engine.holds(["r-2"])
+    with pytest.raises(ActivationConflict, match="in another open transaction"):
+        engine.prepare(envs["r-1"], trust_cache=True, stage=second)
+    plan_2 = engine.prepare(envs["r-2"], trust_cache=True, stage=second)
+    with store.transaction() as tx:
+        engine.apply(tx, plan_2)
+    engine.committed(second)  # the later stage ends first
+    assert engine.holds(["r-1"]) and not engine.holds(["r-2"])
+    with store.transaction() as tx:
+        engine.apply(tx, plan_1)
+    engine.committed(first)
+    assert not engine.holds(["r-1", "r-2"])
+    assert (client.get("r-1").output, client.get("r-2").output) == ("one", "two")

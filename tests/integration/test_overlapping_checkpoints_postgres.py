@@ -1,0 +1,130 @@
+"""In-process checkpoints overlap: a group of replies is prepared under the engine's lock and
+written without it (``EngineConsumer.prepared``), so one group's transaction does not hold up
+the next group's saga code and statement. A run stays in one open transaction at a time: a
+reply for a run whose transaction is open waits for it to end, then is prepared from what it
+committed."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from contextlib import closing
+from typing import Any
+
+import pytest
+
+from sagaloop import App, SagaContext, StepContext
+from sagaloop.engine.messages import StepTask, inbox_key, local_queue
+from sagaloop.runtime.consumers import decode
+from sagaloop.runtime.local import _Checkpoint
+from sagaloop.testing import Harness
+
+pytestmark = pytest.mark.integration
+
+WAIT = 60.0
+
+app = App("overlap")
+
+
+@app.step(local=True)
+def square(ctx: StepContext, x: int) -> int:
+    return x * x
+
+
+@app.saga(name="one")
+async def one(ctx: SagaContext, x: int) -> int:
+    return await ctx.call(square, x)
+
+
+@app.saga(name="two")
+async def two(ctx: SagaContext, x: int) -> list[int]:
+    return list(await asyncio.gather(ctx.call(square, x), ctx.call(square, x + 1)))
+
+
+def _replies(h: Harness) -> list[_Checkpoint]:
+    """The in-process steps on the lane, run, their replies not yet checkpointed."""
+    worker, ready = h._local_consumer, []
+    for delivery in h._lane.receive([local_queue("overlap")], 10, 0):
+        message = decode(delivery, h.store)
+        assert message is not None
+        task = StepTask.parse(message)
+        reply = worker.runner.run(message, task=task)
+        ready.append(_Checkpoint(delivery, message, task, inbox_key("overlap", message), reply))
+    return ready
+
+
+def _paused_in_transaction(h: Harness, run_id: str) -> tuple[threading.Event, threading.Event]:
+    """The transaction that applies a plan of ``run_id`` stops after it (its stage not ended)
+    until the second event is set; the first is set when it got there."""
+    engine = h._local_consumer.consumer.engine
+    inside, go = threading.Event(), threading.Event()
+    apply = engine.apply
+
+    def paused(tx: Any, plan: Any, **kw: Any) -> None:
+        apply(tx, plan, **kw)
+        if plan.env.run_id == run_id and not go.is_set():
+            inside.set()
+            assert go.wait(WAIT)
+
+    engine.apply = paused  # type: ignore[method-assign]
+    return inside, go
+
+
+def _thread(target: Callable[[], object]) -> threading.Thread:
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_groups_transaction_does_not_hold_up_another_runs_checkpoint(database: str) -> None:
+    with closing(Harness(app, url=database, broker="memory")) as h:
+        a, b = h.start(one, 2), h.start(one, 3)
+        h.step_once(), h.step_once()  # the starts: each dispatches its step
+        ck_a, ck_b = sorted(_replies(h), key=lambda c: c.env.run_id != a)
+        worker = h._local_consumer
+        inside, go = _paused_in_transaction(h, a)
+        first = _thread(lambda: worker._checkpoint(ck_a))
+        assert inside.wait(WAIT)
+        second = _thread(lambda: worker._checkpoint(ck_b))  # while a's transaction is open
+        second.join(WAIT)
+        assert not second.is_alive(), "b's checkpoint waited for a's transaction"
+        assert ck_b.done is True and ck_a.done is None
+        go.set()
+        first.join(WAIT)
+        assert ck_a.done is True
+        h.run_until_idle()
+        assert (h.result(a), h.result(b)) == (4, 9)
+
+
+def test_a_reply_for_a_run_in_an_open_transaction_waits_for_it(database: str) -> None:
+    """Not an ActivationConflict (its reply would go the long way, by the engine queue): it
+    is prepared once the other transaction ended, from the state that one committed."""
+    with closing(Harness(app, url=database, broker="memory")) as h:
+        run_id = h.start(two, 2)
+        h.step_once()  # the start: two in-process steps of one run
+        ck_1, ck_2 = _replies(h)
+        worker = h._local_consumer
+        engine = worker.consumer.engine
+        inside, go = _paused_in_transaction(h, run_id)
+        waiting = threading.Event()
+        holds = engine.holds
+
+        def watched(run_ids: Any) -> bool:
+            held = holds(run_ids)
+            if held:
+                waiting.set()
+            return held
+
+        engine.holds = watched  # type: ignore[method-assign]
+        first = _thread(lambda: worker._checkpoint(ck_1))
+        assert inside.wait(WAIT)
+        second = _thread(lambda: worker._checkpoint(ck_2))
+        assert waiting.wait(WAIT), "the second reply did not wait for the run's transaction"
+        assert ck_2.done is None
+        go.set()
+        first.join(WAIT)
+        second.join(WAIT)
+        assert [ck_1.done, ck_2.done] == [True, True], "both applied in process"
+        h.run_until_idle()
+        assert h.result(run_id) == [4, 9]
