@@ -72,47 +72,67 @@ class LocalWorker(WorkerConsumer):
         with self._ready_lock:
             self._ready.append(mine)
         with self.consumer.gate.first():
-            with self.consumer.lock:
-                with self._ready_lock:  # empty if another thread took mine
-                    group, self._ready = self._ready, []
-                group.sort(key=lambda c: c.env.run_id)
-                try:
-                    first: _Prepared | Exception | None = self._prepared(group) if group else None
-                except Exception as e:
-                    first = e
-            if first is not None:
-                self._commit_group(group, first)
+            group: list[_Checkpoint] = []
+            first: _Prepared | Exception | None = None
+            try:
+                with self.consumer.lock:
+                    group = self._take(mine)
+                    try:
+                        first = self._prepared(group) if group else None
+                    except Exception as e:
+                        first = e
+                if first is not None:
+                    self._commit_group(group, first)
+            finally:
+                for one in group:  # a thread that raised (a crash point) leaves no one waiting
+                    if one.done is None:
+                        one.done = False
+                    one.finished.set()
         mine.finished.wait()
         if mine.done:
             crash_point("local.after_commit")
         return bool(mine.done)
 
+    def _take(self, mine: _Checkpoint) -> list[_Checkpoint]:
+        """Under the engine's lock, once ``mine`` is taken or its run is in no open
+        transaction: the ready replies whose runs are in none (the others stay ready), in order
+        of run id. Replies of one run that came while its transaction was open are then one
+        group (a fan-out's), not one transaction each."""
+        engine = self.consumer.engine
+
+        def free(c: _Checkpoint) -> bool:
+            return not engine.holds([c.env.run_id])
+
+        def taken() -> bool:
+            with self._ready_lock:
+                return mine not in self._ready
+
+        self.consumer.lock.wait_for(lambda: taken() or free(mine))
+        with self._ready_lock:
+            group = [c for c in self._ready if free(c)]
+            self._ready = [c for c in self._ready if not free(c)]
+        return sorted(group, key=lambda c: c.env.run_id)
+
     def _commit_group(self, group: list[_Checkpoint], first: _Prepared | Exception) -> None:
         """All in one transaction (``first``: its plans, or why they could not be made), else
         one at a time."""
-        try:
-            if not isinstance(first, Exception):
-                try:
-                    self._transaction(group, first)
-                except Exception as e:
-                    first = e
-                else:
-                    return
-            if len(group) == 1:
-                return _not_here(group[0], first)
-            logger.debug("a checkpoint of %d failed (%s); one at a time", len(group), first)
-            for one in group:
-                try:
-                    with self.consumer.lock:
-                        prepared = self._prepared([one])
-                    self._transaction([one], prepared)
-                except Exception as e:
-                    _not_here(one, e)
-        finally:
-            for one in group:  # a thread that raised (a crash point) leaves no one waiting
-                if one.done is None:
-                    one.done = False
-                one.finished.set()
+        if not isinstance(first, Exception):
+            try:
+                self._transaction(group, first)
+            except Exception as e:
+                first = e
+            else:
+                return
+        if len(group) == 1:
+            return _not_here(group[0], first)
+        logger.debug("a checkpoint of %d failed (%s); one at a time", len(group), first)
+        for one in group:
+            try:
+                with self.consumer.lock:
+                    prepared = self._prepared([one])
+                self._transaction([one], prepared)
+            except Exception as e:
+                _not_here(one, e)
 
     def _prepared(self, group: list[_Checkpoint]) -> _Prepared:
         """Under the engine's lock: the plans of the replies (the runs as this engine left

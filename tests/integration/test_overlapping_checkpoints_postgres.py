@@ -1,12 +1,13 @@
 """In-process checkpoints overlap: a group of replies is prepared under the engine's lock and
 written without it (``EngineConsumer.prepared``), so one group's transaction does not hold up
-the next group's saga code and statement. A run stays in one open transaction at a time: a
-reply for a run whose transaction is open waits for it to end, then is prepared from what it
-committed."""
+the next group's saga code and statement. A run stays in one open transaction at a time: the
+replies for a run whose transaction is open wait for it to end, then are prepared together from
+what it committed."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import Callable
 from contextlib import closing
@@ -19,6 +20,7 @@ from sagaloop.engine.messages import StepTask, inbox_key, local_queue
 from sagaloop.runtime.consumers import decode
 from sagaloop.runtime.local import _Checkpoint
 from sagaloop.testing import Harness
+from sagaloop.testing.wait import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -37,9 +39,9 @@ async def one(ctx: SagaContext, x: int) -> int:
     return await ctx.call(square, x)
 
 
-@app.saga(name="two")
-async def two(ctx: SagaContext, x: int) -> list[int]:
-    return list(await asyncio.gather(ctx.call(square, x), ctx.call(square, x + 1)))
+@app.saga(name="three")
+async def three(ctx: SagaContext, x: int) -> list[int]:
+    return list(await asyncio.gather(*(ctx.call(square, x + i) for i in range(3))))
 
 
 def _replies(h: Harness) -> list[_Checkpoint]:
@@ -95,36 +97,49 @@ def test_a_groups_transaction_does_not_hold_up_another_runs_checkpoint(database:
         assert ck_a.done is True
         h.run_until_idle()
         assert (h.result(a), h.result(b)) == (4, 9)
+        stages = worker.consumer.engine._stages
+        assert stages.open == [stages.own], "every transaction's stage ended"
 
 
-def test_a_reply_for_a_run_in_an_open_transaction_waits_for_it(database: str) -> None:
-    """Not an ActivationConflict (its reply would go the long way, by the engine queue): it
-    is prepared once the other transaction ended, from the state that one committed."""
+def test_replies_for_a_run_in_an_open_transaction_wait_for_it_then_go_together(
+    database: str,
+) -> None:
+    """Not an ActivationConflict (a reply would go the long way, by the engine queue), nor one
+    transaction each: the replies that came meanwhile (a fan-out's) are prepared together once
+    the run's transaction ended, from the state it committed."""
     with closing(Harness(app, url=database, broker="memory")) as h:
-        run_id = h.start(two, 2)
-        h.step_once()  # the start: two in-process steps of one run
-        ck_1, ck_2 = _replies(h)
+        run_id = h.start(three, 2)
+        h.step_once()  # the start: three in-process steps of one run
+        ck_1, *others = _replies(h)
         worker = h._local_consumer
         engine = worker.consumer.engine
         inside, go = _paused_in_transaction(h, run_id)
-        waiting = threading.Event()
-        holds = engine.holds
+        waiting: set[int] = set()
+        holds, transaction = engine.holds, worker._transaction
+        groups: list[int] = []
 
         def watched(run_ids: Any) -> bool:
             held = holds(run_ids)
             if held:
-                waiting.set()
+                waiting.add(threading.get_ident())
             return held
 
+        def counted(group: Any, prepared: Any) -> None:
+            groups.append(len(group))
+            transaction(group, prepared)
+
         engine.holds = watched  # type: ignore[method-assign]
+        worker._transaction = counted  # type: ignore[method-assign]
         first = _thread(lambda: worker._checkpoint(ck_1))
         assert inside.wait(WAIT)
-        second = _thread(lambda: worker._checkpoint(ck_2))
-        assert waiting.wait(WAIT), "the second reply did not wait for the run's transaction"
-        assert ck_2.done is None
+        rest = [_thread(functools.partial(worker._checkpoint, c)) for c in others]
+        eventually(lambda: len(waiting) == 2, WAIT, "both replies waiting for the run")
+        assert [c.done for c in others] == [None, None]
         go.set()
-        first.join(WAIT)
-        second.join(WAIT)
-        assert [ck_1.done, ck_2.done] == [True, True], "both applied in process"
+        for thread in [first, *rest]:
+            thread.join(WAIT)
+        assert [c.done for c in [ck_1, *others]] == [True] * 3, "all applied in process"
+        assert groups == [1, 2], "the two that waited: one transaction"
         h.run_until_idle()
-        assert h.result(run_id) == [4, 9]
+        assert h.result(run_id) == [4, 9, 16]
+        assert engine._stages.open == [engine._stages.own], "every transaction's stage ended"

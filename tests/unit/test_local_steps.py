@@ -293,6 +293,8 @@ def test_replies_ready_together_are_checkpointed_in_one_transaction() -> None:
     worker._ready.extend(ready[:2])  # two threads wait for the lock, the third takes it
     assert worker._checkpoint(ready[2])
     assert [c.done for c in ready] == [True, True, True] and len(commits) == 1
+    stages = worker.consumer.engine._stages
+    assert stages.open == [stages.own], "every transaction's stage ended"
     env.run_until_idle()
     assert env.result(run_id) == [1, 4, 9]
     assert env.store.queue_depths() == {}
