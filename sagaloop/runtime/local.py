@@ -49,10 +49,11 @@ class LocalWorker(WorkerConsumer):
     without it (``EngineConsumer.prepared``), so one group's transaction overlaps the next
     group's saga code.
 
-    Group commit: replies that are ready while another thread holds the engine's lock wait for
-    it, and the thread that takes it next checkpoints all of them in one transaction (in order
-    of run id, as the engine's batches). If that transaction fails, each is tried alone, so a
-    bad one costs only itself."""
+    Group commit: replies that are ready while another thread holds the engine's lock, or while
+    their run's transaction is open, wait for it, and the thread that takes it next
+    checkpoints all of them whose runs are free in one transaction (in order of run id, as the
+    engine's batches). If that transaction fails, each is tried alone, so a bad one costs only
+    itself."""
 
     def __init__(self, *args: Any, consumer: EngineConsumer, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
