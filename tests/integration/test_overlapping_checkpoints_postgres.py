@@ -16,11 +16,9 @@ from typing import Any
 import pytest
 
 from sagaloop import App, SagaContext, StepContext
-from sagaloop.engine.messages import StepTask, inbox_key, local_queue
-from sagaloop.runtime.consumers import decode
-from sagaloop.runtime.local import _Checkpoint
 from sagaloop.testing import Harness
 from sagaloop.testing.wait import eventually
+from tests.unit.test_local_steps import ready_replies
 
 pytestmark = pytest.mark.integration
 
@@ -42,18 +40,6 @@ async def one(ctx: SagaContext, x: int) -> int:
 @app.saga(name="three")
 async def three(ctx: SagaContext, x: int) -> list[int]:
     return list(await asyncio.gather(*(ctx.call(square, x + i) for i in range(3))))
-
-
-def _replies(h: Harness) -> list[_Checkpoint]:
-    """The in-process steps on the lane, run, their replies not yet checkpointed."""
-    worker, ready = h._local_consumer, []
-    for delivery in h._lane.receive([local_queue("overlap")], 10, 0):
-        message = decode(delivery, h.store)
-        assert message is not None
-        task = StepTask.parse(message)
-        reply = worker.runner.run(message, task=task)
-        ready.append(_Checkpoint(delivery, message, task, inbox_key("overlap", message), reply))
-    return ready
 
 
 def _paused_in_transaction(h: Harness, run_id: str) -> tuple[threading.Event, threading.Event]:
@@ -83,7 +69,7 @@ def test_a_groups_transaction_does_not_hold_up_another_runs_checkpoint(database:
     with closing(Harness(app, url=database, broker="memory")) as h:
         a, b = h.start(one, 2), h.start(one, 3)
         h.step_once(), h.step_once()  # the starts: each dispatches its step
-        ck_a, ck_b = sorted(_replies(h), key=lambda c: c.env.run_id != a)
+        ck_a, ck_b = sorted(ready_replies(h), key=lambda c: c.env.run_id != a)
         worker = h._local_consumer
         inside, go = _paused_in_transaction(h, a)
         first = _thread(lambda: worker._checkpoint(ck_a))
@@ -110,7 +96,7 @@ def test_replies_for_a_run_in_an_open_transaction_wait_for_it_then_go_together(
     with closing(Harness(app, url=database, broker="memory")) as h:
         run_id = h.start(three, 2)
         h.step_once()  # the start: three in-process steps of one run
-        ck_1, *others = _replies(h)
+        ck_1, *others = ready_replies(h)
         worker = h._local_consumer
         engine = worker.consumer.engine
         inside, go = _paused_in_transaction(h, run_id)

@@ -11,9 +11,11 @@ import pytest
 from sagaloop import App, RetryPolicy, SagaContext, StepContext
 from sagaloop.client import Client
 from sagaloop.engine import history as h
-from sagaloop.engine.messages import StepTask, local_queue
+from sagaloop.engine.messages import StepTask, inbox_key, local_queue
 from sagaloop.runtime import crashpoints
+from sagaloop.runtime.consumers import decode
 from sagaloop.runtime.crashpoints import CrashPointRaised
+from sagaloop.runtime.local import _Checkpoint
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import Harness
 
@@ -262,10 +264,6 @@ def test_replies_ready_together_are_checkpointed_in_one_transaction() -> None:
 
     from sqlalchemy import event
 
-    from sagaloop.engine.messages import inbox_key
-    from sagaloop.runtime.consumers import decode
-    from sagaloop.runtime.local import _Checkpoint
-
     app = App("group")
 
     @app.step(local=True)
@@ -280,13 +278,7 @@ def test_replies_ready_together_are_checkpointed_in_one_transaction() -> None:
     run_id = env.start(s)
     assert env.step_once() == 1  # the start: three in-process steps dispatched
     worker = env._local_consumer
-    ready = []
-    for delivery in env._lane.receive([local_queue("group")], 3, 0):
-        message = decode(delivery, env.store)
-        assert message is not None
-        task = StepTask.parse(message)
-        reply = worker.runner.run(message, task=task)
-        ready.append(_Checkpoint(delivery, message, task, inbox_key("group", message), reply))
+    ready = ready_replies(env)
     assert len(ready) == 3
     commits: list[int] = []
     event.listen(env.store.engine, "commit", lambda conn: commits.append(1))
@@ -412,3 +404,16 @@ def a_lost_lease_discards_the_attempt(url: str) -> list[str]:
 def test_a_lost_lease_discards_an_in_process_attempt(tmp_path: Path) -> None:
     """On SQLite the row's delete is its own statement, made before the commit."""
     a_lost_lease_discards_the_attempt(f"sqlite:///{tmp_path / 'db.sqlite'}")
+
+
+def ready_replies(env: Harness) -> list[_Checkpoint]:
+    """The in-process steps on the lane of ``env``'s app, run; their replies not yet
+    checkpointed (what the lane's threads hold before ``LocalWorker._checkpoint``)."""
+    worker, ready, name = env._local_consumer, [], env.app.name
+    for delivery in env._lane.receive([local_queue(name)], 100, 0):
+        message = decode(delivery, env.store)
+        assert message is not None
+        task = StepTask.parse(message)
+        reply = worker.runner.run(message, task=task)
+        ready.append(_Checkpoint(delivery, message, task, inbox_key(name, message), reply))
+    return ready
