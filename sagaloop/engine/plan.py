@@ -66,13 +66,17 @@ class Stage:
     """The log lines of the plans applied in it (see ``runlog``)."""
     first_timer: datetime | None = None
     """The earliest timer the plans applied in it set."""
+    discarded: list[Live] = dataclasses.field(default_factory=list)
+    """Runs whose saga code is dropped when the stage ends: saga code, its unwinding too,
+    runs only under the engine's lock, and :meth:`Engine.apply` may run without it."""
 
     def holds(self, run_id: str) -> bool:
         return run_id in self.live or run_id in self.runs or run_id in self.restarted
 
     def forget(self, run_id: str) -> None:
-        """What the stage did to ``run_id`` did not happen (its saga code is dropped)."""
-        drop(self.live.pop(run_id, None))
+        """What the stage did to ``run_id`` did not happen (its saga code is discarded)."""
+        if (live := self.live.pop(run_id, None)) is not None:
+            self.discarded.append(live)
         self.runs.pop(run_id, None)
 
     def keep(self, cache: collections.OrderedDict[str, Live], size: int) -> None:
@@ -82,9 +86,11 @@ class Stage:
             cache.move_to_end(run_id)
         while len(cache) > size:
             drop(cache.popitem(last=False)[1])
+        for live in self.discarded:
+            live.drop_code()
 
     def drop(self) -> None:
-        for live in self.live.values():
+        for live in [*self.live.values(), *self.discarded]:
             live.drop_code()
 
 

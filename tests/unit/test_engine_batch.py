@@ -162,3 +162,41 @@ def test_a_run_is_in_one_open_stage_at_a_time(store: SqlStore) -> None:
     engine.committed(first)
     assert not engine.holds(["r-1", "r-2"])
     assert (client.get("r-1").output, client.get("r-2").output) == ("one", "two")
+
+
+def test_saga_code_dropped_with_a_duplicate_unwinds_under_the_engines_lock(
+    store: SqlStore,
+) -> None:
+    """A transaction writes without the engine's lock (``EngineConsumer.transaction``), but
+    saga code, its unwinding too, runs only under it: the code of a run whose message turns
+    out a duplicate when applied is dropped when the transaction's stage ends, not in apply."""
+    unwound: list[bool] = []
+    other = App("unwind")
+
+    @other.saga(name="w")
+    async def w(ctx: SagaContext) -> None:
+        try:
+            await ctx.wait_for_event("go")
+            await ctx.wait_for_event("more")
+        finally:
+            unwound.append(consumer.lock._is_owned())  # type: ignore[attr-defined]
+
+    client = Client(store, other)
+    consumer = EngineConsumer(Engine(other, store), store)
+    client.start("w", run_id="r-1")
+    broker = DatabaseBroker(store)
+    queues = [engine_queue(other.name), start_queue(other.name)]
+    consumer.process_batch(broker.receive(queues, 16, 0))  # it waits for "go", in the cache
+    dup = Envelope(
+        type="event",
+        message_id="copy-1",
+        run_id="r-1",
+        payload={"name": "go", "data": None},
+        created_at=client.clock.now(),
+    )
+    with store.transaction() as tx:  # a copy whose first delivery was processed already
+        store.enqueue(tx, [Outgoing(engine_queue(other.name), dup)], client.clock.now())
+        store.inbox_put(tx, ENGINE_CONSUMER, inbox_key(other.name, dup), None, client.clock.now())
+    consumer.process_batch(broker.receive(queues, 16, 0))  # prepared: it waits for "more"
+    assert unwound == [True], "dropped at apply, outside the lock"
+    assert h.EVENT_ARRIVED not in [e.kind for e in client.history("r-1")], "nothing written"
