@@ -62,6 +62,22 @@ def _take(store: SqlStore, n: int) -> list[Delivery]:
     return deliveries
 
 
+def _processed_copy(store: SqlStore, client: Client, run_id: str, event: str) -> None:
+    """An event for ``run_id`` on the engine queue whose first delivery was processed already
+    (its inbox row is there): a copy published again after a crash."""
+    name, now = str(client.app_name), client.clock.now()
+    dup = Envelope(
+        type="event",
+        message_id="copy-1",
+        run_id=run_id,
+        payload={"name": event, "data": None},
+        created_at=now,
+    )
+    with store.transaction() as tx:
+        store.enqueue(tx, [Outgoing(engine_queue(name), dup)], now)
+        store.inbox_put(tx, ENGINE_CONSUMER, inbox_key(name, dup), None, now)
+
+
 def test_a_batch_is_one_transaction(store: SqlStore) -> None:
     client = Client(store, app)
     ids = [client.start("call", i, run_id=f"run-{i}") for i in (3, 1, 2)]
@@ -117,16 +133,7 @@ def test_a_duplicate_ahead_of_a_live_message_of_its_run_does_not_swallow_its_act
     published again after a crash). The duplicate's activation is discarded at apply; the
     live message must not be taken as done on the strength of it: the run is activated."""
     client = Client(store, app)
-    dup = Envelope(
-        type="event",
-        message_id="copy-1",
-        run_id="r-1",
-        payload={"name": "go", "data": None},
-        created_at=client.clock.now(),
-    )
-    with store.transaction() as tx:
-        store.enqueue(tx, [Outgoing(engine_queue(app.name), dup)], client.clock.now())
-        store.inbox_put(tx, ENGINE_CONSUMER, inbox_key(app.name, dup), None, client.clock.now())
+    _processed_copy(store, client, "r-1", "go")
     client.start("call", 5, run_id="r-1")
     deliveries = _take(store, 2)  # the copy first (its row is older), then the start
     EngineConsumer(Engine(app, store), store).process_batch(deliveries)
@@ -187,16 +194,7 @@ def test_saga_code_dropped_with_a_duplicate_unwinds_under_the_engines_lock(
     broker = DatabaseBroker(store)
     queues = [engine_queue(other.name), start_queue(other.name)]
     consumer.process_batch(broker.receive(queues, 16, 0))  # it waits for "go", in the cache
-    dup = Envelope(
-        type="event",
-        message_id="copy-1",
-        run_id="r-1",
-        payload={"name": "go", "data": None},
-        created_at=client.clock.now(),
-    )
-    with store.transaction() as tx:  # a copy whose first delivery was processed already
-        store.enqueue(tx, [Outgoing(engine_queue(other.name), dup)], client.clock.now())
-        store.inbox_put(tx, ENGINE_CONSUMER, inbox_key(other.name, dup), None, client.clock.now())
+    _processed_copy(store, client, "r-1", "go")
     consumer.process_batch(broker.receive(queues, 16, 0))  # prepared: it waits for "more"
     assert unwound == [True], "dropped at apply, outside the lock"
     assert h.EVENT_ARRIVED not in [e.kind for e in client.history("r-1")], "nothing written"
