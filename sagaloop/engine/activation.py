@@ -17,10 +17,19 @@ import logging
 import time
 from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
-from typing import NoReturn, cast
+from typing import NoReturn
 
 from sagaloop import tracing
-from sagaloop.engine import cancelling, concurrency, decide, fanout, gate, intake, runlog, updates
+from sagaloop.engine import (
+    aftermath,
+    cancelling,
+    concurrency,
+    decide,
+    fanout,
+    intake,
+    runlog,
+    updates,
+)
 from sagaloop.engine import history as h
 from sagaloop.engine import state as s
 from sagaloop.engine.history import Event, NewEvent
@@ -176,24 +185,9 @@ class Engine:
         return record if record is not None and record.last_seq == live.state.last_seq else None
 
     def alone(self, plans: Sequence[Plan]) -> bool:
-        """Whether :meth:`apply` writes ``plans`` as one checkpoint and nothing after it (one
-        plan; no slot freed, approval indexed, timer or subscription changed): ``lone=True``."""
-        plan = plans[0] if len(plans) == 1 else None
-        if plan is None or plan.run is None or plan.effects is None or not plan.checkpoint_only:
-            return False
-        run, e = plan.run, plan.effects
-        if e.clear_timers or e.timers or e.dropped_timers or any(map(gate.indexed, e.events)):
-            return False
-        return not self._frees_slot(run) and self._subscriptions(plan) is None
-
-    def _frees_slot(self, run: RunRecord) -> bool:
-        return run.status in s.FINAL_STATUSES and bool(concurrency.limit_of(self.app, run.saga))
-
-    def _subscriptions(self, plan: Plan) -> frozenset[tuple[str, str]] | None:
-        """What apply sets the run's subscriptions to (None: nothing, or no store of them)."""
-        restart = plan.effects is not None and plan.effects.restart is not None
-        wanted = frozenset() if restart else plan.subscriptions
-        return wanted if isinstance(self.store, SubscriptionStore) else None
+        """Whether :meth:`apply` writes ``plans`` as one checkpoint and nothing after it
+        (``aftermath.alone``): ``lone=True``."""
+        return aftermath.alone(self.app, self.store, plans)
 
     def apply(
         self, tx: Tx, plan: Plan, *, inbox: bool = True, reply: InboxRow | None = None
@@ -242,20 +236,7 @@ class Engine:
                 at, events = effects.at, effects.events
                 self.store.append_events(tx, run.run_id, effects.after_seq, events, at)
             self.store.enqueue(tx, effects.messages, now)
-        if self._frees_slot(run):
-            concurrency.release(self.store, tx, self.app, run.run_id, now)  # its slot frees
-        gate.index_effects(self.store, tx, run, effects, plan.env, st.live.get(run.run_id))
-        if effects.clear_timers:
-            self.store.delete_timers(tx, run.run_id)
-        for timer in effects.timers:
-            self.store.add_timer(tx, timer)
-            if st.first_timer is None or timer.fire_at < st.first_timer:
-                st.first_timer = timer.fire_at
-        for pos in effects.dropped_timers:  # after the adds: a timer may be both in one
-            self.store.delete_timers(tx, run.run_id, pos=pos)
-        if (wanted := self._subscriptions(plan)) is not None:  # the store keeps them
-            subscriptions = cast(SubscriptionStore, self.store)
-            subscriptions.set_subscriptions(tx, self.app.name, run.run_id, wanted)
+        aftermath.write(self.store, self.app, tx, plan, st, now)
         st.logs.extend(plan.logs)
 
     def _duplicate(self, plan: Plan, reply: InboxRow | None) -> None:

@@ -109,9 +109,11 @@ class LocalWorker(WorkerConsumer):
                 return mine not in self._ready
 
         self.consumer.lock.wait_for(lambda: taken() or free(mine))
+        group: list[_Checkpoint] = []
         with self._ready_lock:
-            group = [c for c in self._ready if free(c)]
-            self._ready = [c for c in self._ready if not free(c)]
+            ready, self._ready = self._ready, []
+            for c in ready:
+                (group if free(c) else self._ready).append(c)
         return sorted(group, key=lambda c: c.env.run_id)
 
     def _commit_group(self, group: list[_Checkpoint], first: _Prepared | Exception) -> None:
