@@ -204,7 +204,7 @@ class Engine:
         st = plan.stage or self._stages.own  # apply may run outside the lock: not self._st
         if run is not None and effects is not None and plan.checkpoint_only:  # the hot path
             write = Checkpoint(now, row, run, plan.base_seq, effects.events, effects.at)
-            write.messages = effects.messages
+            write.messages, write.create = effects.messages, plan.create
             written = self.store.write_checkpoint(tx, write)
             if written is Written.DUPLICATE:
                 return self._duplicate(plan, reply)
@@ -482,7 +482,7 @@ class Engine:
                 self._catch_up(live, newer, run.processed_seq)
             return live
         drop(live)  # newer than the run row read: this transaction lost a race
-        events = self.store.load_history(None, run.run_id)
+        events = self.store.load_history(None, run.run_id) if run.last_seq else []
         events = [e for e in events if e.seq <= run.last_seq]  # as of the run row read
         live = Live(RunState(run.run_id), None)
         for ev in events:

@@ -167,7 +167,8 @@ class Plan:
     @property
     def checkpoint_only(self) -> bool:
         """Whether the plan's writes up to its run's events are a :class:`Checkpoint` (no
-        fan-out, slot, creation or fresh history; an update of the run from ``base_seq``)."""
+        fan-out, slot or fresh history; an update of the run from ``base_seq``, or its
+        creation)."""
         e = self.effects
-        special = self.fanout is not None or self.slot is not None or self.create
+        special = self.fanout is not None or self.slot is not None
         return not special and e is not None and e.restart is None and e.after_seq == self.base_seq

@@ -43,6 +43,9 @@ class Checkpoint:
     """Appended to ``run``'s history as ``base_seq + 1, ...``, stamped ``events_at``."""
     events_at: datetime | None = None
     messages: Sequence[Outgoing] = ()
+    create: bool = False
+    """``run`` does not exist yet: it is created as saved (``base_seq`` 0), a conflict if a row
+    of its id exists."""
 
 
 class Written(StrEnum):

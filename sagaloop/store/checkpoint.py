@@ -6,7 +6,9 @@ events and the messages it sends. Sent one by one that is four round trips, and 
 SQLAlchemy's cost of executing a statement. On PostgreSQL they are one statement of writable
 CTEs, each part guarded by the one before (``WHERE EXISTS`` on its ``RETURNING``), so a
 duplicate still writes nothing and a conflict writes no run, and the result says which: the
-inbox insert's row count and the update's are returned. Its text is fixed (its values travel
+inbox insert's row count and the update's are returned. A run that does not exist yet (a
+start no client recorded: ``Checkpoint.create``) is inserted instead of updated, under the same
+guard; a row of its id is a conflict. Its text is fixed (its values travel
 as one JSON parameter), so psycopg prepares it once per connection, and it is executed below
 SQLAlchemy's statement layer (``exec_driver_sql``) on the transaction's own connection. As a
 lone transaction's commit (``transaction(lone=True)``) it must commit all of its block or
@@ -57,20 +59,31 @@ WITH p AS (
     (j->>'last_seq')::int AS last_seq, (j->>'processed_seq')::int AS processed_seq,
     (j->>'updated_at')::timestamptz AS updated_at, (j->>'events_at')::timestamptz AS events_at,
     j->'events' AS events, j->'messages' AS messages, j->'published' AS published,
-    j->'settles' AS settles
+    j->'settles' AS settles, j->>'app' AS app, j->>'saga' AS saga, j->>'input' AS input,
+    (j->>'created_at')::timestamptz AS created_at
   FROM (SELECT %(p)s::json AS j) AS d
 ), i AS (
   INSERT INTO sagaloop_inbox (consumer, message_id, result, at)
   SELECT consumer, message_id, result, now FROM p WHERE consumer IS NOT NULL
   ON CONFLICT DO NOTHING RETURNING 1
-), r AS (
+), c AS (
+  INSERT INTO sagaloop_runs (run_id, app, saga, status, input, output, error, reason,
+    last_seq, processed_seq, created_at, updated_at)
+  SELECT run_id, app, saga, status, input, output, error, reason, last_seq, processed_seq,
+    created_at, updated_at
+  FROM p
+  WHERE p.app IS NOT NULL AND (p.consumer IS NULL OR EXISTS (SELECT 1 FROM i))
+  ON CONFLICT DO NOTHING RETURNING 1
+), ru AS (
   UPDATE sagaloop_runs AS u SET status = p.status, output = p.output, error = p.error,
     reason = p.reason, last_seq = p.last_seq, processed_seq = p.processed_seq,
     updated_at = p.updated_at
   FROM p
-  WHERE u.run_id = p.run_id AND u.last_seq = p.base_seq
+  WHERE u.run_id = p.run_id AND u.last_seq = p.base_seq AND p.app IS NULL
     AND (p.consumer IS NULL OR EXISTS (SELECT 1 FROM i))
   RETURNING 1
+), r AS (
+  SELECT 1 FROM c UNION ALL SELECT 1 FROM ru
 ), e AS (
   INSERT INTO sagaloop_history (run_id, seq, kind, pos, name, data, at)
   SELECT run_id, (v->>0)::int, v->>1, (v->>2)::int, v->>3, v->>4, events_at
@@ -150,7 +163,10 @@ class SqlCheckpoints(SqlRuns, SqlInbox, SqlOutbox, RunStore):
         if cp.inbox is not None and not self.inbox_put(tx, *cp.inbox, cp.now):
             return Written.DUPLICATE
         if cp.run is not None:
-            if not self.save_run(tx, cp.run, if_last_seq=cp.base_seq):
+            if cp.create:
+                if not self.create_run(tx, cp.run):
+                    return Written.CONFLICT
+            elif not self.save_run(tx, cp.run, if_last_seq=cp.base_seq):
                 return Written.CONFLICT
             at = cp.events_at or cp.now
             self.append_events(tx, cp.run.run_id, cp.base_seq, cp.events, at)
@@ -216,7 +232,16 @@ def _check_settled(settles: list[Settle], settled: list[int]) -> None:
 def _run_fields(cp: Checkpoint, run: RunRecord, offload: payloads.Offloader) -> dict[str, Any]:
     """The run's update and its events, as the statement's document holds them."""
     at = cp.events_at or cp.now
+    created: dict[str, Any] = {}
+    if cp.create:
+        created = {
+            "app": run.app,
+            "saga": run.saga,
+            "input": _json(offload.value(run.run_id, run.input)),
+            "created_at": _at(run.created_at),
+        }
     return {
+        **created,
         "run_id": run.run_id,
         "base_seq": cp.base_seq,
         "status": run.status,

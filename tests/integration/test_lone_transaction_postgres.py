@@ -9,6 +9,7 @@ one, whose writes all commit together."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import closing
 from datetime import UTC, datetime, timedelta
@@ -18,6 +19,7 @@ import pytest
 from sqlalchemy import event
 
 from sagaloop import App, Concurrency, SagaContext, StepContext
+from sagaloop.engine.activation import Engine
 from sagaloop.engine.messages import Envelope
 from sagaloop.engine.ports import Checkpoint, Outgoing, Written
 from sagaloop.store.sql import SqlStore
@@ -249,3 +251,23 @@ def test_an_in_process_steps_checkpoint_is_its_one_statement(database: str) -> N
     # the first three schedule the next step; the last ends the run (its timers cleared)
     assert local[:3] == [["WITH"]] * 3, local
     assert len(local) == 4 and local[3][0] == "BEGIN" and local[3][-1] == "COMMIT", local
+
+
+def test_a_start_no_client_recorded_is_its_one_statement(database: str) -> None:
+    """A start a plain publisher sent (no run row yet): the run is created by its checkpoint's
+    statement, the whole transaction; only the run's row is read first (a run with no events
+    has no history to read)."""
+    with closing(SqlStore(database)) as store:
+        engine, trips = Engine(app, store), _trips(store)
+        run_id = f"plain-{uuid.uuid4().hex}"
+        env = Envelope(type="start", run_id=run_id, saga="in_process", payload={"input": 3})
+        plan = engine.prepare(env)
+        assert engine.alone([plan])
+        with store.transaction(lone=True) as tx:
+            engine.apply(tx, plan)
+        engine.committed()
+        assert [t for t in trips if t != "NOTIFY"] == ["SELECT", "WITH"], trips
+        run = store.get_run(run_id)
+        assert run is not None and (run.saga, run.input, run.last_seq) == ("in_process", 3, 2)
+        kinds = [e.kind for e in store.load_history(None, run_id)]
+        assert kinds == ["run_started", "step_scheduled"]

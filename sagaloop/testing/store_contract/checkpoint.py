@@ -195,6 +195,63 @@ class CheckpointContract(ContractBase):
         assert store.inbox_get(None, "engine", key) == (True, {"r": [1]})
         assert len(store.claim([queue], 10, T0 + timedelta(seconds=1), LEASE)) == 1
 
+    def test_a_checkpoint_may_create_its_run(self, store: Store) -> None:
+        """``create``: the run has no row yet (a start no client recorded); the checkpoint
+        inserts it as saved, its input offloaded when large, under the same guards: a
+        duplicate creates nothing, and a row of its id is a conflict, which in a lone
+        transaction writes nothing at all."""
+        run = RunRecord(new_id("run"), "app", "contract", "running", [BIG], T0, T0)
+        key, queue = new_id("m"), new_id("q")
+
+        def creating(key: str) -> Checkpoint:
+            cp = self._checkpoint(run, key, [self.message(queue)], output=[BIG])
+            assert cp.run is not None
+            ended = dataclasses.replace(cp.run, error={"message": "no"}, reason="why")
+            return dataclasses.replace(cp, run=ended, create=True)
+
+        with store.transaction(lone=True) as tx:
+            assert store.write_checkpoint(tx, creating(key)) is Written.WRITTEN
+        saved = store.get_run(run.run_id)
+        assert saved is not None
+        assert (saved.app, saved.saga, saved.status, saved.input) == (
+            "app",
+            "contract",
+            "running",
+            [BIG],
+        )
+        assert (saved.output, saved.error, saved.reason) == ([BIG], {"message": "no"}, "why")
+        assert (saved.last_seq, saved.processed_seq, saved.created_at) == (2, 2, T0)
+        assert saved.updated_at == T0 + timedelta(seconds=1)
+        assert [e.seq for e in store.load_history(None, run.run_id)] == [1, 2]
+        assert store.inbox_get(None, "engine", key) == (True, None)
+        assert len(store.claim([queue], 10, FAR, LEASE)) == 1
+        with store.transaction() as tx:
+            assert store.write_checkpoint(tx, creating(key)) is Written.DUPLICATE
+        other = new_id("m")
+        with pytest.raises(LeaseLost), store.transaction(lone=True) as tx:
+            assert store.write_checkpoint(tx, creating(other)) is Written.CONFLICT
+            raise LeaseLost  # as the engine raises ActivationConflict
+        assert store.inbox_get(None, "engine", other) == (False, None), "no inbox row"
+        assert [e.seq for e in store.load_history(None, run.run_id)] == [1, 2]
+        assert store.claim([queue], 10, FAR, LEASE) == [], "no message"
+
+    def test_racing_checkpoints_create_a_run_once(self, store: Store) -> None:
+        run = RunRecord(new_id("run"), "app", "contract", "running", {"n": 1}, T0, T0)
+
+        def write(i: int) -> Callable[[], Written]:
+            def go() -> Written:
+                cp = dataclasses.replace(self._checkpoint(run, f"m-create-{i}"), create=True)
+                with store.transaction() as tx:
+                    written = store.write_checkpoint(tx, cp)
+                    time.sleep(0.05)
+                    return written
+
+            return go
+
+        results = in_threads([write(i) for i in range(4)], self.thread_timeout)
+        assert sorted(results) == [Written.CONFLICT] * 3 + [Written.WRITTEN], results
+        assert [e.seq for e in store.load_history(None, run.run_id)] == [1, 2]
+
     def test_a_checkpoint_on_a_moved_run_writes_no_run(self, store: Store) -> None:
         run, queue = self.new_run(store), new_id("q")
         with store.transaction() as tx:
