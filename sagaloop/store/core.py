@@ -14,7 +14,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy import Connection, RowMapping, Table
@@ -394,6 +394,35 @@ class SqlCore(Transactions):
         finally:
             if lock is not None:
                 lock.release()
+
+    def _fetch_one(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+        """The first row of ``sql``, one statement that reads committed state, on PostgreSQL
+        only (``%s`` parameters), below SQLAlchemy's statement layer: psycopg's cursor on a
+        pooled connection set to autocommit for it. A hot read (a step's inbox row, read before
+        its body runs) costs about half the CPU it costs through ``_read``, whose connection,
+        options and result objects are most of it. Its values are psycopg's (no column types
+        apply). A driver error invalidates the connection (a fresh one is checked out next
+        time) and is translated as any other."""
+        try:
+            pooled = self.engine.raw_connection()
+        except DB_ERRORS as e:
+            self._fail(e, "a read")
+        dbapi_error = self.engine.dialect.loaded_dbapi.Error
+        try:
+            conn: Any = pooled.driver_connection
+            conn.autocommit = True
+            row = conn.execute(sql, params).fetchone()
+            conn.autocommit = False
+            return cast("tuple[Any, ...] | None", row)
+        except dbapi_error as e:
+            pooled.invalidate(e)
+            lost = bool(getattr(conn, "broken", False) or getattr(conn, "closed", False))
+            error = sa_exc.DBAPIError.instance(
+                sql, params, e, dbapi_error, connection_invalidated=lost
+            )
+            self._fail(error, "a read")
+        finally:
+            pooled.close()
 
     @contextmanager
     def _in(self, tx: Any) -> Iterator[Connection]:

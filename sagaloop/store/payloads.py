@@ -83,12 +83,13 @@ def inbox_owner(consumer: str, message_id: str) -> str:
     return "inbox~" + digest.hexdigest()[:48]
 
 
-def _marked(value: Any) -> bool:
+def marked(value: Any) -> bool:
+    """Whether a stored value is a reference or an escaped value (to resolve)."""
     return isinstance(value, dict) and MARK in value
 
 
 def _escape(value: Any) -> Any:
-    return {MARK: "literal", "value": value} if _marked(value) else value
+    return {MARK: "literal", "value": value} if marked(value) else value
 
 
 # --- on the way in ---------------------------------------------------------------------------
@@ -186,7 +187,7 @@ _INSERTS: dict[str, Any] = {}
 def references(value: Any, run_id: str, into: set[Key]) -> bool:
     """Add the payload key ``value`` refers to, if it is a reference, to ``into``; True if
     ``value`` is marked (a reference or an escaped value) and needs :func:`resolve`."""
-    if not _marked(value):
+    if not marked(value):
         return False
     if value.get(MARK) == "payload" and isinstance(value.get("sha256"), str):
         into.add((run_id, value["sha256"]))
@@ -216,7 +217,7 @@ def load(conn: Connection, keys: Iterable[Key]) -> dict[Key, Any]:
 
 def resolve(value: Any, run_id: str, loaded: Mapping[Key, Any]) -> Any:
     """``value`` as it was given: a reference's payload, an escaped value unwrapped."""
-    if not _marked(value):
+    if not marked(value):
         return value
     kind = value.get(MARK)
     if kind == "literal" and set(value) == {MARK, "value"}:
@@ -260,7 +261,7 @@ def delete(conn: Connection, owners: Iterable[str]) -> None:
 
 def marked_fields(fields: Mapping[str, Any]) -> bool:
     """Whether any top-level value of ``fields`` is a reference or an escaped value."""
-    return any(map(_marked, fields.values()))
+    return any(map(marked, fields.values()))
 
 
 def resolve_value(conn: Connection, run_id: str, value: Any) -> Any:

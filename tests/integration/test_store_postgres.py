@@ -157,6 +157,64 @@ def test_a_claim_is_one_statement_its_own_commit(store: SqlStore) -> None:
     assert store.claim(["q"], 10, T0 + LEASE + timedelta(seconds=1), LEASE)[0].deliveries == 2
 
 
+def test_a_steps_inbox_read_is_below_sqlalchemys_statement_layer(store: SqlStore) -> None:
+    """The read before a step runs (``inbox_get`` outside a transaction) is psycopg's cursor on
+    a pooled connection, in autocommit: no SQLAlchemy statement, no ``BEGIN``. Its values are
+    as stored; a large one is resolved from the payload table, an escaped one unwrapped."""
+    stored = {"m-1": {"ok": [1, "é"]}, "m-2": None, "m-3": "x" * 100_000, "m-4": {"$sagaloop": 1}}
+    with store.transaction() as tx:
+        for key, value in stored.items():
+            store.inbox_put(tx, "worker", key, value, T0)
+    sent: list[str] = []
+    sa.event.listen(store.engine, "before_cursor_execute", lambda *a: sent.append(a[2]))
+    sa.event.listen(store.engine, "begin", lambda *a: sent.append("BEGIN"))
+    assert store.inbox_get(None, "worker", "m-1") == (True, {"ok": [1, "é"]})
+    assert store.inbox_get(None, "worker", "m-2") == (True, None)
+    assert store.inbox_get(None, "worker", "m-0") == (False, None)
+    assert sent == [], sent
+    assert store.inbox_get(None, "worker", "m-3") == (True, "x" * 100_000)
+    assert store.inbox_get(None, "worker", "m-4") == (True, {"$sagaloop": 1})
+    with store.transaction() as tx:  # the pooled connections left autocommit
+        store.inbox_put(tx, "worker", "m-5", 5, T0)
+        assert store.inbox_get(tx, "worker", "m-5") == (True, 5)
+        tx.conn.exec_driver_sql("ROLLBACK")
+    assert store.inbox_get(None, "worker", "m-5") == (False, None), "it was one transaction"
+
+
+def test_an_inbox_read_the_server_cuts_off_is_transient_its_connection_replaced(
+    store: SqlStore,
+) -> None:
+    with store.transaction() as tx:
+        store.inbox_put(tx, "worker", "m-1", 7, T0)
+    outcome: list[object] = []
+    admin_options = {"isolation_level": "AUTOCOMMIT"}  # pg_stat_activity read afresh each time
+    with store.engine.connect() as locker, store.engine.connect() as admin:
+        admin = admin.execution_options(**admin_options)
+        locker.exec_driver_sql("LOCK TABLE sagaloop_inbox IN ACCESS EXCLUSIVE MODE")
+
+        def read() -> None:
+            try:
+                outcome.append(store.inbox_get(None, "worker", "m-1"))
+            except Exception as e:
+                outcome.append(e)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        waiting = sa.text(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND query LIKE 'SELECT result FROM sagaloop_inbox%'"
+        )
+        pids: list[int] = []
+        _assert_eventually(lambda: bool(pids.extend(admin.execute(waiting).scalars()) or pids), 60)
+        admin.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pids[0]})
+        reader.join(60)
+        locker.rollback()
+    assert len(outcome) == 1 and isinstance(outcome[0], TransientStoreError), outcome
+    assert "a read failed" in str(outcome[0])
+    assert store.inbox_get(None, "worker", "m-1") == (True, 7), "a fresh connection"
+    assert store.engine.pool.checkedout() == 0
+
+
 def _outbox_ids(store: SqlStore) -> list[int]:
     with store.engine.connect() as conn:
         return [int(i) for i in conn.execute(sa.select(t.outbox.c.id)).scalars()]
