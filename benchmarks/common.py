@@ -9,8 +9,9 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pika
 
@@ -129,3 +130,23 @@ def fmt_ms(ms: float) -> str:
 
 def fmt_ratio(x: float) -> str:
     return "n/a" if math.isnan(x) or math.isinf(x) else f"{x:.2f}x"
+
+
+def count_driver_reads(count: Callable[[], None]) -> Callable[[], None]:
+    """Call ``count`` for each statement the store runs below SQLAlchemy's statement layer
+    (``SqlCore._fetch_one``: a step's inbox read on PostgreSQL), which SQLAlchemy's events do
+    not see; an autocommit read, one round trip. Returns what undoes it."""
+    from sagaloop.store.core import SqlCore
+
+    fetch_one = SqlCore._fetch_one
+
+    def counted(self: SqlCore, sql: str, params: Sequence[Any]) -> Any:
+        count()
+        return fetch_one(self, sql, params)
+
+    SqlCore._fetch_one = counted  # type: ignore[method-assign]
+
+    def undo() -> None:
+        SqlCore._fetch_one = fetch_one  # type: ignore[method-assign]
+
+    return undo

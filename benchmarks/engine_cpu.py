@@ -28,6 +28,7 @@ import sqlalchemy
 from sqlalchemy import event
 
 from benchmarks import agent_loop
+from benchmarks.common import count_driver_reads
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -55,6 +56,7 @@ def measure(runs: int, idle_s: float = 10.0) -> dict[str, Any]:
         counts[threading.current_thread().name] += 1
 
     event.listen(sqlalchemy.engine.Engine, "before_cursor_execute", seen)
+    undo_reads = count_driver_reads(seen)
     try:
         with agent_loop.assembled("inprocess") as s:
             spec = {"steps": 10, "local": True}
@@ -80,6 +82,7 @@ def measure(runs: int, idle_s: float = 10.0) -> dict[str, Any]:
             at_once = (service_cpu() - c0) / (len(ids) * 10) * 1000
     finally:
         event.remove(sqlalchemy.engine.Engine, "before_cursor_execute", seen)
+        undo_reads()
     return {
         "idle": idle,
         "cpu_ms_per_step": {"sequential": round(sequential, 3), "at_once": round(at_once, 3)},

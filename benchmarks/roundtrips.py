@@ -19,7 +19,14 @@ from typing import Any
 from sqlalchemy import event
 
 from benchmarks import benchapp
-from benchmarks.common import delete_rabbit, fresh_database, namespace, rabbitmq_url, wait_until
+from benchmarks.common import (
+    count_driver_reads,
+    delete_rabbit,
+    fresh_database,
+    namespace,
+    rabbitmq_url,
+    wait_until,
+)
 from benchmarks.sagaloop_bench import ENGINE_THREADS
 from sagaloop.brokers.rabbitmq import RabbitBroker
 from sagaloop.client import Client
@@ -76,6 +83,7 @@ def count(steps: int, *, in_process: bool = False) -> dict[str, dict[str, float]
             return listener
 
         event.listen(store.engine, "before_cursor_execute", hit("statements"))
+        undo_reads = count_driver_reads(hit("statements"))
         event.listen(store.engine, "begin", hit_transaction("begin"))
         event.listen(store.engine, "commit", hit_transaction("commit"))
         event.listen(store.engine, "rollback", hit_transaction("rollback"))
@@ -107,6 +115,7 @@ def count(steps: int, *, in_process: bool = False) -> dict[str, dict[str, float]
             time.sleep(0.2)
         finally:
             runtime.stop()
+            undo_reads()
             broker.close()
             store.close()
             queues = [f"{ns}.bench.engine", f"{ns}.bench.steps.bench", f"{ns}.dead"]

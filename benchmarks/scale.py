@@ -56,6 +56,8 @@ def _count_round_trips(folder: Path) -> None:
     from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
     from sqlalchemy.engine import Engine
 
+    from benchmarks.common import count_driver_reads
+
     counts: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
 
@@ -76,6 +78,7 @@ def _count_round_trips(folder: Path) -> None:
         return listener
 
     event.listen(Engine, "before_cursor_execute", statement)
+    count_driver_reads(lambda: hit("statements"))  # for the process's life
     for kind in ("begin", "commit", "rollback"):
         event.listen(Engine, kind, transaction(kind))
     ping = PGDialect_psycopg.do_ping
