@@ -7,8 +7,9 @@ transaction holds the database's write lock. Large values go to the payload tabl
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,6 +23,39 @@ from sagaloop.store import tables as t
 from sagaloop.store.core import SqlCore, conn_of, record
 
 FINISHED = ("completed", "failed", "compensated", "cancelled")
+
+
+_GET_RUN = (
+    "SELECT run_id, app, saga, status, input, created_at, updated_at, last_seq, processed_seq,"
+    " output, error, reason FROM sagaloop_runs WHERE run_id = %s"
+)
+"""A run's row outside a transaction on PostgreSQL (``SqlCore._fetch_one``), as
+:func:`_run_of` reads it."""
+
+
+def _run_of(row: Sequence[Any]) -> RunRecord:
+    """The record of a ``_GET_RUN`` row, as the table's column types read it: JSON text
+    decoded, times in UTC."""
+    run_id, app, saga, status, input_, created, updated, last, processed, *rest = row
+    output, error, reason = rest
+    return RunRecord(
+        run_id,
+        app,
+        saga,
+        status,
+        _decoded(input_),
+        created.astimezone(UTC),
+        updated.astimezone(UTC),
+        last,
+        processed,
+        _decoded(output),
+        _decoded(error),
+        reason,
+    )
+
+
+def _decoded(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
 
 
 class SqlRuns(SqlCore, RunStore, RunQueries, Maintenance):
@@ -56,9 +90,16 @@ class SqlRuns(SqlCore, RunStore, RunQueries, Maintenance):
         return payloads.resolve_runs(conn_of(tx), [record(RunRecord, row)])[0] if row else None
 
     def get_run(self, run_id: str) -> RunRecord | None:
+        if self.dialect == "postgresql":  # a start's read: below SQLAlchemy's statement layer
+            row = self._fetch_one(_GET_RUN, (run_id,))
+            if row is None:
+                return None
+            run = _run_of(row)
+            if not (payloads.marked(run.input) or payloads.marked(run.output)):
+                return run
         with self._read() as conn:
-            row = conn.execute(self._sql.get_run, {"key": run_id}).mappings().first()
-            return payloads.resolve_runs(conn, [record(RunRecord, row)])[0] if row else None
+            found = conn.execute(self._sql.get_run, {"key": run_id}).mappings().first()
+            return payloads.resolve_runs(conn, [record(RunRecord, found)])[0] if found else None
 
     def save_run(self, tx: Any, run: RunRecord, *, if_last_seq: int | None = None) -> bool:
         """With ``if_last_seq``, a conditional update: the row lock it takes serializes two

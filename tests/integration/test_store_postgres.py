@@ -181,6 +181,34 @@ def test_a_steps_inbox_read_is_below_sqlalchemys_statement_layer(store: SqlStore
     assert store.inbox_get(None, "worker", "m-5") == (False, None), "it was one transaction"
 
 
+def test_a_runs_read_is_below_sqlalchemys_statement_layer_as_its_columns_read_it(
+    store: SqlStore,
+) -> None:
+    """``get_run`` outside a transaction (a start's read) on PostgreSQL is psycopg's cursor
+    too; its record is the one the table's column types give (``lock_run``'s, through
+    SQLAlchemy): JSON decoded, times in UTC, a large input from the payload table."""
+    later = T0 + timedelta(seconds=1)
+    runs = [
+        RunRecord(
+            "r-1", "app", "pg", "failed", {"a": [1, "é"]}, T0, later, 3, 3, [1], {"m": 1}, "y"
+        ),
+        RunRecord("r-2", "app", "pg", "running", None, T0, T0),
+        RunRecord("r-3", "app", "pg", "running", "x" * 100_000, T0, T0, output={"$sagaloop": 1}),
+    ]
+    with store.transaction() as tx:
+        for run in runs:
+            assert store.create_run(tx, run)
+    sent: list[str] = []
+    sa.event.listen(store.engine, "before_cursor_execute", lambda *a: sent.append(a[2]))
+    assert store.get_run("r-1") == runs[0] and store.get_run("r-2") == runs[1]
+    assert store.get_run("r-0") is None
+    assert sent == [], sent
+    for run in runs:
+        assert store.get_run(run.run_id) == run
+        with store.transaction() as tx:
+            assert store.lock_run(tx, run.run_id) == run
+
+
 def test_an_inbox_read_the_server_cuts_off_is_transient_its_connection_replaced(
     store: SqlStore,
 ) -> None:
