@@ -401,27 +401,31 @@ class SqlCore(Transactions):
         pooled connection set to autocommit for it. A hot read (a step's inbox row, read before
         its body runs) costs about half the CPU it costs through ``_read``, whose connection,
         options and result objects are most of it. Its values are psycopg's (no column types
-        apply). A driver error invalidates the connection (a fresh one is checked out next
-        time) and is translated as any other."""
+        apply). A driver error is translated as any other. Whatever interrupts the read, its
+        connection is invalidated (a fresh one is checked out next time), never returned to
+        the pool in autocommit, where a transaction would commit each statement alone."""
         try:
             pooled = self.engine.raw_connection()
         except DB_ERRORS as e:
             self._fail(e, "a read")
         dbapi_error = self.engine.dialect.loaded_dbapi.Error
+        conn: Any = pooled.driver_connection
+        done = False
         try:
-            conn: Any = pooled.driver_connection
             conn.autocommit = True
             row = conn.execute(sql, params).fetchone()
             conn.autocommit = False
+            done = True
             return cast("tuple[Any, ...] | None", row)
         except dbapi_error as e:
-            pooled.invalidate(e)
             lost = bool(getattr(conn, "broken", False) or getattr(conn, "closed", False))
             error = sa_exc.DBAPIError.instance(
                 sql, params, e, dbapi_error, connection_invalidated=lost
             )
             self._fail(error, "a read")
         finally:
+            if not done:
+                pooled.invalidate()
             pooled.close()
 
     @contextmanager

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -179,6 +180,35 @@ def test_a_steps_inbox_read_is_below_sqlalchemys_statement_layer(store: SqlStore
         assert store.inbox_get(tx, "worker", "m-5") == (True, 5)
         tx.conn.exec_driver_sql("ROLLBACK")
     assert store.inbox_get(None, "worker", "m-5") == (False, None), "it was one transaction"
+
+
+def test_a_read_interrupted_returns_no_connection_to_the_pool_in_autocommit(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read sets its pooled connection to autocommit; whatever interrupts it (not only a
+    driver error), that connection must not go back to the pool so: a transaction given it
+    later would commit each statement by itself."""
+    import psycopg
+
+    execute = psycopg.Connection.execute
+
+    def interrupted(self: psycopg.Connection[Any], *args: Any, **kwargs: Any) -> Any:
+        if self.autocommit:
+            raise KeyboardInterrupt
+        return execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        store.inbox_get(None, "worker", "m-1")
+    monkeypatch.undo()
+    pool = store.engine.pool
+    held = [store.engine.raw_connection() for _ in range(pool.checkedin())]
+    try:
+        assert [c.driver_connection.autocommit for c in held] == [False] * len(held)
+    finally:
+        for c in held:
+            c.close()
+    assert store.inbox_get(None, "worker", "m-1") == (False, None)
 
 
 def test_a_runs_read_is_below_sqlalchemys_statement_layer_as_its_columns_read_it(
