@@ -235,23 +235,6 @@ class CheckpointContract(ContractBase):
         assert [e.seq for e in store.load_history(None, run.run_id)] == [1, 2]
         assert store.claim([queue], 10, FAR, LEASE) == [], "no message"
 
-    def test_racing_checkpoints_create_a_run_once(self, store: Store) -> None:
-        run = RunRecord(new_id("run"), "app", "contract", "running", {"n": 1}, T0, T0)
-
-        def write(i: int) -> Callable[[], Written]:
-            def go() -> Written:
-                cp = dataclasses.replace(self._checkpoint(run, f"m-create-{i}"), create=True)
-                with store.transaction() as tx:
-                    written = store.write_checkpoint(tx, cp)
-                    time.sleep(0.05)
-                    return written
-
-            return go
-
-        results = in_threads([write(i) for i in range(4)], self.thread_timeout)
-        assert sorted(results) == [Written.CONFLICT] * 3 + [Written.WRITTEN], results
-        assert [e.seq for e in store.load_history(None, run.run_id)] == [1, 2]
-
     def test_a_checkpoint_on_a_moved_run_writes_no_run(self, store: Store) -> None:
         run, queue = self.new_run(store), new_id("q")
         with store.transaction() as tx:
@@ -275,13 +258,19 @@ class CheckpointContract(ContractBase):
         assert store.inbox_get(None, "engine", key) == (False, None), "no inbox row"
         assert [e.seq for e in store.load_history(None, run.run_id)] == [1, 2]
 
-    def test_racing_checkpoints_of_a_run_write_it_once(self, store: Store) -> None:
-        run = self.new_run(store)
+    @pytest.mark.parametrize("create", [False, True], ids=["update", "create"])
+    def test_racing_checkpoints_of_a_run_write_it_once(self, store: Store, create: bool) -> None:
+        """Checkpoints of one run from last_seq 0 at once, each updating it or each creating
+        it: one writes it, the others conflict."""
+        run = RunRecord(new_id("run"), "app", "contract", "running", {"n": 1}, T0, T0)
+        if not create:
+            run = self.new_run(store)
 
         def write(i: int) -> Callable[[], Written]:
             def go() -> Written:
+                cp = dataclasses.replace(self._checkpoint(run, new_id(f"m{i}")), create=create)
                 with store.transaction() as tx:
-                    written = store.write_checkpoint(tx, self._checkpoint(run, f"m-race-{i}"))
+                    written = store.write_checkpoint(tx, cp)
                     time.sleep(0.05)
                     return written
 
