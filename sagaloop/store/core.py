@@ -404,11 +404,13 @@ class SqlCore(Transactions):
         apply). A driver error is translated as any other. Whatever interrupts the read, its
         connection is invalidated (a fresh one is checked out next time), never returned to
         the pool in autocommit, where a transaction would commit each statement alone."""
+        dbapi_error = self.engine.dialect.loaded_dbapi.Error
         try:
             pooled = self.engine.raw_connection()
         except DB_ERRORS as e:
             self._fail(e, "a read")
-        dbapi_error = self.engine.dialect.loaded_dbapi.Error
+        except dbapi_error as e:  # a new connection refused: the driver's error, unwrapped
+            self._fail(sa_exc.DBAPIError.instance(None, None, e, dbapi_error), "a read")
         conn: Any = pooled.driver_connection
         done = False
         try:

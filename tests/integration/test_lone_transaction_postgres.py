@@ -256,9 +256,16 @@ def test_an_in_process_steps_checkpoint_is_its_one_statement(database: str) -> N
 def test_a_start_no_client_recorded_is_its_one_statement(database: str) -> None:
     """A start a plain publisher sent (no run row yet): the run is created by its checkpoint's
     statement, the whole transaction; only the run's row is read first (a run with no events
-    has no history to read)."""
+    has no history to read), below SQLAlchemy's statement layer (``SqlCore._fetch_one``)."""
     with closing(SqlStore(database)) as store:
         engine, trips = Engine(app, store), _trips(store)
+        fetch_one = store._fetch_one
+
+        def read(sql: str, params: Any) -> Any:
+            trips.append(f"read: {sql.split()[0]}")
+            return fetch_one(sql, params)
+
+        store._fetch_one = read  # type: ignore[method-assign]
         run_id = f"plain-{uuid.uuid4().hex}"
         env = Envelope(type="start", run_id=run_id, saga="in_process", payload={"input": 3})
         plan = engine.prepare(env)
@@ -266,7 +273,7 @@ def test_a_start_no_client_recorded_is_its_one_statement(database: str) -> None:
         with store.transaction(lone=True) as tx:
             engine.apply(tx, plan)
         engine.committed()
-        assert [t for t in trips if t != "NOTIFY"] == ["SELECT", "WITH"], trips
+        assert [t for t in trips if t != "NOTIFY"] == ["read: SELECT", "WITH"], trips
         run = store.get_run(run_id)
         assert run is not None and (run.saga, run.input, run.last_seq) == ("in_process", 3, 2)
         kinds = [e.kind for e in store.load_history(None, run_id)]
