@@ -140,9 +140,9 @@ def count_driver_reads(count: Callable[[], None]) -> Callable[[], None]:
 
     fetch_one = SqlCore._fetch_one
 
-    def counted(self: SqlCore, sql: str, params: Sequence[Any]) -> Any:
+    def counted(self: SqlCore, *args: Any) -> Any:
         count()
-        return fetch_one(self, sql, params)
+        return fetch_one(self, *args)
 
     SqlCore._fetch_one = counted  # type: ignore[method-assign]
 

@@ -225,9 +225,10 @@ class Engine:
                 return
             if plan.slot is not None and not concurrency.enforce(self.store, tx, plan.slot, now):
                 raise ActivationConflict(f"concurrency key {plan.slot.key!r} changed meanwhile")
-            if plan.create and not self.store.create_run(tx, dataclasses.replace(run, last_seq=0)):
-                raise ActivationConflict(f"run {run.run_id!r} was created meanwhile")
-            if not self.store.save_run(tx, run, if_last_seq=plan.base_seq):
+            if plan.create:  # inserted as saved, as a checkpoint creates it
+                if not self.store.create_run(tx, run):
+                    raise ActivationConflict(f"run {run.run_id!r} was created meanwhile")
+            elif not self.store.save_run(tx, run, if_last_seq=plan.base_seq):
                 self._conflict(plan, run)
             if effects.restart is not None:
                 self.store.delete_history(tx, run.run_id)

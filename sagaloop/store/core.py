@@ -12,9 +12,9 @@ import collections
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import Connection, RowMapping, Table
@@ -44,7 +44,7 @@ R = TypeVar("R", bound="DataclassInstance")
 _FIELDS: dict[type[Any], tuple[str, ...]] = {}
 
 
-def record(cls: type[R], row: RowMapping) -> R:
+def record(cls: type[R], row: RowMapping | Mapping[str, Any]) -> R:
     """The port's record ``cls`` (a dataclass: ``RunRecord``, ``Timer``, ``ApprovalRow``...)
     from a row that has a column of each of its fields' names (and maybe more)."""
     names = _FIELDS.get(cls)
@@ -219,6 +219,8 @@ class SqlCore(Transactions):
         start with it, so that they are released once it is proven dead (``runtime.takeover``)."""
         self._published: list[tuple[list[int], str]] = []
         self._published_lock = threading.Lock()
+        self._processors: dict[tuple[sa.Column[Any], ...], list[Callable[[Any], Any] | None]] = {}
+        """Per column list of ``_fetch_one``, its types' result processors."""
         self._read_options: dict[str, Any] = {"sagaloop_read": True}
         if self.dialect == "postgresql":  # one statement each: no BEGIN and ROLLBACK around it
             self._read_options["isolation_level"] = "AUTOCOMMIT"
@@ -395,13 +397,16 @@ class SqlCore(Transactions):
             if lock is not None:
                 lock.release()
 
-    def _fetch_one(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+    def _fetch_one(
+        self, sql: str, params: Sequence[Any], columns: tuple[sa.Column[Any], ...]
+    ) -> dict[str, Any] | None:
         """The first row of ``sql``, one statement that reads committed state, on PostgreSQL
         only (``%s`` parameters), below SQLAlchemy's statement layer: psycopg's cursor on a
         pooled connection set to autocommit for it. A hot read (a step's inbox row, read before
         its body runs) costs about half the CPU it costs through ``_read``, whose connection,
-        options and result objects are most of it. Its values are psycopg's (no column types
-        apply). A driver error is translated as any other. Whatever interrupts the read, its
+        options and result objects are most of it. The row's values are read as its
+        ``columns`` (in order) read them through SQLAlchemy: their types' result processors
+        apply. A driver error is translated as any other. Whatever interrupts the read, its
         connection is invalidated (a fresh one is checked out next time), never returned to
         the pool in autocommit, where a transaction would commit each statement alone."""
         dbapi_error = self.engine.dialect.loaded_dbapi.Error
@@ -418,7 +423,6 @@ class SqlCore(Transactions):
             row = conn.execute(sql, params).fetchone()
             conn.autocommit = False
             done = True
-            return cast("tuple[Any, ...] | None", row)
         except dbapi_error as e:
             lost = bool(getattr(conn, "broken", False) or getattr(conn, "closed", False))
             error = sa_exc.DBAPIError.instance(
@@ -429,6 +433,15 @@ class SqlCore(Transactions):
             if not done:
                 pooled.invalidate()
             pooled.close()
+        if row is None:
+            return None
+        processors = self._processors.get(columns)
+        if processors is None:
+            dialect = self.engine.dialect
+            processors = [c.type.result_processor(dialect, None) for c in columns]
+            self._processors[columns] = processors
+        values = zip(columns, processors, row, strict=True)
+        return {c.name: value if read is None else read(value) for c, read, value in values}
 
     @contextmanager
     def _in(self, tx: Any) -> Iterator[Connection]:

@@ -3,7 +3,6 @@ its result, inserted in the transaction that processed the message."""
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
@@ -13,19 +12,17 @@ from sagaloop.store import tables as t
 from sagaloop.store.core import SqlCore, conn_of
 
 _INBOX_GET = "SELECT result FROM sagaloop_inbox WHERE consumer = %s AND message_id = %s"
-"""The inbox read outside a transaction on PostgreSQL (``SqlCore._fetch_one``); the column holds
-JSON text (``tables.JSONText``)."""
+"""The inbox read outside a transaction on PostgreSQL (``SqlCore._fetch_one``)."""
 
 
 class SqlInbox(SqlCore, InboxStore):
     def inbox_get(self, tx: Any, consumer: str, message_id: str) -> tuple[bool, Any]:
         if tx is None and self.dialect == "postgresql":  # the hot read: before a step runs
-            row = self._fetch_one(_INBOX_GET, (consumer, message_id))
-            if row is None:
+            read = self._fetch_one(_INBOX_GET, (consumer, message_id), (t.inbox.c.result,))
+            if read is None:
                 return False, None
-            value = None if row[0] is None else json.loads(row[0])
-            if not payloads.marked(value):
-                return True, value
+            if not payloads.marked(read["result"]):
+                return True, read["result"]
         q = self._sql.inbox_get
         params = {"key_consumer": consumer, "key_message_id": message_id}
         owner = payloads.inbox_owner(consumer, message_id)

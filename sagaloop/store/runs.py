@@ -7,9 +7,9 @@ transaction holds the database's write lock. Large values go to the payload tabl
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -25,37 +25,9 @@ from sagaloop.store.core import SqlCore, conn_of, record
 FINISHED = ("completed", "failed", "compensated", "cancelled")
 
 
-_GET_RUN = (
-    "SELECT run_id, app, saga, status, input, created_at, updated_at, last_seq, processed_seq,"
-    " output, error, reason FROM sagaloop_runs WHERE run_id = %s"
-)
-"""A run's row outside a transaction on PostgreSQL (``SqlCore._fetch_one``), as
-:func:`_run_of` reads it."""
-
-
-def _run_of(row: Sequence[Any]) -> RunRecord:
-    """The record of a ``_GET_RUN`` row, as the table's column types read it: JSON text
-    decoded, times in UTC."""
-    run_id, app, saga, status, input_, created, updated, last, processed, *rest = row
-    output, error, reason = rest
-    return RunRecord(
-        run_id,
-        app,
-        saga,
-        status,
-        _decoded(input_),
-        created.astimezone(UTC),
-        updated.astimezone(UTC),
-        last,
-        processed,
-        _decoded(output),
-        _decoded(error),
-        reason,
-    )
-
-
-def _decoded(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+_RUN_COLUMNS = tuple(t.runs.c[f.name] for f in dataclasses.fields(RunRecord))
+_GET_RUN = f"SELECT {', '.join(c.name for c in _RUN_COLUMNS)} FROM sagaloop_runs WHERE run_id = %s"
+"""A run's row outside a transaction on PostgreSQL (``SqlCore._fetch_one``)."""
 
 
 class SqlRuns(SqlCore, RunStore, RunQueries, Maintenance):
@@ -91,10 +63,10 @@ class SqlRuns(SqlCore, RunStore, RunQueries, Maintenance):
 
     def get_run(self, run_id: str) -> RunRecord | None:
         if self.dialect == "postgresql":  # a start's read: below SQLAlchemy's statement layer
-            row = self._fetch_one(_GET_RUN, (run_id,))
+            row = self._fetch_one(_GET_RUN, (run_id,), _RUN_COLUMNS)
             if row is None:
                 return None
-            run = _run_of(row)
+            run = record(RunRecord, row)
             if not (payloads.marked(run.input) or payloads.marked(run.output)):
                 return run
         with self._read() as conn:

@@ -261,9 +261,9 @@ def test_a_start_no_client_recorded_is_its_one_statement(database: str) -> None:
         engine, trips = Engine(app, store), _trips(store)
         fetch_one = store._fetch_one
 
-        def read(sql: str, params: Any) -> Any:
+        def read(sql: str, *args: Any) -> Any:
             trips.append(f"read: {sql.split()[0]}")
-            return fetch_one(sql, params)
+            return fetch_one(sql, *args)
 
         store._fetch_one = read  # type: ignore[method-assign]
         run_id = f"plain-{uuid.uuid4().hex}"
