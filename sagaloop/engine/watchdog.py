@@ -10,7 +10,13 @@ run in ``needs_attention`` with the stack.
 
 The deadline counts the CPU time of the thread running the saga code (where the platform has
 per-thread CPU clocks, as Linux does), not the wall clock: a process stopped or starved of the
-CPU (SIGSTOP, a paused VM, a loaded machine) must not park healthy runs. Code stuck inside one C
+CPU (SIGSTOP, a paused VM, a loaded machine) must not park healthy runs. The saga code's thread
+never reads its CPU clock: that read is a system call that updates the scheduler's account of
+the thread, and where the thread's time slice is used up the kernel switches it out right
+there, holding the GIL, so that the engine's other threads wait for it (at 64 sagas on a busy
+2-core machine, one read in a hundred took 1.8 ms). The monitor reads the clock of code it
+finds still running at a tick and counts from there: the deadline is reached up to one tick
+(``TICK``) of CPU late. Code stuck inside one C
 call (a ``time.sleep`` in saga code, say) uses no CPU and cannot be interrupted before the call
 returns: past ``STALL_FACTOR`` times the deadline in wall time (30 s for the default 2 s), the
 watchdog reports it as stalled (see
@@ -51,7 +57,8 @@ class _Guarded:
     """Wall clock (``time.monotonic``)."""
     cpu_clock: int | None
     """The thread's CPU-time clock, or None (the wall clock counts, then)."""
-    cpu_started: float
+    cpu_seen: float | None = None
+    """The CPU clock when the monitor first saw the code running (None until then)."""
     fired_at: float | None = None
     stack: str = ""
     exited: bool = False
@@ -74,9 +81,7 @@ class Watchdog:
         """Run the block under the deadline; raise ActivationDeadlineError if it was
         interrupted (whatever the block raised then)."""
         tid = threading.get_ident()
-        cpu_clock = _cpu_clock(tid)
-        cpu = time.clock_gettime(cpu_clock) if cpu_clock is not None else 0.0
-        guarded = _Guarded(tid, what, time.monotonic(), cpu_clock, cpu)
+        guarded = _Guarded(tid, what, time.monotonic(), _cpu_clock(tid))
         with self._lock:
             self._active[tid] = guarded
             if self._monitor is None:
@@ -126,13 +131,17 @@ class Watchdog:
         ]
 
     def _spent(self, g: _Guarded, now: float) -> float:
-        """Seconds the guarded code has run: CPU time of its thread where measurable."""
+        """Seconds the guarded code has run: CPU time of its thread since the monitor first
+        saw it, where measurable. Called on the monitor's thread only (see the module)."""
         if g.cpu_clock is None:
             return now - g.started
         try:
-            return time.clock_gettime(g.cpu_clock) - g.cpu_started
+            cpu = time.clock_gettime(g.cpu_clock)
         except OSError:  # the thread is gone
             return 0.0
+        if g.cpu_seen is None:
+            g.cpu_seen = cpu
+        return cpu - g.cpu_seen
 
     def _watch(self) -> None:
         idle_since: float | None = None
