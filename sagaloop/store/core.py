@@ -250,11 +250,18 @@ class SqlCore(Transactions):
     def hand_over_to(self, handoff: Handoff | None) -> None:
         self.handoff = handoff
 
-    def listen_for_writes(self, woken: Callable[[], None], stopping: threading.Event) -> None:
+    def listen_for_writes(
+        self,
+        woken: Callable[[], None],
+        stopping: threading.Event,
+        listening: threading.Event | None = None,
+    ) -> None:
         """Until ``stopping`` is set, call ``woken`` each time a transaction of any process
         committed outbox rows nobody holds (PostgreSQL ``LISTEN``; see :meth:`transaction`),
-        on a connection of its own, reconnecting after a failure. On SQLite it only waits for
-        ``stopping``: there, other processes' rows are found by the relay's sweep."""
+        on a connection of its own, reconnecting after a failure; ``listening`` is set while it
+        listens. On SQLite it only waits for ``stopping``: there, other processes' rows are
+        found by the relay's sweep."""
+        listening = listening or threading.Event()
         if self.dialect != "postgresql":
             stopping.wait()
             return
@@ -269,11 +276,13 @@ class SqlCore(Transactions):
                 with psycopg.connect(conninfo, autocommit=True) as conn:
                     conn.execute(f"LISTEN {OUTBOX_CHANNEL}")
                     backoff = 0.5
+                    listening.set()
                     woken()  # rows written while it was not listening
                     while not stopping.is_set():
                         for _ in conn.notifies(timeout=1.0, stop_after=1):
                             woken()
             except Exception as e:  # the database is down or restarting: listen again later
+                listening.clear()
                 logger.debug("outbox listener: %s; listening again in %.1f s", e, backoff)
                 stopping.wait(backoff)
                 backoff = min(backoff * 2, 10.0)

@@ -96,6 +96,7 @@ class SqlRegistry(SqlCore, ProcessRegistry):
             rows = queue.release_owned(tx.conn, token)
             tx.conn.execute(forget.values(token=None))
             tx.enqueued = bool(rows)
+            tx.queues.extend(r.queue for r in rows)  # announced to the engines' relays
             return rows
 
     def process_seen(

@@ -3,7 +3,11 @@ a Service (its relay publishing to RabbitMQ) carries out, and the run is recorde
 
 from __future__ import annotations
 
+import collections
+import threading
+import time
 import uuid
+from typing import Any
 
 import pika
 import pytest
@@ -80,6 +84,80 @@ def test_only_an_engine_process_listens_for_other_processes_writes(
         assert "outbox-listener" not in [t.name for t in worker.threads]
         assert "outbox-listener" in [t.name for t in engine.threads]
     finally:
+        broker.close()
+        store.close()
+        _delete_namespace(rabbitmq_url, namespace)
+
+
+def _count_sweeps(store: Any, monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
+    """The relays' sweeps (``claim`` of rows nobody holds), by the service that made them."""
+    sweeps: collections.Counter[str] = collections.Counter()
+    claim = store.claim
+
+    def counted(queues: Any, *args: Any, **kwargs: Any) -> Any:
+        if queues is None and threading.current_thread().name == "relay":
+            sweeps[threading.current_thread().ident] += 1  # type: ignore[index]
+        return claim(queues, *args, **kwargs)
+
+    monkeypatch.setattr(store, "claim", counted)
+    return sweeps
+
+
+def test_on_postgresql_a_relay_nothing_wakes_sweeps_about_once_a_second(
+    postgres_url: str, rabbitmq_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows nobody holds are announced (``NOTIFY``) to the engines' listeners, whose relays
+    sweep at once; a sweep nothing woke only looks for rows of processes that died or of
+    publishes that failed, never urgent to the second. Every ``poll`` it cost an idle engine a
+    statement and, at each step of a sequential run, a busy one a transaction (6 % of its
+    GIL's time, its pending deletes riding the claim): it runs once a second at most."""
+    namespace = f"it-{uuid.uuid4().hex[:8]}"
+    store = open_store(postgres_url)
+    broker = open_broker(rabbitmq_url, store, namespace=namespace)
+    sweeps = _count_sweeps(store, monkeypatch)
+    fast = Tuning(poll=0.02)
+    worker = Service(app, store, broker, roles=Roles(engine=False, timers=False), tuning=fast)
+    engine = Service(app, store, broker, roles=Roles(queues=[]), tuning=fast)
+    try:
+        worker.start()
+        engine.start()
+        assert engine.listening.wait(60)
+        began, counted = time.monotonic(), sweeps.copy()
+        while time.monotonic() - began < 2.0:  # a rate: a loaded machine sweeps less, not more
+            time.sleep(0.1)
+        swept = sweeps - counted
+        assert len(swept) == 2, swept  # both relays swept...
+        assert max(swept.values()) <= 4, swept  # ...about once a second, not every poll (100)
+    finally:
+        engine.stop()
+        worker.stop()
+        broker.close()
+        store.close()
+        _delete_namespace(rabbitmq_url, namespace)
+
+
+def test_an_engine_whose_listener_is_not_connected_sweeps_every_poll(
+    postgres_url: str, rabbitmq_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While its listener cannot listen (the server restarting, a pooler that drops
+    ``LISTEN``), nothing announces other processes' rows: the engine's relay sweeps every
+    ``poll``, as on SQLite."""
+    namespace = f"it-{uuid.uuid4().hex[:8]}"
+    store = open_store(postgres_url)
+    broker = open_broker(rabbitmq_url, store, namespace=namespace)
+    sweeps = _count_sweeps(store, monkeypatch)
+    never = lambda woken, stopping, listening: stopping.wait()  # noqa: E731 (cannot listen)
+    monkeypatch.setattr(store, "listen_for_writes", never)
+    engine = Service(app, store, broker, roles=Roles(queues=[]), tuning=Tuning(poll=0.02))
+    try:
+        engine.start()
+        began = time.monotonic()
+        while sum(sweeps.values()) < 20:
+            assert time.monotonic() - began < 15, sweeps  # 20 s at one a second
+            time.sleep(0.02)
+        assert not engine.listening.is_set()
+    finally:
+        engine.stop()
         broker.close()
         store.close()
         _delete_namespace(rabbitmq_url, namespace)

@@ -20,6 +20,7 @@ from sagaloop.engine.ports import Checkpoint, RunRecord, Timer, Written
 from sagaloop.errors import SchemaOutdatedError, StoreError, TransientStoreError
 from sagaloop.store import migrations
 from sagaloop.store import tables as t
+from sagaloop.store.processes import Identity
 from sagaloop.store.sql import SqlStore
 from sagaloop.testing import services
 from sagaloop.testing.store_contract import StoreContract
@@ -516,3 +517,28 @@ def test_the_db_upgrade_command_on_postgres(postgres_url: str) -> None:
         store.close()
     finally:
         drop()
+
+
+def test_rows_a_takeover_releases_are_announced_to_the_listening_relays(store: SqlStore) -> None:
+    """A takeover releases the rows a dead process claimed: rows nobody holds, as a client's
+    start is. The engines' relays hear of them (``NOTIFY``) and sweep at once, not at their
+    next quiet sweep (once a second on PostgreSQL)."""
+    store.enqueue_raw([("q", b"{}")], T0)
+    store.process_started("w@h:dead", "shop", "worker", T0, Identity(["q"], [], "d", {}))
+    store.claim_owner = "d"
+    [row] = store.claim(["q"], 1, T0, LEASE)
+    heard = threading.Event()
+    stopping = threading.Event()
+    listening = threading.Event()
+    listener = threading.Thread(
+        target=store.listen_for_writes, args=(heard.set, stopping, listening), daemon=True
+    )
+    listener.start()
+    try:
+        assert listening.wait(60)
+        heard.clear()  # its first wake: rows written before it listened
+        assert [r.id for r in store.take_over("w@h:dead", "d")] == [row.id]
+        assert heard.wait(60), "the released row was not announced"
+    finally:
+        stopping.set()
+        listener.join(10)
