@@ -9,8 +9,9 @@ duplicate still writes nothing and a conflict writes no run, and the result says
 inbox insert's row count and the update's are returned. A run that does not exist yet (a
 start no client recorded: ``Checkpoint.create``) is inserted instead of updated, under the same
 guard; a row of its id is a conflict. Its text is fixed (its values travel
-as one JSON parameter), so psycopg prepares it once per connection, and it is executed below
-SQLAlchemy's statement layer (``exec_driver_sql``) on the transaction's own connection. As a
+as one JSON parameter), so psycopg prepares it once per connection, and it runs below
+SQLAlchemy's statement layer, on the transaction's own driver connection (``core.driver_row``:
+through ``exec_driver_sql`` while anything listens to SQLAlchemy's events). As a
 lone transaction's commit (``transaction(lone=True)``) it must commit all of its block or
 nothing of it: ``_FUSED_LONE`` aborts where it would write a part, and runs again in a usual
 transaction, whose caller rolls back what it must (a conflict, a lost lease). Large
@@ -46,7 +47,7 @@ from sqlalchemy.exc import DBAPIError
 from sagaloop.engine.history import number
 from sagaloop.engine.ports import Checkpoint, RunRecord, RunStore, Written
 from sagaloop.store import payloads
-from sagaloop.store.core import Settle, SqlTx, conn_of, lone_statement, reopen
+from sagaloop.store.core import Settle, SqlTx, conn_of, driver_row, lone_statement, reopen
 from sagaloop.store.inbox import SqlInbox
 from sagaloop.store.queue import SqlOutbox, inserted
 from sagaloop.store.runs import SqlRuns
@@ -196,14 +197,14 @@ class SqlCheckpoints(SqlRuns, SqlInbox, SqlOutbox, RunStore):
         lone = lone_statement(tx)  # the first write of a lone transaction: it commits it
         if lone is not None:
             try:
-                row = lone.exec_driver_sql(_FUSED_LONE, params).one()
+                row = driver_row(lone, _FUSED_LONE, params)
             except DBAPIError as e:
                 if getattr(e.orig, "sqlstate", None) != PART_ABORTED:
                     raise
                 reopen(tx)  # it wrote nothing: again, in a usual transaction
                 lone = None
         if row is None:
-            row = conn_of(tx).exec_driver_sql(_FUSED, params).one()
+            row = driver_row(conn_of(tx), _FUSED, params)
         added, saved, claimed_ids, settled = row[:4]
         _check_settled(settles, settled)
         written = Written.WRITTEN

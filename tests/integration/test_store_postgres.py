@@ -542,3 +542,60 @@ def test_rows_a_takeover_releases_are_announced_to_the_listening_relays(store: S
     finally:
         stopping.set()
         listener.join(10)
+
+
+def test_a_checkpoint_is_below_sqlalchemys_statement_layer_unless_something_listens(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint's one statement runs on its transaction's own psycopg connection: no
+    SQLAlchemy statement. With a listener on SQLAlchemy's events (a test counting statements,
+    OpenTelemetry's instrumentation) it goes through SQLAlchemy, which they see. Both write
+    the same thing."""
+    through: list[str] = []
+    exec_driver_sql = sa.engine.Connection.exec_driver_sql
+
+    def seen(self: sa.engine.Connection, sql: str, *args: Any, **kwargs: Any) -> Any:
+        through.append(sql.split(None, 1)[0])
+        return exec_driver_sql(self, sql, *args, **kwargs)
+
+    monkeypatch.setattr(sa.engine.Connection, "exec_driver_sql", seen)
+
+    def write(run_id: str) -> Written:
+        saved = RunRecord(run_id, "app", "pg", "running", None, T0, T0, last_seq=1)
+        cp = Checkpoint(T0, ("engine", f"{run_id}-1", {"n": 1}), saved, 0, [NewEvent("y")], T0)
+        with store.transaction() as tx:
+            store.create_run(tx, RunRecord(run_id, "app", "pg", "running", None, T0, T0))
+            return store.write_checkpoint(tx, cp)
+
+    assert write("below") is Written.WRITTEN
+    assert "WITH" not in through, through
+    sent: list[str] = []
+    sa.event.listen(store.engine, "before_cursor_execute", lambda *a: sent.append(a[2]))
+    assert write("through") is Written.WRITTEN
+    assert "WITH" in through and any(s.startswith("WITH") for s in sent), (through, sent)
+    for run_id in ("below", "through"):
+        run = store.get_run(run_id)
+        assert run is not None and run.last_seq == 1
+        assert [e.kind for e in store.load_history(None, run_id)] == ["y"]
+        assert store.inbox_get(None, "engine", f"{run_id}-1") == (True, {"n": 1})
+
+
+def test_a_checkpoint_the_server_cuts_off_is_transient_its_connection_replaced(
+    store: SqlStore,
+) -> None:
+    """Below SQLAlchemy, a checkpoint whose connection is lost fails as through it: a
+    ``TransientStoreError`` (the caller retries), nothing written, the connection invalidated
+    and the next transaction on a fresh one."""
+    saved = RunRecord("cut", "app", "pg", "running", None, T0, T0, last_seq=1)
+    cp = Checkpoint(T0, ("engine", "cut-1", None), saved, 0, [NewEvent("y")], T0)
+    _new_run(store, "cut")
+    with store.engine.connect() as admin:
+        admin = admin.execution_options(isolation_level="AUTOCOMMIT")
+        with pytest.raises(TransientStoreError), store.transaction() as tx:
+            pid = tx.conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+            admin.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            store.write_checkpoint(tx, cp)
+    assert store.inbox_get(None, "engine", "cut-1") == (False, None)
+    with store.transaction() as tx:
+        assert store.write_checkpoint(tx, cp) is Written.WRITTEN
+    assert store.engine.pool.checkedout() == 0
