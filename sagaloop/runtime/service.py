@@ -42,10 +42,10 @@ from sagaloop.store.sql import SqlStore
 logger = logging.getLogger(__name__)
 
 MAX_BACKOFF = 3.0
+"""The longest the relay waits between tries while the broker is down (seconds)."""
 QUIET_SWEEP = 1.0
 """On PostgreSQL, the fewest seconds between two sweeps of a relay that nothing woke (see
 ``Service._sweep_every``)."""
-"""The longest the relay waits between tries while the broker is down (seconds)."""
 FLUSH_WAIT = 5.0
 """How long a stopping relay waits for the confirms of what it published last (seconds)."""
 EXIT_THREAD_DIED = 70

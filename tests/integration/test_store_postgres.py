@@ -535,8 +535,8 @@ def test_rows_a_takeover_releases_are_announced_to_the_listening_relays(store: S
     )
     listener.start()
     try:
-        assert listening.wait(60)
-        heard.clear()  # its first wake: rows written before it listened
+        assert listening.wait(60) and heard.wait(60)  # its first wake: rows written before
+        heard.clear()
         assert [r.id for r in store.take_over("w@h:dead", "d")] == [row.id]
         assert heard.wait(60), "the released row was not announced"
     finally:
