@@ -148,14 +148,13 @@ class Service:
         """Set while this process's outbox listener listens (an engine on PostgreSQL)."""
         self._announced = isinstance(store, SqlStore) and store.dialect == "postgresql"
         """Rows nobody holds are announced to the engines' listeners (``NOTIFY``)."""
-        self._listens = False
+        self._listens = self._announced and parts.engine is not None and self.relay is not None
         if self.relay is not None:
             self._spawn("relay", self._relay, self.relay)
             # What other processes commit unclaimed (starts, events, steps completed from
             # outside) is an engine's work: it wakes an engine's relay at once (a worker's
             # relay finds it at its next sweep, if no engine did).
-            if parts.engine is not None and self._announced:
-                self._listens = True
+            if self._listens:
                 listen = cast(SqlStore, store).listen_for_writes
                 wake, listening = self.relay.poke, self.listening
                 self._spawn("outbox-listener", listen, wake, self.stopping, listening)
