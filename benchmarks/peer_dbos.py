@@ -78,13 +78,20 @@ def _child(url: str, spec: dict[str, Any]) -> dict[str, Any]:
         def waves(sagas: int, steps: int, n: int) -> dict[str, Any]:
             gaps: list[float] = []
             window, done = 0.0, 0
+            cpu0 = time.process_time()
             for _ in range(n):
                 handles = [DBOS.start_workflow(chain, steps) for _ in range(sagas)]
                 results = [h.get_result() for h in handles]
                 window += max(r[-1] for r in results) - min(r[0] for r in results)
                 gaps += [b - a for r in results for a, b in itertools.pairwise(r)]
                 done += sagas * steps
-            return {**latency(gaps), "steps": done, "steps_per_s": done / window}
+            cpu = (time.process_time() - cpu0) / done * 1000
+            return {
+                **latency(gaps),
+                "steps": done,
+                "steps_per_s": done / window,
+                "cpu_ms_per_step": cpu,
+            }
 
         waves(2, 3, 1)  # warm-up
         out: dict[str, Any] = {"version": getattr(dbos, "__version__", _version())}

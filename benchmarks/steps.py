@@ -280,6 +280,13 @@ def throughput_figures(results: dict[str, Any], plan: dict[str, Any]) -> list[Fi
     return figs
 
 
+def _dbos_cpu(case: dict[str, Any]) -> str:
+    """DBOS's CPU per step (its one process, GIL-bound as sagaloop's engine is: the throughput
+    ratio at 8 and 64 sagas follows the ratio of the two), if the run measured it."""
+    cpu = case.get("cpu_ms_per_step")
+    return "" if cpu is None else f", CPU {cpu:.1f} ms per step (its one process)"
+
+
 def inprocess_figures(results: dict[str, Any], plan: dict[str, Any]) -> list[Figure]:
     """Row 11: in-process steps (``chain_local`` on one ``sagaloop engine`` process, no
     worker), each figure next to DBOS's of the same run."""
@@ -327,7 +334,7 @@ def inprocess_figures(results: dict[str, Any], plan: dict[str, Any]) -> list[Fig
         ratio = x["steps_per_s"] / other["steps_per_s"] if other else math.nan
         note = (
             f"DBOS {other['steps_per_s']:.0f} steps/s, p50 {fmt_ms(other['p50_ms'])}, "
-            f"p99 {fmt_ms(other['p99_ms'])}; "
+            f"p99 {fmt_ms(other['p99_ms'])}{_dbos_cpu(other)}; "
             if other
             else ""
         )

@@ -53,7 +53,7 @@ def _results(**over: Any) -> dict[str, Any]:
         "dbos": {
             "version": "3.4",
             "sequential": {"p50_ms": 4.0, "p99_ms": 8.0},
-            **{f"concurrent_{c}": _tput(200.0) for c in (1, 8, 64)},
+            **{f"concurrent_{c}": {**_tput(200.0), "cpu_ms_per_step": 3.0} for c in (1, 8, 64)},
         },
         "inprocess": {
             "sequential": {
@@ -101,6 +101,7 @@ def test_every_target_met_says_met_with_its_ratio() -> None:
         row = _row(figs, "11 ", f"{c} concurrent")
         assert (row.verdict, row.ratio) == ("met", "1.55x DBOS")
         assert row.target == f">= 1.5x DBOS at {c}"
+        assert "CPU 3.0 ms per step (its one process)" in row.note
 
 
 def test_trips_over_ten_miss() -> None:
