@@ -91,9 +91,9 @@ def setup(kind: str) -> Iterator[Setup]:
     if kind == "embedded":
         tmp = Path(tempfile.mkdtemp(prefix="sagaloop-bench-loop-"))
         url = f"sqlite:///{tmp / 'loop.db'}"
-        store = open_store(url, upgrade=True)
-        broker = open_broker("database", store)
         tuning = Tuning(concurrency=DEV_CONCURRENCY, poll=DEV_POLL)
+        store = open_store(url, upgrade=True, connections=tuning.connections)  # as `dev` does
+        broker = open_broker("database", store)
         service = Service(loopapp.app, store, broker, roles=Roles(), tuning=tuning).start()
         client = connect(url, loopapp.app)  # the database broker: this process's live channel
         try:
@@ -242,9 +242,9 @@ def assembled(kind: str) -> Iterator[Setup]:
         streams = open_streams(sy.broker_url, namespace=sy.namespace)
         try:
             for role, concurrency in roles:
-                store = open_store(sy.database_url)
-                broker = open_broker(sy.broker_url, store, namespace=sy.namespace)
                 tuning = Tuning(concurrency=concurrency, poll=DEV_POLL)
+                store = open_store(sy.database_url, connections=tuning.connections)
+                broker = open_broker(sy.broker_url, store, namespace=sy.namespace)
                 service = Service(
                     loopapp.app, store, broker, roles=role, tuning=tuning, streams=streams
                 )

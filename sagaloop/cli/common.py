@@ -57,11 +57,15 @@ class Obj:
         settings = self.settings
         return scrub(text, *passwords_of(settings.database_url), *passwords_of(settings.broker_url))
 
-    def store(self, *, upgrade: bool = False, verify: bool = True) -> SqlStore:
+    def store(
+        self, *, upgrade: bool = False, verify: bool = True, connections: int = 5
+    ) -> SqlStore:
+        """The configured store (``connections``: its pool's size, see ``open_store``)."""
         from sagaloop.runtime.connect import URLError, open_store  # SQLAlchemy: see the module
 
+        url = self.settings.database_url
         try:
-            return open_store(self.settings.database_url, upgrade=upgrade, verify=verify)
+            return open_store(url, upgrade=upgrade, verify=verify, connections=connections)
         except URLError as e:
             raise click.ClickException(self.scrub(str(e))) from e
 

@@ -54,14 +54,20 @@ def _refused(obj: Obj, role: str, e: AccessRefusedError, what: str, url: str) ->
 
 
 def _wait_for_database(
-    obj: Obj, stop: threading.Event, *, upgrade: bool, role: str = "sagaloop"
+    obj: Obj,
+    stop: threading.Event,
+    *,
+    upgrade: bool,
+    role: str = "sagaloop",
+    connections: int,
 ) -> SqlStore:
     """Connect and verify the schema, retrying with backoff while the database is down or
-    busy; exit at once if it refuses the login or the database (see :func:`_refused`)."""
+    busy; exit at once if it refuses the login or the database (see :func:`_refused`).
+    ``connections``: the store's pool size (a service's ``Tuning.connections``)."""
     delay = 0.5
     while True:
         try:
-            return obj.store(upgrade=upgrade)
+            return obj.store(upgrade=upgrade, connections=connections)
         except (SchemaOutdatedError, SchemaTooNewError) as e:
             raise click.ClickException(str(e)) from e
         except AccessRefusedError as e:
@@ -119,7 +125,16 @@ def _serve(obj: Obj, serving: Serving, role: str, *, upgrade: bool, roles: Roles
         if obj.settings.crash_at:
             crashpoints.arm(obj.settings.crash_at)
         app = obj.app(app_spec)
-        store = _wait_for_database(obj, stop, upgrade=upgrade, role=role)
+        tuning = Tuning(
+            concurrency=concurrency,
+            poll=poll,
+            heartbeat=obj.settings.lease / 3,
+            lease=timedelta(seconds=obj.settings.lease),
+            activation_deadline=obj.settings.activation_deadline,
+        )
+        store = _wait_for_database(
+            obj, stop, upgrade=upgrade, role=role, connections=tuning.connections
+        )
         broker = _wait_for_broker(obj, store, stop, role=role)
         retention = timedelta(days=obj.settings.retention_days) if role != "worker" else None
         runtime = Service(
@@ -127,13 +142,7 @@ def _serve(obj: Obj, serving: Serving, role: str, *, upgrade: bool, roles: Roles
             store,
             broker,
             roles=dataclasses.replace(roles, retention=retention, registry=True),
-            tuning=Tuning(
-                concurrency=concurrency,
-                poll=poll,
-                heartbeat=obj.settings.lease / 3,
-                lease=timedelta(seconds=obj.settings.lease),
-                activation_deadline=obj.settings.activation_deadline,
-            ),
+            tuning=tuning,
             name=f"{role}@{_host()}",
             streams=obj.streams(),
         )

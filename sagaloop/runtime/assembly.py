@@ -60,6 +60,12 @@ class Roles:
     registry: bool = False
 
 
+SERVICE_THREADS = 6
+"""The threads of a service besides its step threads that may use the store at once: the
+engine's consumer, its start consumer, the timers, retention, the relay and the registry (the
+outbox listener has a connection of its own)."""
+
+
 @dataclass(frozen=True)
 class Tuning:
     """How a process does it: ``concurrency`` step attempts at once (per queue group);
@@ -75,6 +81,18 @@ class Tuning:
     lease: timedelta = timedelta(seconds=30)
     activation_deadline: float = DEADLINE
     cache_size: int = 1024
+
+    @property
+    def connections(self) -> int:
+        """The pooled connections a :class:`~sagaloop.runtime.service.Service` of this tuning
+        may use at once, at most: one per step thread (``concurrency`` each for the worker and
+        for an engine's in-process lane, both in ``sagaloop dev``), one for each of its other
+        threads that use the store (engine, starts, timers, retention, relay, registry) and
+        two for other users in the process (a client, the metrics endpoint). Open its store
+        with a pool this large (``open_store(url, connections=...)``; the pool opens them only
+        as they are needed): a pool smaller than the threads that use it at once opens and
+        closes a connection (a PostgreSQL backend) for each transaction beyond its size."""
+        return 2 * self.concurrency + SERVICE_THREADS + 2
 
 
 @dataclass

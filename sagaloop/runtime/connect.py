@@ -32,14 +32,19 @@ class URLError(SagaloopError, ValueError):
     (passwords masked). A ``ValueError`` too."""
 
 
-def open_store(url: str, *, upgrade: bool = False, verify: bool = True) -> SqlStore:
+def open_store(
+    url: str, *, upgrade: bool = False, verify: bool = True, connections: int = 5
+) -> SqlStore:
     """The store at the database ``url``. ``upgrade``: create or upgrade its schema first (an
     SQLite file that does not exist is created); else, with ``verify``, check that its schema
-    is this version's (the error says what to run). Raises :class:`URLError` for a database
-    that does not exist or a URL that cannot be used."""
+    is this version's (the error says what to run). ``connections``: the pool's size, the
+    connections it keeps once opened (a service's store: its ``Tuning.connections``). Raises
+    :class:`URLError` for a database that does not exist or a URL that cannot be used."""
     from sagaloop.store.connect import sqlite_file
     from sagaloop.store.sql import SqlStore
 
+    if connections < 1:
+        raise ValueError(f"a store needs at least 1 connection in its pool, not {connections}")
     missing = sqlite_file(url)
     if not upgrade and missing is not None and not missing.exists():
         raise URLError(  # and do not leave an empty database behind
@@ -47,7 +52,7 @@ def open_store(url: str, *, upgrade: bool = False, verify: bool = True) -> SqlSt
             "`sagaloop db upgrade`), or set SAGALOOP_DATABASE_URL to the engine's"
         )
     try:
-        store = SqlStore(url)
+        store = SqlStore(url, pool_size=connections)
     except Exception as e:
         raise URLError(f"cannot use database {mask_url(url)}: {e}") from e
     if upgrade:

@@ -21,6 +21,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
+from sqlalchemy.pool import QueuePool
+
 from sagaloop.brokers.database import DatabaseBroker
 from sagaloop.brokers.local_streams import LOCAL
 from sagaloop.engine.messages import step_queue
@@ -40,6 +42,9 @@ from sagaloop.store.processes import Identity
 from sagaloop.store.sql import SqlStore
 
 logger = logging.getLogger(__name__)
+
+LISTENER = "outbox-listener"
+"""The thread of the outbox listener, on a connection of its own (not the store's pool)."""
 
 MAX_BACKOFF = 3.0
 """The longest the relay waits between tries while the broker is down (seconds)."""
@@ -157,7 +162,7 @@ class Service:
             if self._listens:
                 listen = cast(SqlStore, store).listen_for_writes
                 wake, listening = self.relay.poke, self.listening
-                self._spawn("outbox-listener", listen, wake, self.stopping, listening)
+                self._spawn(LISTENER, listen, wake, self.stopping, listening)
 
     def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
         args = (name, target, *args)
@@ -213,9 +218,27 @@ class Service:
         if self.relay is not None or self.lane is not None or own is not None:
             handoffs = Handoffs(self.lane, self.relay, owner=owner, broker=own)
             self.store.hand_over_to(handoffs)
+        self._check_pool()
         for thread in self.threads:
             thread.start()
         return self
+
+    def _check_pool(self) -> None:
+        """Warn when the store's pool keeps fewer connections than this service has threads
+        that use it (all but the outbox listener): each transaction beyond the pool's size at
+        once would open a connection and close it again (see ``Tuning.connections``)."""
+        pool = self.store.engine.pool if isinstance(self.store, SqlStore) else None
+        users = sum(1 for thread in self.threads if thread.name != LISTENER)
+        if isinstance(pool, QueuePool) and pool.size() < users:
+            logger.warning(
+                "the store's pool keeps %d connections for %d threads that use it: each "
+                "transaction beyond %d at once opens and closes a connection; open the "
+                "service's store with open_store(url, connections=tuning.connections) (%d)",
+                pool.size(),
+                users,
+                pool.size(),
+                self.tuning.connections,
+            )
 
     def _own_broker(self) -> DatabaseBroker | None:
         """The broker, when it is the store's outbox table (the embedded default, or the

@@ -439,8 +439,9 @@ def test_a_refusal_at_start_up_stops_the_service_with_one_line(
 
     monkeypatch.setattr(obj, "store", refuse)
     with pytest.raises(SystemExit) as exited:
-        _wait_for_database(obj, threading.Event(), upgrade=False, role="engine")
+        _wait_for_database(obj, threading.Event(), upgrade=False, role="engine", connections=16)
     assert exited.value.code == EXIT_ACCESS_REFUSED == 78 and len(calls) == 1, "no retry"
+    assert calls == [{"upgrade": False, "connections": 16}], "the pool sized for the service"
     (line,) = [r.getMessage() for r in caplog.records if r.name == "sagaloop.service"]
     assert line.startswith(
         "engine: cannot connect to the database postgresql://app:***@db.internal/runs: the "
