@@ -127,17 +127,25 @@ def open_streams(url: str, *, namespace: str = "sagaloop") -> Streams:
 
 
 def connect(
-    url: str, app: App | str | None, *, broker: str | None = None, namespace: str = "sagaloop"
+    url: str,
+    app: App | str | None,
+    *,
+    broker: str | None = None,
+    namespace: str = "sagaloop",
+    connections: int = 5,
 ) -> Client:
     """A :class:`~sagaloop.Client` of ``app`` on the database at ``url``, whose engine runs
     elsewhere (``sagaloop engine``, ``sagaloop dev``, a ``Service``): it starts, signals and
     reads runs, in the database's transactions; the relay of that engine publishes what it
     writes. ``broker``: the engine's broker URL (default ``database``), for the live channel
     of :meth:`Client.stream` (RabbitMQ's with ``amqp://``); ``namespace`` as the engine's.
-    The database's schema must be this version's (run ``sagaloop db upgrade``)."""
+    ``connections``: the pool's size, for a client that many threads use at once (a web
+    server's: one per thread, else each call beyond the pool's size at once opens a
+    connection and closes it again). The database's schema must be this version's (run
+    ``sagaloop db upgrade``)."""
     broker = broker or "database"
     if broker not in ("database", "memory") and not broker.startswith(SCHEMES):
         raise URLError(f"unsupported broker URL {mask_url(broker)!r}: use {BROKERS}")
     streams = open_streams(broker, namespace=namespace)
-    store = open_store(url)
+    store = open_store(url, connections=connections)
     return Client(store, app, streams=streams)

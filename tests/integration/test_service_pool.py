@@ -135,3 +135,30 @@ def test_the_service_commands_open_a_store_sized_for_their_concurrency(
         proc.wait(timeout=60)
     said = log.read_text()
     assert "ready" in said and "pool keeps" not in said, said
+
+
+def test_a_client_that_many_threads_use_at_once_keeps_its_connections(tmp_path: Path) -> None:
+    """``connect(url, app, connections=N)``: a client used by N threads at once (a web
+    server's) keeps a connection for each; on a pool of 5 its starts opened and closed them."""
+    url = f"sqlite:///{tmp_path / 'client.db'}"
+    open_store(url, upgrade=True).close()
+    client = sagaloop.connect(url, app, connections=THREADS)
+    closed: list[int] = []
+    event.listen(client.store.engine, "close", lambda *_: closed.append(1))
+    together_now = threading.Barrier(THREADS)
+
+    def starts() -> None:
+        together_now.wait(timeout=60)
+        for i in range(ROUNDS):
+            client.start(meet, i)
+
+    threads = [threading.Thread(target=starts) for _ in range(THREADS)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert sum(client.count().values()) == THREADS * ROUNDS
+        assert closed == [], f"{len(closed)} connections opened and closed"
+    finally:
+        client.store.close()
