@@ -58,14 +58,17 @@ class Obj:
         return scrub(text, *passwords_of(settings.database_url), *passwords_of(settings.broker_url))
 
     def store(
-        self, *, upgrade: bool = False, verify: bool = True, connections: int = 5
+        self, *, upgrade: bool = False, verify: bool = True, connections: int | None = None
     ) -> SqlStore:
-        """The configured store (``connections``: its pool's size, see ``open_store``)."""
-        from sagaloop.runtime.connect import URLError, open_store  # SQLAlchemy: see the module
+        """The configured store (``connections``: its pool's size, by default ``open_store``'s;
+        a service's is its ``Tuning.connections``)."""
+        # SQLAlchemy: see the module
+        from sagaloop.runtime.connect import CONNECTIONS, URLError, open_store
 
         url = self.settings.database_url
+        size = CONNECTIONS if connections is None else connections
         try:
-            return open_store(url, upgrade=upgrade, verify=verify, connections=connections)
+            return open_store(url, upgrade=upgrade, verify=verify, connections=size)
         except URLError as e:
             raise click.ClickException(self.scrub(str(e))) from e
 

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 BROKERS = "database, memory, amqp:// or redis://"
 """The broker URLs sagaloop knows, as its error messages name them."""
 SCHEMES = ("amqp://", "amqps://", "redis://", "rediss://")
+CONNECTIONS = 5
+"""The pool of a store opened for one thread or a few (a client, a command); a service's store
+is opened with its ``Tuning.connections``."""
 
 
 class URLError(SagaloopError, ValueError):
@@ -33,7 +36,7 @@ class URLError(SagaloopError, ValueError):
 
 
 def open_store(
-    url: str, *, upgrade: bool = False, verify: bool = True, connections: int = 5
+    url: str, *, upgrade: bool = False, verify: bool = True, connections: int = CONNECTIONS
 ) -> SqlStore:
     """The store at the database ``url``. ``upgrade``: create or upgrade its schema first (an
     SQLite file that does not exist is created); else, with ``verify``, check that its schema
@@ -132,7 +135,7 @@ def connect(
     *,
     broker: str | None = None,
     namespace: str = "sagaloop",
-    connections: int = 5,
+    connections: int = CONNECTIONS,
 ) -> Client:
     """A :class:`~sagaloop.Client` of ``app`` on the database at ``url``, whose engine runs
     elsewhere (``sagaloop engine``, ``sagaloop dev``, a ``Service``): it starts, signals and

@@ -1,6 +1,6 @@
 """A service's store keeps a connection for each of the service's threads that may use it at
 once (``Tuning.connections``, what ``sagaloop engine|worker|dev --concurrency N`` open it with),
-so that a busy service never opens and closes connections: a pool smaller than that (5, the
+so that a busy service keeps its connections: a pool smaller than that (5, the
 default before) opened a PostgreSQL backend for each transaction beyond its size and closed it
 again, measured as 131 new sessions per 1,280 in-process steps at ``--concurrency 32``. A
 service on a store too small for it says so when it starts."""
